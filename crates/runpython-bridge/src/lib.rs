@@ -1,0 +1,77 @@
+//! runpython-bridge: the RPC between the host and the sandboxed child ("code mode").
+//!
+//! It owns the wire format (u32 big-endian length + JSON frames, a handshake carrying the protocol
+//! version and a per-run token, requests with ids so concurrent calls share one connection), the
+//! [`Tool`] trait and [`ToolSet`], the Python client module that runs in the child (`client.py`, stdlib
+//! only, embedded as [`CLIENT_PY`]), and Python stub generation from JSON Schema for the model to read.
+//!
+//! It knows nothing of processes or storage, and depends on no other runpython crate: runpython-core
+//! binds a [`Bridge`] in each run's private directory and hands [`Bridge::client_spec`] to the child.
+//!
+//! ```
+//! use runpython_bridge::{python_stubs, tool_fn, ToolSet};
+//! use serde_json::json;
+//!
+//! let mut tools = ToolSet::new();
+//! tools.insert(tool_fn(
+//!     "double",
+//!     "Twice x.",
+//!     Some(json!({"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})),
+//!     |args| async move { Ok(json!(args.get("x").and_then(|v| v.as_i64()).unwrap_or(0) * 2)) },
+//! )).unwrap();
+//! assert!(python_stubs(&tools).starts_with("def double(x: int) -> Any:"));
+//! ```
+
+mod frame;
+mod server;
+mod stubs;
+mod tool;
+
+use std::path::PathBuf;
+
+pub use frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME, HEADER_LEN};
+pub use server::{Bridge, BridgeConfig, BridgeStats};
+pub use stubs::{python_literal, python_stubs, python_type};
+pub use tool::{params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet};
+
+/// Version of the wire protocol, sent in the handshake.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The child's side of the bridge (`client.py`), executed by the runner as `runpython_tools`.
+pub const CLIENT_PY: &str = include_str!("client.py");
+
+/// What can go wrong on the bridge itself (not in a tool: tool failures are [`ToolError`]s).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The socket could not be created.
+    #[error("cannot listen on the bridge socket {path}: {source}")]
+    Bind {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A frame announced more bytes than the cap.
+    #[error("a {len}-byte frame is over the bridge's limit of {max} bytes")]
+    FrameTooLarge {
+        /// Announced length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// A frame that is not valid protocol.
+    #[error("malformed bridge frame: {0}")]
+    Malformed(String),
+    /// A tool could not be registered.
+    #[error("tool {name:?} cannot be registered: {reason}")]
+    InvalidTool {
+        /// Tool name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Socket I/O failed.
+    #[error("bridge I/O: {0}")]
+    Io(std::io::Error),
+}

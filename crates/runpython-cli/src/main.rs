@@ -1,0 +1,227 @@
+//! `runpython`: the thin command line over runpython-core. The only crate that prints.
+//!
+//! Exit status: 0 when the envelope's status is `success`, 1 for any other status, 2 for usage or
+//! infrastructure errors (a one-line reason on stderr).
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use runpython_core::{CommandTool, Envelope, Event, RunPython, RunRequest, Status};
+use serde_json::Value;
+
+/// Run LLM-authored Python safely and get a compact JSON envelope back.
+#[derive(Debug, Parser)]
+#[command(name = "runpython", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run Python code from a file, from -c, or from stdin (`-`).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// A Python file to run, or `-` to read the code from stdin.
+    #[arg(value_name = "FILE", conflicts_with = "code")]
+    file: Option<PathBuf>,
+    /// The code to run.
+    #[arg(short = 'c', value_name = "CODE")]
+    code: Option<String>,
+    /// Print the JSON envelope instead of the code's output.
+    #[arg(long)]
+    json: bool,
+    /// Wall-clock limit in seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    timeout: Option<Duration>,
+    /// Characters kept per output stream (head and tail).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
+    max_output_chars: Option<u64>,
+    /// Let this environment variable through to the code (repeatable).
+    #[arg(long = "env-passthrough", value_name = "NAME")]
+    env_passthrough: Vec<String>,
+    /// A global visible to the code, as NAME=JSON (repeatable).
+    #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
+    inputs: Vec<(String, Value)>,
+    /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
+    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
+    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
+    tools: Vec<(String, String)>,
+    /// Turn off automatic dependency detection. Dependencies are not installed automatically yet, so this
+    /// changes nothing today; it is accepted so scripts can already pass it.
+    #[arg(long)]
+    no_auto_deps: bool,
+    /// The Python interpreter to use (default: discovered; also RUNPYTHON_PYTHON).
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("{s} must be a positive number of seconds"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s}: {e}"))
+}
+
+fn parse_input(s: &str) -> Result<(String, Value), String> {
+    let (name, json) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=JSON (for example --input n=42)"))?;
+    let valid = name.chars().next().is_some_and(|c| c == '_' || c.is_alphabetic())
+        && name.chars().all(|c| c == '_' || c.is_alphanumeric());
+    if !valid {
+        return Err(format!("{name:?} is not a Python identifier"));
+    }
+    let value = serde_json::from_str(json).map_err(|e| {
+        format!("the value of {name} is not JSON ({e}); quote strings, e.g. {name}='\"text\"'")
+    })?;
+    Ok((name.to_owned(), value))
+}
+
+fn parse_tool(s: &str) -> Result<(String, String), String> {
+    let (name, command) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=COMMAND"))?;
+    if name.is_empty() || command.trim().is_empty() {
+        return Err(format!(
+            "{s:?} needs both a name and a command, as NAME=COMMAND"
+        ));
+    }
+    Ok((name.to_owned(), command.to_owned()))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runpython: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+        }
+    });
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("runpython: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let code = match (&args.code, &args.file) {
+        (Some(code), _) => code.clone(),
+        (None, Some(path)) if path.as_os_str() == "-" => {
+            let mut code = String::new();
+            std::io::stdin()
+                .read_to_string(&mut code)
+                .context("cannot read the code from stdin")?;
+            code
+        }
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?,
+        (None, None) => bail!("no code given: pass a FILE, -c CODE, or - to read stdin"),
+    };
+    let mut builder = RunPython::builder();
+    if let Some(timeout) = args.timeout {
+        builder = builder.timeout(timeout);
+    }
+    if let Some(n) = args.max_output_chars {
+        builder = builder.max_output_chars(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+    for name in &args.env_passthrough {
+        builder = builder.env_passthrough(name);
+    }
+    if let Some(python) = &args.python {
+        builder = builder.python(python);
+    }
+    for (name, command) in &args.tools {
+        builder = builder.tool(CommandTool::new(name, command));
+    }
+    let python = builder.build()?;
+    let mut request = RunRequest::new(code);
+    for (name, value) in args.inputs {
+        request = request.input(name, value);
+    }
+
+    let envelope = if args.json {
+        python.run(request).await?
+    } else {
+        let mut handle = python.start(request);
+        while let Some(event) = handle.next_event().await {
+            match event {
+                Event::Stdout(text) => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.flush();
+                }
+                Event::Stderr(text) => {
+                    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+                }
+                _ => {}
+            }
+        }
+        handle.wait().await?
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&envelope)?);
+    } else {
+        print_human(&envelope);
+    }
+    Ok(if envelope.status == Status::Success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// After the live output: the return value, or what went wrong.
+fn print_human(envelope: &Envelope) {
+    if let Some(truncated) = &envelope.truncated {
+        for (name, t) in [("stdout", &truncated.stdout), ("stderr", &truncated.stderr)] {
+            if let Some(t) = t {
+                eprintln!(
+                    "[runpython: the envelope keeps {} of {} characters of {name}]",
+                    t.total_chars - t.omitted_chars,
+                    t.total_chars
+                );
+            }
+        }
+    }
+    match &envelope.error {
+        Some(error) => match &error.traceback {
+            Some(tb) if !tb.is_empty() => eprint!("{tb}"),
+            _ => eprintln!("{}: {}", error.kind, error.message),
+        },
+        None if !envelope.return_value.is_null() => match &envelope.return_value {
+            Value::String(s) if envelope.return_type.as_deref() != Some("str") => println!("{s}"),
+            value => println!("{value}"),
+        },
+        None => {}
+    }
+}

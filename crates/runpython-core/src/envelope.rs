@@ -1,0 +1,161 @@
+//! Envelope v1: what a run returns. Field names are a public contract; new fields may be added.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// How the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The code finished.
+    Success,
+    /// The code raised, exited, or broke a limit.
+    Error,
+    /// The code ran past its timeout and was stopped.
+    Timeout,
+    /// The code waits for a decision (human in the loop).
+    Suspended,
+}
+
+/// The compact JSON result of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// How the run ended.
+    pub status: Status,
+    /// Value of the last expression statement: JSON when representable, else its `repr`; `null` if none.
+    pub return_value: Value,
+    /// Python type name of that value, `null` when there is none.
+    pub return_type: Option<String>,
+    /// Captured stdout, head and tail kept within the output limit.
+    pub stdout: String,
+    /// Captured stderr, likewise.
+    pub stderr: String,
+    /// `null`, or per truncated stream its total and omitted character counts.
+    pub truncated: Option<Truncated>,
+    /// `null`, or what went wrong.
+    pub error: Option<ErrorInfo>,
+    /// Artifacts kept from the run.
+    pub artifacts: Vec<Value>,
+    /// Identity of the run.
+    pub run_id: String,
+    /// True when this envelope was served from the memo cache.
+    pub cached: bool,
+    /// Wall time of the run.
+    pub duration_ms: u64,
+    /// `null`, or what a suspended run waits for.
+    pub suspension: Option<Value>,
+}
+
+/// Per-stream truncation counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncated {
+    /// Present when stdout was truncated.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stdout: Option<StreamTruncation>,
+    /// Present when stderr was truncated.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub stderr: Option<StreamTruncation>,
+}
+
+/// How much of one stream was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamTruncation {
+    /// Characters the code wrote.
+    pub total_chars: u64,
+    /// Characters left out of the envelope.
+    pub omitted_chars: u64,
+}
+
+/// A typed error: a Python exception raised by the code, or one of runpython's own kinds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    /// The exception class name (`ZeroDivisionError`, `SystemExit`), or `Timeout`, `CodeTooLarge`,
+    /// `ReturnValueTooLarge`, `ProcessExited`, `DependencyError`, `ToolCallLimit`, `ReplayDiverged`,
+    /// `SandboxError`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What happened, for a person or a model.
+    pub message: String,
+    /// The user's frames and line numbers only.
+    pub traceback: Option<String>,
+    /// For `ProcessExited`: the exit status.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub exit_code: Option<i32>,
+    /// For `ProcessExited`: the signal that killed the process.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub signal: Option<i32>,
+}
+
+impl ErrorInfo {
+    /// An error with no traceback.
+    pub fn new(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            message: message.into(),
+            traceback: None,
+            exit_code: None,
+            signal: None,
+        }
+    }
+}
+
+impl Envelope {
+    /// An envelope for a run that ended before the code produced anything.
+    pub fn failed(status: Status, error: ErrorInfo, run_id: String) -> Self {
+        Self {
+            status,
+            return_value: Value::Null,
+            return_type: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: None,
+            error: Some(error),
+            artifacts: Vec::new(),
+            run_id,
+            cached: false,
+            duration_ms: 0,
+            suspension: None,
+        }
+    }
+
+    /// True when the status is `success`.
+    pub fn is_success(&self) -> bool {
+        self.status == Status::Success
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_names_are_the_v1_contract() {
+        let e = Envelope::failed(
+            Status::Timeout,
+            ErrorInfo::new("Timeout", "slow"),
+            "r1".into(),
+        );
+        let v = serde_json::to_value(&e).unwrap();
+        let mut keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "artifacts",
+                "cached",
+                "duration_ms",
+                "error",
+                "return_type",
+                "return_value",
+                "run_id",
+                "status",
+                "stderr",
+                "stdout",
+                "suspension",
+                "truncated"
+            ]
+        );
+        assert_eq!(v["status"], "timeout");
+        assert_eq!(v["error"]["type"], "Timeout");
+    }
+}

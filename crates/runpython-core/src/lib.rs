@@ -1,0 +1,76 @@
+//! runpython-core: the engine that runs LLM-authored Python and returns a compact JSON envelope.
+//!
+//! It composes the leaves — interpreter discovery from `runpython-deps`, the tool bridge from
+//! `runpython-bridge` — and owns the rest of a run: the [`RunPython`] builder (limits, environment
+//! policy, tools), spawning the child (a fresh private run directory as its cwd, a scrubbed environment,
+//! its own process group killed when the run ends however it ends), the runner (`runner.py`, embedded as
+//! [`RUNNER_PY`]), bounded output capture, and the [`Envelope`]. It is the only crate that spawns the
+//! sandboxed child; it never prints.
+//!
+//! What the code does — raise, time out, exit, print forever — is an `Ok(Envelope)` with a status;
+//! `Err` means runpython's own machinery failed.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), runpython_core::Error> {
+//! use runpython_core::{RunPython, RunRequest, Status};
+//! use serde_json::json;
+//!
+//! let python = RunPython::builder().timeout(std::time::Duration::from_secs(5)).build()?;
+//! let envelope = python.run(RunRequest::new("x * 2").input("x", json!(21))).await?;
+//! assert_eq!(envelope.status, Status::Success);
+//! assert_eq!(envelope.return_value, json!(42));
+//! # Ok(()) }
+//! ```
+
+mod command_tool;
+mod envelope;
+mod output;
+mod process;
+mod run;
+
+pub use command_tool::CommandTool;
+pub use envelope::{Envelope, ErrorInfo, Status, StreamTruncation, Truncated};
+pub use output::HeadTail;
+pub use process::ENV_ALLOWLIST;
+pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
+pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};
+
+/// runpython's own failures. What the user's code does is never an `Error`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No usable interpreter.
+    #[error(transparent)]
+    Interpreter(#[from] runpython_deps::Error),
+    /// The child could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The interpreter.
+        program: std::path::PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A system call on the host failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The tool bridge could not be set up.
+    #[error(transparent)]
+    Bridge(#[from] runpython_bridge::Error),
+    /// The builder's settings are inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The request is malformed (for example an input name that is not an identifier).
+    #[error("invalid request: {0}")]
+    InvalidInput(String),
+    /// The run was cancelled through its handle.
+    #[error("the run was cancelled")]
+    Cancelled,
+    /// A bug in runpython.
+    #[error("internal error: {0}")]
+    Internal(String),
+}

@@ -1,0 +1,202 @@
+//! Bounded capture of a stream: the first and last characters kept, the middle counted, memory fixed.
+
+use crate::envelope::StreamTruncation;
+
+/// Keeps the head and tail of a stream within `max_chars` characters, decoding UTF-8 across chunk edges.
+#[derive(Debug)]
+pub struct HeadTail {
+    head_cap: usize,
+    tail_cap: usize,
+    head: String,
+    head_chars: usize,
+    tail: String,
+    tail_chars: usize,
+    total_chars: u64,
+    pending: Vec<u8>,
+}
+
+impl HeadTail {
+    /// A capture that keeps at most `max_chars` characters (half head, half tail).
+    pub fn new(max_chars: usize) -> Self {
+        let head_cap = max_chars / 2;
+        Self {
+            head_cap,
+            tail_cap: max_chars - head_cap,
+            head: String::new(),
+            head_chars: 0,
+            tail: String::new(),
+            tail_chars: 0,
+            total_chars: 0,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Feeds raw bytes; returns the text decoded from them (for live events).
+    pub fn push_bytes(&mut self, bytes: &[u8]) -> String {
+        let mut data = std::mem::take(&mut self.pending);
+        data.extend_from_slice(bytes);
+        let mut text = String::new();
+        let mut rest = &data[..];
+        loop {
+            match std::str::from_utf8(rest) {
+                Ok(s) => {
+                    text.push_str(s);
+                    break;
+                }
+                Err(e) => {
+                    let (valid, after) = rest.split_at(e.valid_up_to());
+                    // `valid_up_to` marks a valid UTF-8 prefix, so this never falls back.
+                    text.push_str(std::str::from_utf8(valid).unwrap_or_default());
+                    match e.error_len() {
+                        Some(bad) => {
+                            text.push(char::REPLACEMENT_CHARACTER);
+                            rest = &after[bad..];
+                        }
+                        None => {
+                            // An incomplete sequence at the end: wait for the next chunk.
+                            self.pending = after.to_vec();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.push_str(&text);
+        text
+    }
+
+    /// Feeds decoded text.
+    pub fn push_str(&mut self, s: &str) {
+        let count = s.chars().count();
+        self.total_chars += count as u64;
+        let mut rest = s;
+        let mut rest_chars = count;
+        if self.head_chars < self.head_cap {
+            let take = (self.head_cap - self.head_chars).min(count);
+            let split = byte_index_of_char(rest, take);
+            self.head.push_str(&rest[..split]);
+            self.head_chars += take;
+            rest = &rest[split..];
+            rest_chars -= take;
+        }
+        if rest.is_empty() {
+            return;
+        }
+        if rest_chars >= self.tail_cap {
+            let skip = rest_chars - self.tail_cap;
+            self.tail.clear();
+            self.tail.push_str(&rest[byte_index_of_char(rest, skip)..]);
+            self.tail_chars = self.tail_cap;
+        } else {
+            self.tail.push_str(rest);
+            self.tail_chars += rest_chars;
+            // Trim in batches so a stream of tiny writes costs amortised O(1) per character.
+            if self.tail_chars > 2 * self.tail_cap.max(1024) {
+                self.trim_tail();
+            }
+        }
+    }
+
+    fn trim_tail(&mut self) {
+        if self.tail_chars > self.tail_cap {
+            let skip = self.tail_chars - self.tail_cap;
+            let cut = byte_index_of_char(&self.tail, skip);
+            self.tail.drain(..cut);
+            self.tail_chars = self.tail_cap;
+        }
+    }
+
+    /// Characters seen so far.
+    pub fn total_chars(&self) -> u64 {
+        self.total_chars
+    }
+
+    /// The kept text (with an explicit marker where the middle was left out) and the truncation counts.
+    pub fn finish(mut self) -> (String, Option<StreamTruncation>) {
+        if !self.pending.is_empty() {
+            self.pending.clear();
+            self.push_str("\u{FFFD}");
+        }
+        self.trim_tail();
+        let omitted = self.total_chars - (self.head_chars + self.tail_chars) as u64;
+        if omitted == 0 {
+            self.head.push_str(&self.tail);
+            return (self.head, None);
+        }
+        let text = format!(
+            "{}\n…[{omitted} characters omitted]…\n{}",
+            self.head, self.tail
+        );
+        (
+            text,
+            Some(StreamTruncation {
+                total_chars: self.total_chars,
+                omitted_chars: omitted,
+            }),
+        )
+    }
+}
+
+fn byte_index_of_char(s: &str, n: usize) -> usize {
+    s.char_indices().nth(n).map_or(s.len(), |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_output_is_kept_whole() {
+        let mut c = HeadTail::new(10);
+        c.push_str("hello");
+        assert_eq!(c.finish(), ("hello".to_owned(), None));
+    }
+
+    #[test]
+    fn long_output_keeps_head_and_tail_with_counts() {
+        let mut c = HeadTail::new(10);
+        for _ in 0..100 {
+            c.push_str("0123456789");
+        }
+        let (text, t) = c.finish();
+        assert!(text.starts_with("01234\n…[990 characters omitted]…\n"));
+        assert!(text.ends_with("56789"));
+        assert_eq!(
+            t,
+            Some(StreamTruncation {
+                total_chars: 1000,
+                omitted_chars: 990
+            })
+        );
+    }
+
+    #[test]
+    fn utf8_split_across_chunks_is_decoded() {
+        let mut c = HeadTail::new(100);
+        let bytes = "né€".as_bytes();
+        for b in bytes {
+            c.push_bytes(std::slice::from_ref(b));
+        }
+        assert_eq!(c.finish().0, "né€");
+    }
+
+    #[test]
+    fn invalid_utf8_becomes_replacement_characters() {
+        let mut c = HeadTail::new(100);
+        c.push_bytes(b"a\xffb");
+        assert_eq!(c.finish().0, "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn exact_limit_is_not_truncated_and_one_more_is() {
+        let mut c = HeadTail::new(4);
+        c.push_str("abcd");
+        assert_eq!(c.finish().1, None);
+        let mut c = HeadTail::new(4);
+        c.push_str("ab");
+        c.push_str("cde");
+        let (text, t) = c.finish();
+        assert_eq!(t.map(|t| t.omitted_chars), Some(1));
+        assert!(text.starts_with("ab\n") && text.ends_with("\nde"), "{text}");
+    }
+}

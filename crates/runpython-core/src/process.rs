@@ -1,0 +1,136 @@
+//! Spawning the child and making sure nothing it started outlives the run.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Stdio;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::Error;
+
+/// Where the runner writes its result. The child gets the write end as this descriptor.
+pub(crate) const RESULT_FD: i32 = 3;
+
+/// Bootstrap passed with `-c`: compiles the runner under a private file name so its frames can be told
+/// apart from the user's and hidden from tracebacks.
+const BOOTSTRAP: &str = "import sys;exec(compile(sys.argv[1],'<runpython-runner>','exec'))";
+
+/// Environment variables a child keeps by default; everything else (API keys included) is dropped.
+pub const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TERM", "TMPDIR"];
+
+/// The child's environment: the allowlist, every `LC_*`, and the explicit passthrough names.
+pub(crate) fn child_env(passthrough: &[String]) -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(name, _)| {
+            ENV_ALLOWLIST.contains(&name.as_str())
+                || name.starts_with("LC_")
+                || passthrough.iter().any(|p| p == name)
+        })
+        .collect()
+}
+
+/// Kills the child's whole process group when dropped, so a timeout, a cancellation or a dropped future
+/// leaves no survivor behind (children that stay in the group included).
+#[derive(Debug)]
+pub(crate) struct GroupGuard {
+    pgid: Pid,
+}
+
+impl GroupGuard {
+    pub(crate) fn kill(&self) {
+        // ESRCH (nobody left in the group) is the normal case after a clean exit.
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A started child with its pipes.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    pub child: tokio::process::Child,
+    pub guard: GroupGuard,
+    pub result: tokio::net::unix::pipe::Receiver,
+}
+
+/// Starts `python -I -S -X utf8 -c BOOTSTRAP RUNNER` in `cwd`, in a new process group, with a scrubbed
+/// environment, piped stdio, and the result pipe as descriptor 3.
+pub(crate) fn spawn_runner(
+    python: &Path,
+    runner_source: &str,
+    cwd: &Path,
+    env: &[(String, String)],
+) -> Result<Spawned, Error> {
+    let (result_read, result_write): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Io {
+            what: "creating the result pipe",
+            source: e.into(),
+        })?;
+    let write_fd = result_write.as_raw_fd();
+
+    let mut command = tokio::process::Command::new(python);
+    command
+        .args(["-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, runner_source])
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls
+    // (prctl, dup2, fcntl) on descriptors that are open in the child.
+    unsafe {
+        command.pre_exec(move || {
+            // If the host dies, even by SIGKILL, the child dies with it.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if write_fd == RESULT_FD {
+                nix::fcntl::fcntl(
+                    std::os::fd::BorrowedFd::borrow_raw(write_fd),
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            } else {
+                // dup2 leaves the new descriptor without close-on-exec: the runner inherits it.
+                let rc = libc_dup2(write_fd, RESULT_FD);
+                if rc < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().map_err(|source| Error::Spawn {
+        program: python.to_owned(),
+        source,
+    })?;
+    drop(result_write); // the child holds the only write end now: EOF comes when it exits
+    let pid = child.id().ok_or_else(|| Error::Io {
+        what: "reading the child's pid",
+        source: std::io::Error::other("the child exited before it could be tracked"),
+    })?;
+    let guard = GroupGuard {
+        pgid: Pid::from_raw(pid as i32),
+    };
+    let result = tokio::net::unix::pipe::Receiver::from_owned_fd(result_read).map_err(|e| {
+        Error::Io {
+            what: "reading the result pipe",
+            source: e,
+        }
+    })?;
+    Ok(Spawned {
+        child,
+        guard,
+        result,
+    })
+}
+
+fn libc_dup2(old: i32, new: i32) -> i32 {
+    // SAFETY: dup2 on two plain descriptor numbers; failure is reported through the return value.
+    unsafe { libc::dup2(old, new) }
+}

@@ -1,0 +1,673 @@
+//! `RunPython`: the builder, one run from code to envelope, and the event stream.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use runpython_bridge::{Bridge, BridgeConfig, Tool, ToolSet};
+use runpython_deps::Interpreter;
+use serde_json::{Map, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
+use crate::output::HeadTail;
+use crate::process::{child_env, spawn_runner};
+use crate::Error;
+
+/// The runner that executes the code in the child (`runner.py`).
+pub const RUNNER_PY: &str = include_str!("runner.py");
+
+/// How long the host keeps reading a child's pipes after the process group was killed. Only a process
+/// that escaped the group (a `setsid` daemon) can hold them open that long.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Slack on top of `max_return_bytes` for the result record's own fields.
+const RESULT_OVERHEAD: usize = 64 * 1024;
+
+/// Limits and policy of a [`RunPython`].
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Wall-clock limit of one run (default 60 s).
+    pub timeout: Duration,
+    /// Longest code accepted, in characters, checked before anything is spawned (default 200,000).
+    pub max_code_chars: usize,
+    /// Largest return value, in bytes of JSON (default 1,000,000).
+    pub max_return_bytes: usize,
+    /// Characters kept per output stream, head and tail (default 10,000).
+    pub max_output_chars: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(60),
+            max_code_chars: 200_000,
+            max_return_bytes: 1_000_000,
+            max_output_chars: 10_000,
+        }
+    }
+}
+
+/// Something that happened during a run, delivered as it happens by [`RunHandle::next_event`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A chunk the code wrote to stdout.
+    Stdout(String),
+    /// A chunk the code wrote to stderr.
+    Stderr(String),
+}
+
+/// One piece of code to run, with the globals it sees.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    /// The Python source.
+    pub code: String,
+    /// JSON values bound as globals before the code runs.
+    pub inputs: Map<String, Value>,
+}
+
+impl RunRequest {
+    /// A request for `code` with no inputs.
+    pub fn new(code: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            inputs: Map::new(),
+        }
+    }
+
+    /// Binds `name` to `value` as a global.
+    pub fn input(mut self, name: impl Into<String>, value: Value) -> Self {
+        self.inputs.insert(name.into(), value);
+        self
+    }
+}
+
+impl From<&str> for RunRequest {
+    fn from(code: &str) -> Self {
+        Self::new(code)
+    }
+}
+
+impl From<String> for RunRequest {
+    fn from(code: String) -> Self {
+        Self::new(code)
+    }
+}
+
+/// Builds a [`RunPython`].
+#[derive(Debug, Default)]
+pub struct RunPythonBuilder {
+    limits: Limits,
+    env_passthrough: Vec<String>,
+    python: Option<PathBuf>,
+    tools: ToolSet,
+    bridge: BridgeConfig,
+    errors: Vec<String>,
+}
+
+impl RunPythonBuilder {
+    /// Wall-clock limit of one run.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.limits.timeout = timeout;
+        self
+    }
+    /// Longest code accepted, in characters.
+    pub fn max_code_chars(mut self, n: usize) -> Self {
+        self.limits.max_code_chars = n;
+        self
+    }
+    /// Largest return value, in bytes of JSON.
+    pub fn max_return_bytes(mut self, n: usize) -> Self {
+        self.limits.max_return_bytes = n;
+        self
+    }
+    /// Characters kept per output stream.
+    pub fn max_output_chars(mut self, n: usize) -> Self {
+        self.limits.max_output_chars = n;
+        self
+    }
+    /// Lets the host's environment variable `name` through to the code (everything not on the
+    /// allowlist is dropped otherwise).
+    pub fn env_passthrough(mut self, name: impl Into<String>) -> Self {
+        self.env_passthrough.push(name.into());
+        self
+    }
+    /// The Python interpreter to use instead of discovering one.
+    pub fn python(mut self, path: impl Into<PathBuf>) -> Self {
+        self.python = Some(path.into());
+        self
+    }
+    /// Exposes a tool to the code.
+    pub fn tool(mut self, tool: impl Tool + 'static) -> Self {
+        if let Err(e) = self.tools.insert(tool) {
+            self.errors.push(e.to_string());
+        }
+        self
+    }
+    /// Exposes every tool of a set.
+    pub fn tools(mut self, tools: &ToolSet) -> Self {
+        for tool in tools.iter() {
+            if let Err(e) = self.tools.insert_arc(Arc::clone(tool)) {
+                self.errors.push(e.to_string());
+            }
+        }
+        self
+    }
+    /// Tool calls allowed per run (default 1,000).
+    pub fn max_tool_calls(mut self, n: u32) -> Self {
+        self.bridge.max_calls = n;
+        self
+    }
+    /// How long one tool call may take (default 60 s).
+    pub fn tool_call_timeout(mut self, timeout: Duration) -> Self {
+        self.bridge.call_timeout = timeout;
+        self
+    }
+    /// Largest bridge frame either side may send (default 16 MiB).
+    pub fn max_frame_bytes(mut self, n: usize) -> Self {
+        self.bridge.max_frame = n;
+        self
+    }
+
+    /// Checks the configuration.
+    pub fn build(self) -> Result<RunPython, Error> {
+        let mut errors = self.errors;
+        if self.limits.timeout.is_zero() {
+            errors.push("the timeout must be longer than zero".into());
+        }
+        if self.limits.max_output_chars < 2 {
+            errors.push("max_output_chars must be at least 2 (a head and a tail)".into());
+        }
+        if !errors.is_empty() {
+            return Err(Error::Config(errors.join("; ")));
+        }
+        Ok(RunPython {
+            inner: Arc::new(Inner {
+                limits: self.limits,
+                env_passthrough: self.env_passthrough,
+                python: self.python,
+                tools: self.tools,
+                bridge: self.bridge,
+                interpreter: tokio::sync::OnceCell::new(),
+            }),
+        })
+    }
+}
+
+/// Runs LLM-authored Python in an isolated CPython subprocess and returns an [`Envelope`].
+///
+/// Cheap to clone; clones share the discovered interpreter.
+#[derive(Debug, Clone)]
+pub struct RunPython {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    limits: Limits,
+    env_passthrough: Vec<String>,
+    python: Option<PathBuf>,
+    tools: ToolSet,
+    bridge: BridgeConfig,
+    interpreter: tokio::sync::OnceCell<Interpreter>,
+}
+
+/// A run in progress: its events as they happen, cancellation, and the envelope at the end.
+/// Dropping the handle stops the run and kills its processes.
+#[derive(Debug)]
+pub struct RunHandle {
+    events: mpsc::Receiver<Event>,
+    cancel: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<Envelope, Error>>>,
+}
+
+impl RunHandle {
+    /// The next event, or `None` once the run has ended and every event was delivered.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Stops the run: its processes are killed and reaped, and [`RunHandle::wait`] returns
+    /// [`Error::Cancelled`].
+    pub fn cancel(&mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            let _ = cancel.send(());
+        }
+    }
+
+    /// Waits for the envelope. Events not yet read are discarded.
+    pub async fn wait(mut self) -> Result<Envelope, Error> {
+        self.events.close();
+        let Some(task) = self.task.take() else {
+            return Err(Error::Cancelled);
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_cancelled() => Err(Error::Cancelled),
+            Err(e) => Err(Error::Internal(format!("the run's task failed: {e}"))),
+        }
+    }
+}
+
+impl Drop for RunHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort(); // dropping the run's future kills its process group
+        }
+    }
+}
+
+enum Ending {
+    Exited(std::process::ExitStatus),
+    TimedOut,
+    Cancelled,
+    Bridge(runpython_bridge::Error),
+}
+
+impl RunPython {
+    /// A builder with the default limits.
+    pub fn builder() -> RunPythonBuilder {
+        RunPythonBuilder::default()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The tools exposed to the code.
+    pub fn tools(&self) -> &ToolSet {
+        &self.inner.tools
+    }
+
+    /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
+    /// status; `Err` means runpython itself failed. Dropping the future kills the run's processes.
+    pub async fn run(&self, request: impl Into<RunRequest>) -> Result<Envelope, Error> {
+        self.execute(request.into(), None, None).await
+    }
+
+    /// Starts the code and returns a handle streaming its events. Must be called inside a Tokio runtime.
+    pub fn start(&self, request: impl Into<RunRequest>) -> RunHandle {
+        let (tx, rx) = mpsc::channel(256);
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        let this = self.clone();
+        let request = request.into();
+        let task =
+            tokio::spawn(async move { this.execute(request, Some(tx), Some(cancel_rx)).await });
+        RunHandle {
+            events: rx,
+            cancel: Some(cancel_tx),
+            task: Some(task),
+        }
+    }
+
+    /// The interpreter runs use, discovered once.
+    pub async fn interpreter(&self) -> Result<&Interpreter, Error> {
+        self.inner
+            .interpreter
+            .get_or_try_init(|| async {
+                let preferred = self.inner.python.clone();
+                tokio::task::spawn_blocking(move || Interpreter::discover(preferred.as_deref()))
+                    .await
+                    .map_err(|e| Error::Internal(format!("interpreter discovery panicked: {e}")))?
+                    .map_err(Error::from)
+            })
+            .await
+    }
+
+    async fn execute(
+        &self,
+        request: RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Result<Envelope, Error> {
+        let started = Instant::now();
+        let run_id = new_run_id();
+        let limits = &self.inner.limits;
+        for name in request.inputs.keys() {
+            if !is_identifier(name) {
+                return Err(Error::InvalidInput(format!(
+                    "input name {name:?} is not a Python identifier; use letters, digits and _"
+                )));
+            }
+        }
+        let code_chars = request.code.chars().count();
+        if code_chars > limits.max_code_chars {
+            let mut envelope = Envelope::failed(
+                Status::Error,
+                ErrorInfo::new(
+                    "CodeTooLarge",
+                    format!(
+                        "the code is {code_chars} characters, over the limit of {}; send less code (move data into inputs or files)",
+                        limits.max_code_chars
+                    ),
+                ),
+                run_id,
+            );
+            envelope.duration_ms = elapsed_ms(started);
+            return Ok(envelope);
+        }
+        let python = self.interpreter().await?.executable.clone();
+
+        let run_dir = tempfile::Builder::new()
+            .prefix("runpython-")
+            .tempdir()
+            .map_err(|source| Error::Io {
+                what: "creating the run directory",
+                source,
+            })?;
+        let work_dir = run_dir.path().join("work");
+        std::fs::create_dir(&work_dir).map_err(|source| Error::Io {
+            what: "creating the run's working directory",
+            source,
+        })?;
+
+        let (bridge_spec, bridge_future, bridge_stats) = if self.inner.tools.is_empty() {
+            (Value::Null, None, None)
+        } else {
+            let bridge = Bridge::bind(
+                &run_dir.path().join("bridge.sock"),
+                self.inner.tools.clone(),
+                self.inner.bridge.clone(),
+            )?;
+            let stats = bridge.stats();
+            (bridge.client_spec(), Some(bridge.serve()), Some(stats))
+        };
+
+        let runner_request = serde_json::json!({
+            "code": request.code,
+            "inputs": request.inputs,
+            "max_return_bytes": limits.max_return_bytes,
+            "bridge": bridge_spec,
+        });
+        let runner_request =
+            serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
+
+        let env = child_env(&self.inner.env_passthrough);
+        let spawned = spawn_runner(&python, RUNNER_PY, &work_dir, &env)?;
+        let mut child = spawned.child;
+        let guard = spawned.guard;
+
+        let mut stdin = child.stdin.take();
+        let writer = tokio::spawn(async move {
+            if let Some(stdin) = stdin.as_mut() {
+                // A child that dies early closes the pipe; its exit is reported, not this write.
+                let _ = stdin.write_all(&runner_request).await;
+            }
+        });
+        let stdout_capture = Arc::new(Mutex::new(HeadTail::new(limits.max_output_chars)));
+        let stderr_capture = Arc::new(Mutex::new(HeadTail::new(limits.max_output_chars)));
+        let stdout_reader = child.stdout.take().map(|pipe| {
+            tokio::spawn(capture(
+                pipe,
+                Arc::clone(&stdout_capture),
+                events.clone(),
+                Event::Stdout,
+            ))
+        });
+        let stderr_reader = child.stderr.take().map(|pipe| {
+            tokio::spawn(capture(
+                pipe,
+                Arc::clone(&stderr_capture),
+                events.clone(),
+                Event::Stderr,
+            ))
+        });
+        let result_cap = limits.max_return_bytes + RESULT_OVERHEAD;
+        let mut result_pipe = spawned.result;
+        let result_reader = tokio::spawn(async move {
+            let mut data = Vec::new();
+            let mut chunk = vec![0u8; 64 * 1024];
+            let mut overflow = false;
+            loop {
+                match result_pipe.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) if data.len() + n <= result_cap => data.extend_from_slice(&chunk[..n]),
+                    Ok(_) => overflow = true, // keep draining so the child never blocks on it
+                }
+            }
+            (data, overflow)
+        });
+
+        let cancelled = async {
+            if let Some(rx) = cancel {
+                if rx.await.is_ok() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        let bridge_failed = async {
+            match bridge_future {
+                Some(serve) => match serve.await {
+                    Err(e) => e,
+                    Ok(()) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let ending = tokio::select! {
+            status = child.wait() => match status {
+                Ok(status) => Ending::Exited(status),
+                Err(source) => return Err(Error::Io { what: "waiting for the child", source }),
+            },
+            _ = tokio::time::sleep(limits.timeout) => Ending::TimedOut,
+            _ = cancelled => Ending::Cancelled,
+            e = bridge_failed => Ending::Bridge(e),
+        };
+        // Whatever happened, nothing the code started may outlive the run.
+        guard.kill();
+        if !matches!(ending, Ending::Exited(_)) {
+            let _ = child.wait().await;
+        }
+        writer.abort();
+        for reader in [stdout_reader, stderr_reader].into_iter().flatten() {
+            let abort = reader.abort_handle();
+            if tokio::time::timeout(DRAIN_GRACE, reader).await.is_err() {
+                abort.abort();
+            }
+        }
+        let (result_bytes, result_overflow) =
+            match tokio::time::timeout(DRAIN_GRACE, result_reader).await {
+                Ok(Ok(read)) => read,
+                _ => (Vec::new(), false),
+            };
+        drop(run_dir);
+
+        let (stdout, stdout_trunc) = take_capture(&stdout_capture);
+        let (stderr, stderr_trunc) = take_capture(&stderr_capture);
+        let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then(|| Truncated {
+            stdout: stdout_trunc,
+            stderr: stderr_trunc,
+        });
+        let mut envelope = Envelope {
+            status: Status::Success,
+            return_value: Value::Null,
+            return_type: None,
+            stdout,
+            stderr,
+            truncated,
+            error: None,
+            artifacts: Vec::new(),
+            run_id,
+            cached: false,
+            duration_ms: 0,
+            suspension: None,
+        };
+        match ending {
+            Ending::Cancelled => return Err(Error::Cancelled),
+            Ending::TimedOut => {
+                envelope.status = Status::Timeout;
+                envelope.error = Some(ErrorInfo::new(
+                    "Timeout",
+                    format!(
+                        "the code ran longer than the {} timeout and was stopped; make it faster or raise the timeout",
+                        human_duration(limits.timeout)
+                    ),
+                ));
+            }
+            Ending::Bridge(e) => {
+                envelope.status = Status::Error;
+                envelope.error = Some(ErrorInfo::new(
+                    "SandboxError",
+                    format!("the code broke the tool bridge's protocol and the run was stopped: {e}"),
+                ));
+            }
+            Ending::Exited(status) => {
+                apply_result(&mut envelope, status, &result_bytes, result_overflow, limits)
+            }
+        }
+        if bridge_stats.is_some_and(|s| s.limit_exceeded()) {
+            envelope.status = Status::Error;
+            envelope.return_value = Value::Null;
+            envelope.return_type = None;
+            envelope.error = Some(ErrorInfo::new(
+                "ToolCallLimit",
+                format!(
+                    "the code made more than {} tool calls, the run's budget; batch the work into fewer calls",
+                    self.inner.bridge.max_calls
+                ),
+            ));
+        }
+        envelope.duration_ms = elapsed_ms(started);
+        Ok(envelope)
+    }
+}
+
+async fn capture<R: tokio::io::AsyncRead + Unpin>(
+    mut pipe: R,
+    sink: Arc<Mutex<HeadTail>>,
+    events: Option<mpsc::Sender<Event>>,
+    wrap: fn(String) -> Event,
+) {
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut events = events;
+    loop {
+        let n = match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let text = match sink.lock() {
+            Ok(mut capture) => capture.push_bytes(&chunk[..n]),
+            Err(_) => break,
+        };
+        if let Some(tx) = &events {
+            if tx.send(wrap(text)).await.is_err() {
+                events = None; // nobody listens any more; keep capturing
+            }
+        }
+    }
+}
+
+fn take_capture(
+    capture: &Arc<Mutex<HeadTail>>,
+) -> (String, Option<crate::envelope::StreamTruncation>) {
+    let mut guard = match capture.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    std::mem::replace(&mut *guard, HeadTail::new(2)).finish()
+}
+
+/// Fills the envelope from the runner's result record, or explains why there is none.
+fn apply_result(
+    envelope: &mut Envelope,
+    status: std::process::ExitStatus,
+    bytes: &[u8],
+    overflow: bool,
+    limits: &Limits,
+) {
+    use std::os::unix::process::ExitStatusExt;
+    if overflow {
+        envelope.status = Status::Error;
+        envelope.error = Some(ErrorInfo::new(
+            "ReturnValueTooLarge",
+            format!(
+                "the result was larger than the limit of {} bytes of JSON; return a smaller value",
+                limits.max_return_bytes
+            ),
+        ));
+        return;
+    }
+    if bytes.is_empty() {
+        let mut error = ErrorInfo::new("ProcessExited", String::new());
+        error.message = match (status.code(), status.signal()) {
+            (Some(code), _) => {
+                error.exit_code = Some(code);
+                format!("the Python process exited with status {code} before the code finished")
+            }
+            (None, Some(signal)) => {
+                error.signal = Some(signal);
+                let name = nix::sys::signal::Signal::try_from(signal)
+                    .map(|s| s.as_str())
+                    .unwrap_or("unknown signal");
+                format!("the Python process was killed by signal {signal} ({name}) before the code finished")
+            }
+            (None, None) => "the Python process ended without a result".into(),
+        };
+        envelope.status = Status::Error;
+        envelope.error = Some(error);
+        return;
+    }
+    #[derive(serde::Deserialize)]
+    struct RunnerResult {
+        status: String,
+        #[serde(default)]
+        return_value: Value,
+        #[serde(default)]
+        return_type: Option<String>,
+        #[serde(default)]
+        error: Option<ErrorInfo>,
+    }
+    match serde_json::from_slice::<RunnerResult>(bytes) {
+        Ok(result) if result.status == "success" => {
+            envelope.return_value = result.return_value;
+            envelope.return_type = result.return_type;
+        }
+        Ok(result) => {
+            envelope.status = Status::Error;
+            envelope.error = Some(result.error.unwrap_or_else(|| {
+                ErrorInfo::new("SandboxError", "the runner reported an error without details")
+            }));
+        }
+        Err(e) => {
+            envelope.status = Status::Error;
+            envelope.error = Some(ErrorInfo::new(
+                "SandboxError",
+                format!("the runner's result could not be read ({e}); did the code write to file descriptor 3?"),
+            ));
+        }
+    }
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn human_duration(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs.fract() == 0.0 {
+        format!("{secs:.0} s")
+    } else {
+        format!("{secs} s")
+    }
+}
+
+pub(crate) fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_alphabetic())
+        && chars.all(|c| c == '_' || c.is_alphanumeric())
+}
+
+/// A sortable, unique run id: milliseconds since the epoch, then 64 random bits, in hex.
+fn new_run_id() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let mut random = [0u8; 8];
+    let _ = getrandom::fill(&mut random);
+    format!("{ms:012x}{:016x}", u64::from_be_bytes(random))
+}
