@@ -1,1 +1,222 @@
-fn main() {}
+//! `cargo xtask`: the project's scripts, in Rust.
+//!
+//! - `cargo xtask ci` — fmt check, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
+//!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
+//!   exists. A fresh clone passes with this one command.
+//! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
+//!   measured side by side in one run (a table, or one JSON object).
+//! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("bench") => bench(&args[1..]),
+        Some("tools") => {
+            println!("{}", bootstrap_tools()?.display());
+            Ok(())
+        }
+        _ => {
+            eprintln!("usage: cargo xtask <ci | bench [--json] | tools>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+fn step(name: &str, cmd: &mut Command) -> Result<()> {
+    eprintln!("==> {name}");
+    let started = Instant::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    eprintln!("    {name}: {status} in {:.0?}", started.elapsed());
+    if !status.success() {
+        bail!("{name} failed ({status}): {cmd:?}");
+    }
+    Ok(())
+}
+
+fn ci() -> Result<()> {
+    let started = Instant::now();
+    step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
+        "clippy",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    let tools = bootstrap_tools()?;
+    step(
+        "test",
+        cargo()
+            .args(["test", "--workspace", "--no-fail-fast"])
+            .env("RUNPYTHON_TOOLS_BIN", &tools),
+    )?;
+    step(
+        "doc",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    let shared = root().join("../shared/acceptance/run_cases.py");
+    if shared.exists() {
+        step(
+            "build cli",
+            cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
+        )?;
+        // Network cases install packages; they join once dependency installation lands.
+        step(
+            "shared acceptance cases",
+            Command::new(python3()?)
+                .arg(&shared)
+                .arg(root().join("target/debug/runpython"))
+                .arg("--offline")
+                .env("RUNPYTHON_TOOLS_BIN", &tools),
+        )?;
+    } else {
+        eprintln!("==> shared acceptance cases: skipped ({} not found)", shared.display());
+    }
+    eprintln!("ci passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// A Python 3 to run helper scripts with (not the sandboxed child's interpreter).
+fn python3() -> Result<PathBuf> {
+    for name in ["python3", "python"] {
+        let ok = Command::new(name)
+            .args(["-c", "import sys; sys.exit(sys.version_info < (3, 10))"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ok {
+            return Ok(PathBuf::from(name));
+        }
+    }
+    bail!("no Python 3.10+ found on PATH; install python3")
+}
+
+/// Installs the test tools (uv, moto's S3 server) into `target/tools/venv` once, from PyPI, and returns
+/// its `bin` directory. Idempotent: a complete bootstrap is marked and skipped next time.
+fn bootstrap_tools() -> Result<PathBuf> {
+    let venv = root().join("target/tools/venv");
+    let bin = venv.join("bin");
+    let marker = venv.join(".runpython-tools-v1");
+    if marker.exists() && bin.join("uv").exists() && bin.join("moto_server").exists() {
+        return Ok(bin);
+    }
+    eprintln!("==> bootstrap test tools into {}", venv.display());
+    if venv.exists() {
+        std::fs::remove_dir_all(&venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    step(
+        "create tools venv",
+        Command::new(python3()?).args(["-m", "venv"]).arg(&venv),
+    )?;
+    step(
+        "install uv and moto",
+        Command::new(bin.join("python")).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "uv",
+            "moto[server]",
+        ]),
+    )?;
+    for tool in ["uv", "moto_server"] {
+        if !bin.join(tool).exists() {
+            bail!("the bootstrap did not produce {}", bin.join(tool).display());
+        }
+    }
+    std::fs::write(&marker, "uv moto[server]\n")?;
+    Ok(bin)
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    let json = args.iter().any(|a| a == "--json");
+    step(
+        "build bench harness (release)",
+        cargo().args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "runpython-tests",
+            "--bin",
+            "runpython-bench",
+        ]),
+    )?;
+    let out = Command::new(root().join("target/release/runpython-bench"))
+        .current_dir(root())
+        .output()
+        .context("cannot start the bench harness")?;
+    if !out.status.success() {
+        bail!(
+            "the bench harness failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let metrics: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("the bench harness printed no JSON")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&metrics)?);
+        return Ok(());
+    }
+    println!("{:<28} {:>14}  {}", "metric", "value", "target");
+    if let Some(map) = metrics.as_object() {
+        for (name, value) in map {
+            let shown = match value {
+                serde_json::Value::Number(n) => n.as_f64().map_or(n.to_string(), |f| {
+                    if f.fract() == 0.0 {
+                        format!("{f:.0}")
+                    } else {
+                        format!("{f:.3}")
+                    }
+                }),
+                other => other.to_string(),
+            };
+            println!("{name:<28} {shown:>14}  {}", target_of(name));
+        }
+    }
+    Ok(())
+}
+
+fn target_of(metric: &str) -> &'static str {
+    match metric {
+        "run_vs_floor_cold" => "≤ 1.5",
+        "run_vs_floor_warm" => "≤ 0.5",
+        "flood_rss_growth_mib" => "≤ 32",
+        "bridge_calls_per_s" => "≥ 25,000 and ≥ 0.5 × socketpair",
+        "bridge_vs_socketpair" => "≥ 0.5",
+        "memo_hit_us" => "≤ 50",
+        "deps_warm_ratio" => "≤ 1.3",
+        "import_detect_10k_ms" => "≤ 5",
+        _ => "",
+    }
+}

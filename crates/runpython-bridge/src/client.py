@@ -281,6 +281,8 @@ def rewrite_awaited_calls(tree):
             awaitable_position(node.value)
         elif isinstance(node, _ast.Call):
             func = node.func
+            if isinstance(func, _ast.Call) and isinstance(func.func, _ast.Name) and func.func.id == _AIO_NAME:
+                func = func.args[0]  # already marked as awaited: look at what it wraps
             taker = func.attr if isinstance(func, _ast.Attribute) else func.id if isinstance(func, _ast.Name) else None
             if taker in _AWAITABLE_TAKERS:
                 for arg in node.args:

@@ -39,7 +39,7 @@ struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Wall-clock limit in seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
     timeout: Option<Duration>,
     /// Characters kept per output stream (head and tail).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]

@@ -353,6 +353,7 @@ impl RunPython {
 
         let run_dir = tempfile::Builder::new()
             .prefix("runpython-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(|source| Error::Io {
                 what: "creating the run directory",

@@ -1,0 +1,143 @@
+//! The benchmark harness behind `cargo xtask bench`: measures every metric side by side in one run on this
+//! machine and prints one JSON object. Ratios matter more than absolute numbers on a noisy machine.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use runpython_core::{tool_fn, RunPython};
+use serde_json::{json, Map, Value};
+
+const ROUNDS: usize = 40;
+
+fn p50(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+const SOCKETPAIR_ECHO: &str = r#"
+import json, os, socket, sys, time
+n = int(sys.argv[1])
+a, b = socket.socketpair()
+if os.fork() == 0:
+    a.close(); buf = b""
+    while True:
+        while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+            chunk = b.recv(65536)
+            if not chunk: os._exit(0)
+            buf += chunk
+        size = int.from_bytes(buf[:4], "big"); msg = json.loads(buf[4:4 + size]); buf = buf[4 + size:]
+        out = json.dumps({"type": "result", "id": msg["id"], "result": msg["kwargs"]["x"] + 1}).encode()
+        b.sendall(len(out).to_bytes(4, "big") + out)
+b.close(); buf = b""
+t = time.perf_counter()
+for i in range(n):
+    data = json.dumps({"type": "call", "id": i, "tool": "inc", "args": [], "kwargs": {"x": i}}, separators=(",", ":")).encode()
+    a.sendall(len(data).to_bytes(4, "big") + data)
+    while len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+        buf += a.recv(65536)
+    size = int.from_bytes(buf[:4], "big"); json.loads(buf[4:4 + size]); buf = buf[4 + size:]
+print(n / (time.perf_counter() - t))
+"#;
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut m = Map::new();
+    let python = RunPython::builder().timeout(Duration::from_secs(120)).build()?;
+    let interpreter = python.interpreter().await?.clone();
+    m.insert("machine".into(), json!(machine(&interpreter.minor_version())));
+
+    // Interpreter floor and a trivial cold run, interleaved so that noise hits both alike.
+    let (mut floor, mut cold) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        python.run("1+1").await?;
+    }
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        Command::new(&interpreter.executable)
+            .args(["-I", "-S", "-c", "pass"])
+            .stdin(Stdio::null())
+            .status()?;
+        floor.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let e = python.run("1+1").await?;
+        cold.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(e.return_value, json!(2));
+    }
+    let (floor, cold) = (p50(floor), p50(cold));
+    m.insert("python_floor_ms".into(), json!(round3(floor)));
+    m.insert("cold_run_ms".into(), json!(round3(cold)));
+    m.insert("run_vs_floor_cold".into(), json!(round3(cold / floor)));
+
+    // 1 GiB printed: host memory must stay flat and the envelope within the output limit.
+    let _ = std::fs::write("/proc/self/clear_refs", "5"); // reset the peak-RSS counter
+    let before = status_kib("VmRSS:");
+    let t = Instant::now();
+    let e = python
+        .run("import sys\nline = 'x' * 1023 + '\\n'\nblock = line * 1024\nfor _ in range(1024):\n    sys.stdout.write(block)")
+        .await?;
+    let flood_s = t.elapsed().as_secs_f64();
+    let peak = status_kib("VmHWM:");
+    let total = e.truncated.as_ref().and_then(|t| t.stdout).map_or(0, |t| t.total_chars);
+    assert_eq!(total, 1 << 30, "the flood printed {total} characters");
+    m.insert(
+        "flood_rss_growth_mib".into(),
+        json!(round3(peak.saturating_sub(before) as f64 / 1024.0)),
+    );
+    m.insert("flood_gib_per_s".into(), json!(round3(1.0 / flood_s)));
+    m.insert("flood_envelope_stdout_chars".into(), json!(e.stdout.chars().count()));
+
+    // Sequential tool calls through the bridge vs. a Python⇄Python socketpair with the same framing.
+    let n = 20_000;
+    let bridge = RunPython::builder()
+        .timeout(Duration::from_secs(120))
+        .tool(tool_fn(
+            "inc",
+            "x + 1",
+            Some(json!({"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]})),
+            |a| async move { Ok(json!(a.get("x").and_then(Value::as_i64).unwrap_or(0) + 1)) },
+        ))
+        .build()?;
+    let e = bridge
+        .run(format!("import time\ninc(0)\nt = time.perf_counter()\nfor i in range({n}):\n    inc(i)\n{n} / (time.perf_counter() - t)"))
+        .await?;
+    let bridge_rate = e.return_value.as_f64().ok_or_else(|| format!("bridge bench failed: {:?}", e.error))?;
+    let out = Command::new(&interpreter.executable)
+        .args(["-I", "-S", "-c", SOCKETPAIR_ECHO, &n.to_string()])
+        .output()?;
+    let ceiling: f64 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+    m.insert("bridge_calls_per_s".into(), json!(bridge_rate.round()));
+    m.insert("socketpair_calls_per_s".into(), json!(ceiling.round()));
+    m.insert("bridge_vs_socketpair".into(), json!(round3(bridge_rate / ceiling)));
+
+    println!("{}", serde_json::to_string(&Value::Object(m))?);
+    Ok(())
+}
+
+fn machine(python: &str) -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1).map(|v| v.trim().to_owned()))
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    json!({"cpu": cpu, "cores": cores, "kernel": kernel.trim(), "python": python})
+}

@@ -1,0 +1,61 @@
+//! The crate graph of DESIGN.md, checked against `cargo metadata`: leaves never depend on each other,
+//! core composes the leaves, the CLI depends on core only, xtask on nothing of ours.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use serde_json::Value;
+
+const LEAVES: &[&str] = &["runpython-deps", "runpython-bridge", "runpython-store"];
+
+fn workspace_deps() -> BTreeMap<String, BTreeSet<String>> {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let members: BTreeSet<String> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect();
+    meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let deps = p["dependencies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["kind"].is_null()) // normal dependencies, not dev/build
+                .map(|d| d["name"].as_str().unwrap().to_owned())
+                .filter(|name| members.contains(name))
+                .collect();
+            (p["name"].as_str().unwrap().to_owned(), deps)
+        })
+        .collect()
+}
+
+#[test]
+fn leaves_depend_on_no_workspace_crate() {
+    let graph = workspace_deps();
+    for leaf in LEAVES {
+        assert_eq!(graph[*leaf], BTreeSet::new(), "{leaf} must stay a leaf");
+    }
+}
+
+#[test]
+fn core_composes_the_leaves_and_the_cli_is_thin() {
+    let graph = workspace_deps();
+    let leaves: BTreeSet<String> = LEAVES.iter().map(|s| s.to_string()).collect();
+    assert_eq!(graph["runpython-core"], leaves);
+    assert_eq!(
+        graph["runpython-cli"],
+        BTreeSet::from(["runpython-core".to_owned()])
+    );
+    assert_eq!(graph["xtask"], BTreeSet::new());
+}
