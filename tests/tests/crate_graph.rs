@@ -1,6 +1,8 @@
 //! The crate graph of DESIGN.md, checked against `cargo metadata`: leaves never depend on each other,
 //! core composes the leaves, the CLI depends on core only, xtask on nothing of ours.
 
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
@@ -10,11 +12,21 @@ const LEAVES: &[&str] = &["runpython-deps", "runpython-bridge", "runpython-store
 
 fn workspace_deps() -> BTreeMap<String, BTreeSet<String>> {
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
         .expect("cargo metadata runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
     let members: BTreeSet<String> = meta["packages"]
         .as_array()

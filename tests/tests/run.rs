@@ -1,5 +1,7 @@
 //! A run from code to envelope through the public library API: values, errors, limits, lifecycle.
 
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
+
 use std::time::Duration;
 
 use runpython_core::{Error, Event, RunPython, RunRequest, Status};
@@ -30,7 +32,11 @@ async fn last_expression_is_the_return_value_with_its_type() {
 #[tokio::test(flavor = "multi_thread")]
 async fn values_that_are_not_json_come_back_as_repr() {
     let e = run("{1: 'a'}").await;
-    assert_eq!(e.return_value, json!("{1: 'a'}"), "int keys are not JSON as written");
+    assert_eq!(
+        e.return_value,
+        json!("{1: 'a'}"),
+        "int keys are not JSON as written"
+    );
     assert_eq!(e.return_type.as_deref(), Some("dict"));
     let e = run("float('nan')").await;
     assert_eq!(e.return_value, json!("nan"));
@@ -38,7 +44,11 @@ async fn values_that_are_not_json_come_back_as_repr() {
     assert_eq!(e.return_value, json!("P()"));
     assert_eq!(e.return_type.as_deref(), Some("P"));
     let e = run("class B:\n    def __repr__(self):\n        raise RuntimeError\nB()").await;
-    assert_eq!(e.status, Status::Success, "a broken __repr__ is not a crash");
+    assert_eq!(
+        e.status,
+        Status::Success,
+        "a broken __repr__ is not a crash"
+    );
     assert!(e.return_value.as_str().unwrap().contains("repr() raised"));
 }
 
@@ -58,13 +68,17 @@ async fn traceback_shows_user_frames_and_lines_only() {
     assert_eq!(err.message, "boom");
     let tb = err.traceback.unwrap();
     assert!(tb.contains("line 4") && tb.contains("line 2"), "{tb}");
-    assert!(tb.contains("raise ValueError('boom')"), "source lines are shown: {tb}");
+    assert!(
+        tb.contains("raise ValueError('boom')"),
+        "source lines are shown: {tb}"
+    );
     assert!(!tb.contains("runpython"), "runner frames leak: {tb}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn traceback_inside_awaited_code_hides_asyncio_plumbing() {
-    let e = run("import asyncio\nasync def f():\n    await asyncio.sleep(0)\n    1/0\nawait f()").await;
+    let e =
+        run("import asyncio\nasync def f():\n    await asyncio.sleep(0)\n    1/0\nawait f()").await;
     let tb = e.error.unwrap().traceback.unwrap();
     assert!(tb.contains("line 4"), "{tb}");
     assert!(!tb.contains("base_events.py"), "{tb}");
@@ -85,7 +99,10 @@ async fn base_exceptions_are_reported_and_sys_exit_zero_is_success() {
     assert_eq!(e.error.unwrap().kind, "KeyboardInterrupt");
     let e = run("import sys\nsys.exit(3)").await;
     let err = e.error.unwrap();
-    assert_eq!((err.kind.as_str(), err.message.as_str()), ("SystemExit", "3"));
+    assert_eq!(
+        (err.kind.as_str(), err.message.as_str()),
+        ("SystemExit", "3")
+    );
     let e = run("import sys\nprint('bye')\nsys.exit(0)").await;
     assert_eq!(e.status, Status::Success);
     assert_eq!(e.stdout, "bye\n");
@@ -127,7 +144,11 @@ read()";
 #[tokio::test(flavor = "multi_thread")]
 async fn inputs_are_globals() {
     let e = python()
-        .run(RunRequest::new("f'{name}:{len(xs)}'").input("name", json!("ada")).input("xs", json!([1, 2])))
+        .run(
+            RunRequest::new("f'{name}:{len(xs)}'")
+                .input("name", json!("ada"))
+                .input("xs", json!([1, 2])),
+        )
         .await
         .unwrap();
     assert_eq!(e.return_value, json!("ada:2"));
@@ -153,7 +174,10 @@ async fn secrets_are_dropped_and_passthrough_names_kept() {
     // SAFETY of set_var: this test binary sets these two names only here, before any run reads them.
     std::env::set_var("RUNPYTHON_T_SECRET_KEY", "hunter2");
     std::env::set_var("RUNPYTHON_T_PUBLIC", "yes");
-    let python = RunPython::builder().env_passthrough("RUNPYTHON_T_PUBLIC").build().unwrap();
+    let python = RunPython::builder()
+        .env_passthrough("RUNPYTHON_T_PUBLIC")
+        .build()
+        .unwrap();
     let e = python
         .run("import os\n[os.environ.get('RUNPYTHON_T_SECRET_KEY'), os.environ.get('RUNPYTHON_T_PUBLIC')]")
         .await
@@ -163,22 +187,37 @@ async fn secrets_are_dropped_and_passthrough_names_kept() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cwd_is_a_private_run_directory_removed_afterwards() {
-    let e = run("import os\n[os.getcwd(), oct(os.stat('..').st_mode & 0o777), os.listdir('.')]").await;
+    let e =
+        run("import os\n[os.getcwd(), oct(os.stat('..').st_mode & 0o777), os.listdir('.')]").await;
     let cwd = e.return_value[0].as_str().unwrap().to_owned();
     assert_eq!(e.return_value[1], json!("0o700"));
-    assert_eq!(e.return_value[2], json!([]), "the working directory starts empty");
-    assert!(!std::path::Path::new(&cwd).exists(), "{cwd} was not removed");
+    assert_eq!(
+        e.return_value[2],
+        json!([]),
+        "the working directory starts empty"
+    );
+    assert!(
+        !std::path::Path::new(&cwd).exists(),
+        "{cwd} was not removed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn code_too_large_is_refused_before_anything_is_spawned() {
     let marker = unique_marker("toolarge");
     let python = RunPython::builder().max_code_chars(50).build().unwrap();
-    let code = format!("import subprocess\nsubprocess.Popen(['sleep', '30', '{marker}'])\n# {}", "x".repeat(100));
+    let code = format!(
+        "import subprocess\nsubprocess.Popen(['sleep', '30', '{marker}'])\n# {}",
+        "x".repeat(100)
+    );
     let e = python.run(code).await.unwrap();
     let err = e.error.unwrap();
     assert_eq!(err.kind, "CodeTooLarge");
-    assert!(err.message.contains("over the limit of 50"), "{}", err.message);
+    assert!(
+        err.message.contains("over the limit of 50"),
+        "{}",
+        err.message
+    );
     assert!(survivors_after(&marker, 0.2).is_empty());
 }
 
@@ -213,15 +252,24 @@ async fn output_is_truncated_head_and_tail_with_counts() {
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_keeps_partial_output_and_kills_a_grandchild() {
     let marker = unique_marker("timeout");
-    let python = RunPython::builder().timeout(Duration::from_millis(1500)).build().unwrap();
+    let python = RunPython::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
     let code = format!(
         "import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\nprint('started', flush=True)\ntime.sleep(300)"
     );
     let e = python.run(code).await.unwrap();
     assert_eq!(e.status, Status::Timeout);
     assert_eq!(e.error.as_ref().unwrap().kind, "Timeout");
-    assert_eq!(e.stdout, "started\n", "output written before the timeout survives");
-    assert!(survivors_after(&marker, 2.0).is_empty(), "grandchild survived the timeout");
+    assert_eq!(
+        e.stdout, "started\n",
+        "output written before the timeout survives"
+    );
+    assert!(
+        survivors_after(&marker, 2.0).is_empty(),
+        "grandchild survived the timeout"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -236,10 +284,15 @@ async fn a_background_process_left_by_finished_code_is_killed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn dropping_the_run_future_kills_the_process_group() {
     let marker = unique_marker("dropped");
-    let code = format!("import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\ntime.sleep(300)");
+    let code = format!(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\ntime.sleep(300)"
+    );
     let python = python();
     let dropped = tokio::time::timeout(Duration::from_millis(1500), python.run(code)).await;
-    assert!(dropped.is_err(), "the run should still be going when dropped");
+    assert!(
+        dropped.is_err(),
+        "the run should still be going when dropped"
+    );
     assert!(survivors_after(&marker, 2.0).is_empty());
 }
 
@@ -273,7 +326,10 @@ async fn dropping_the_handle_kills_the_run() {
 async fn hard_exit_and_signals_are_process_exited() {
     let e = run("import os\nos._exit(7)").await;
     let err = e.error.unwrap();
-    assert_eq!((err.kind.as_str(), err.exit_code), ("ProcessExited", Some(7)));
+    assert_eq!(
+        (err.kind.as_str(), err.exit_code),
+        ("ProcessExited", Some(7))
+    );
     let e = run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)").await;
     let err = e.error.unwrap();
     assert_eq!((err.kind.as_str(), err.signal), ("ProcessExited", Some(9)));
@@ -282,13 +338,19 @@ async fn hard_exit_and_signals_are_process_exited() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn zero_timeout_is_a_configuration_error() {
-    let err = RunPython::builder().timeout(Duration::ZERO).build().unwrap_err();
+    let err = RunPython::builder()
+        .timeout(Duration::ZERO)
+        .build()
+        .unwrap_err();
     assert!(matches!(err, Error::Config(_)));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_that_does_not_exist_is_a_clear_error() {
-    let python = RunPython::builder().python("/nonexistent/python3").build().unwrap();
+    let python = RunPython::builder()
+        .python("/nonexistent/python3")
+        .build()
+        .unwrap();
     let err = python.run("1").await.unwrap_err();
     assert!(err.to_string().contains("/nonexistent/python3"), "{err}");
 }

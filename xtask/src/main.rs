@@ -98,7 +98,10 @@ fn ci() -> Result<()> {
                 .env("RUNPYTHON_TOOLS_BIN", &tools),
         )?;
     } else {
-        eprintln!("==> shared acceptance cases: skipped ({} not found)", shared.display());
+        eprintln!(
+            "==> shared acceptance cases: skipped ({} not found)",
+            shared.display()
+        );
     }
     eprintln!("ci passed in {:.0?}", started.elapsed());
     Ok(())
@@ -188,7 +191,7 @@ fn bench(args: &[String]) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&metrics)?);
         return Ok(());
     }
-    println!("{:<28} {:>14}  {}", "metric", "value", "target");
+    println!("{:<28} {:>14}  target", "metric", "value");
     if let Some(map) = metrics.as_object() {
         for (name, value) in map {
             let shown = match value {

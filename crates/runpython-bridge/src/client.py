@@ -11,10 +11,6 @@ awaits it (`await double(21)`, `asyncio.gather(double(1), double(2))`): the runn
 to mark those call sites in the syntax tree before compiling, so there is no guessing at run time.
 """
 
-import json
-import os
-import socket
-
 PROTOCOL_VERSION = 1
 _AIO_NAME = "__runpython_aio__"
 # Callables whose arguments are awaitables: calls written directly in their arguments are made awaitable.
@@ -58,7 +54,9 @@ def _error_for(tool, remote):
 
 
 class _Bridge:
-    def __init__(self, path, token, max_frame):
+    def __init__(self, path, token, max_frame, loads, dumps):
+        self.loads = loads
+        self.dumps = dumps
         self.path = path
         self.token = token
         self.max_frame = max_frame
@@ -70,6 +68,8 @@ class _Bridge:
         self.reader_loop = None
 
     def _connect(self):
+        import socket  # only when a tool is first called: it costs start-up time
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(self.path)
         sock.set_inheritable(False)
@@ -77,7 +77,7 @@ class _Bridge:
         self._send({"type": "hello", "version": PROTOCOL_VERSION, "token": self.token})
 
     def _send(self, message):
-        data = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        data = self.dumps(message).encode("utf-8", "surrogatepass")
         if len(data) > self.max_frame:
             raise ValueError("tool call arguments are %d bytes as JSON, over the bridge's frame limit of %d"
                              % (len(data), self.max_frame))
@@ -108,7 +108,7 @@ class _Bridge:
                 break
             frame = bytes(self.buf[4 : 4 + size])
             del self.buf[: 4 + size]
-            message = json.loads(frame)
+            message = self.loads(frame.decode("utf-8"))
             call_id = message.get("id")
             future = self.futures.pop(call_id, None)
             if future is not None:
@@ -168,9 +168,10 @@ def _aio(function):
     return getattr(function, "_runpython_async", function)
 
 
-def install(spec, namespace):
+def install(spec, namespace, loads, dumps):
+    """Defines the tool functions in `namespace`; `loads`/`dumps` are the runner's strict JSON codec."""
     global _bridge
-    _bridge = _Bridge(spec["path"], spec["token"], int(spec.get("max_frame", 16 << 20)))
+    _bridge = _Bridge(spec["path"], spec["token"], int(spec.get("max_frame", 16 << 20)), loads, dumps)
     registry = {}
     for tool in spec["tools"]:
         function = _make_tool(tool)

@@ -123,10 +123,10 @@ impl Bridge {
         Arc::clone(&self.stats)
     }
 
-    /// Everything the child's client needs: its source, the socket path, the token, the tools.
+    /// Everything the child's client ([`crate::CLIENT_PY`], importable as `runpython_tools`) needs: the
+    /// socket path, the token, the frame cap and the tools.
     pub fn client_spec(&self) -> Value {
         json!({
-            "client": crate::CLIENT_PY,
             "path": self.path,
             "token": self.token,
             "max_frame": self.config.max_frame,

@@ -101,7 +101,11 @@ pub fn python_literal(value: &Value) -> String {
         Value::String(s) => format!("{s:?}"),
         Value::Array(items) => format!(
             "[{}]",
-            items.iter().map(python_literal).collect::<Vec<_>>().join(", ")
+            items
+                .iter()
+                .map(python_literal)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         Value::Object(map) => format!(
             "{{{}}}",

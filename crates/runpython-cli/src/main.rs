@@ -77,7 +77,10 @@ fn parse_input(s: &str) -> Result<(String, Value), String> {
     let (name, json) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=JSON (for example --input n=42)"))?;
-    let valid = name.chars().next().is_some_and(|c| c == '_' || c.is_alphabetic())
+    let valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c == '_' || c.is_alphabetic())
         && name.chars().all(|c| c == '_' || c.is_alphanumeric());
     if !valid {
         return Err(format!("{name:?} is not a Python identifier"));

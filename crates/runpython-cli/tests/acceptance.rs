@@ -2,6 +2,8 @@
 //! `shared/acceptance/cases.jsonl`), run against the `runpython` binary with the same checks as the shared
 //! `run_cases.py`. Cases that install packages are skipped until dependency installation lands.
 
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -18,31 +20,62 @@ fn check(case: &Value, envelope: &Value, rc: i32, elapsed: f64) -> Vec<String> {
     };
     for field in ["status", "return_value", "return_type", "stdout"] {
         if let Some(expected) = x.get(field) {
-            want(&envelope[field] == expected, format!("{field} {} != {expected}", envelope[field]));
+            want(
+                &envelope[field] == expected,
+                format!("{field} {} != {expected}", envelope[field]),
+            );
         }
     }
     let err = &envelope["error"];
     if let Some(t) = x.get("error_type") {
-        want(&err["type"] == t, format!("error.type {} != {t}", err["type"]));
+        want(
+            &err["type"] == t,
+            format!("error.type {} != {t}", err["type"]),
+        );
     }
     if let Some(types) = x.get("error_type_in").and_then(Value::as_array) {
-        want(types.contains(&err["type"]), format!("error.type {} not in {types:?}", err["type"]));
+        want(
+            types.contains(&err["type"]),
+            format!("error.type {} not in {types:?}", err["type"]),
+        );
     }
     let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
     if let Some(s) = x.get("error_message_contains").and_then(Value::as_str) {
-        want(text(&err["message"]).contains(s), format!("error.message lacks {s:?}"));
+        want(
+            text(&err["message"]).contains(s),
+            format!("error.message lacks {s:?}"),
+        );
     }
-    for s in x.get("traceback_contains").and_then(Value::as_array).into_iter().flatten() {
+    for s in x
+        .get("traceback_contains")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let s = s.as_str().unwrap_or("");
-        want(text(&err["traceback"]).contains(s), format!("traceback lacks {s:?}"));
+        want(
+            text(&err["traceback"]).contains(s),
+            format!("traceback lacks {s:?}"),
+        );
     }
-    for s in x.get("traceback_excludes").and_then(Value::as_array).into_iter().flatten() {
+    for s in x
+        .get("traceback_excludes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let s = s.as_str().unwrap_or("");
-        want(!text(&err["traceback"]).contains(s), format!("traceback shows {s:?}"));
+        want(
+            !text(&err["traceback"]).contains(s),
+            format!("traceback shows {s:?}"),
+        );
     }
     for (key, field) in [("stdout_contains", "stdout"), ("stderr_contains", "stderr")] {
         if let Some(s) = x.get(key).and_then(Value::as_str) {
-            want(text(&envelope[field]).contains(s), format!("{field} lacks {s:?}"));
+            want(
+                text(&envelope[field]).contains(s),
+                format!("{field} lacks {s:?}"),
+            );
         }
     }
     if let Some(max) = x.get("stdout_max_chars").and_then(Value::as_u64) {
@@ -50,13 +83,19 @@ fn check(case: &Value, envelope: &Value, rc: i32, elapsed: f64) -> Vec<String> {
         want(n <= max, format!("stdout has {n} chars"));
     }
     if x.get("truncated") == Some(&Value::Bool(true)) {
-        want(!envelope["truncated"].is_null(), "truncated is empty".into());
+        want(
+            !envelope["truncated"].is_null(),
+            "truncated is empty".into(),
+        );
     }
     if let Some(max) = x.get("max_seconds").and_then(Value::as_f64) {
         want(elapsed <= max, format!("took {elapsed:.1}s"));
     }
     let success = envelope["status"] == "success";
-    want(rc == if success { 0 } else { 1 }, format!("exit status {rc} does not match status"));
+    want(
+        rc == if success { 0 } else { 1 },
+        format!("exit status {rc} does not match status"),
+    );
     bad
 }
 
@@ -71,7 +110,12 @@ fn shared_acceptance_cases_pass() {
             continue;
         }
         let code = case["code"].as_str().unwrap();
-        let args: Vec<&str> = case["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        let args: Vec<&str> = case["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
         let via_stdin = code.len() > 100_000;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_runpython"));
         cmd.args(["run", "--json"]).args(&args);
@@ -85,7 +129,9 @@ fn shared_acceptance_cases_pass() {
                 cmd.env(k, v.as_str().unwrap());
             }
         }
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let started = Instant::now();
         let mut child = cmd.spawn().unwrap();
         let mut stdin = child.stdin.take().unwrap();
@@ -112,5 +158,10 @@ fn shared_acceptance_cases_pass() {
         }
     }
     assert!(ran >= 40, "only {ran} cases ran");
-    assert!(failures.is_empty(), "{} failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -1,5 +1,7 @@
 //! The CLI contract: exit statuses, human output, bad arguments.
 
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
@@ -55,7 +57,12 @@ fn code_from_a_file_and_from_stdin() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"'from stdin'").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"'from stdin'")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["return_value"], "from stdin");
@@ -72,15 +79,30 @@ fn assert_usage_error(args: &[&str], needle: &str) {
 
 #[test]
 fn bad_arguments_exit_2_with_a_reason() {
-    assert_usage_error(&["run", "--timeout", "-1", "-c", "1"], "positive number of seconds");
+    assert_usage_error(
+        &["run", "--timeout", "-1", "-c", "1"],
+        "positive number of seconds",
+    );
     assert_usage_error(&["run", "--timeout", "soon", "-c", "1"], "not a number");
-    assert_usage_error(&["run", "/nonexistent/job.py"], "cannot read /nonexistent/job.py");
+    assert_usage_error(
+        &["run", "/nonexistent/job.py"],
+        "cannot read /nonexistent/job.py",
+    );
     assert_usage_error(&["run", "--input", "novalue", "-c", "1"], "NAME=JSON");
     assert_usage_error(&["run", "--input", "x={bad", "-c", "1"], "not JSON");
-    assert_usage_error(&["run", "--input", "1x=1", "-c", "1"], "not a Python identifier");
+    assert_usage_error(
+        &["run", "--input", "1x=1", "-c", "1"],
+        "not a Python identifier",
+    );
     assert_usage_error(&["run", "--tool", "nocommand", "-c", "1"], "NAME=COMMAND");
-    assert_usage_error(&["run", "--max-output-chars", "0", "-c", "1"], "max-output-chars");
+    assert_usage_error(
+        &["run", "--max-output-chars", "0", "-c", "1"],
+        "max-output-chars",
+    );
     assert_usage_error(&["run"], "no code given");
-    assert_usage_error(&["run", "--python", "/nonexistent/python3", "-c", "1"], "/nonexistent/python3");
+    assert_usage_error(
+        &["run", "--python", "/nonexistent/python3", "-c", "1"],
+        "/nonexistent/python3",
+    );
     assert_usage_error(&["frobnicate"], "unrecognized subcommand");
 }

@@ -1,8 +1,11 @@
 //! Spawning the child and making sure nothing it started outlives the run.
 
+use std::hash::{Hash, Hasher};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -12,9 +15,71 @@ use crate::Error;
 /// Where the runner writes its result. The child gets the write end as this descriptor.
 pub(crate) const RESULT_FD: i32 = 3;
 
-/// Bootstrap passed with `-c`: compiles the runner under a private file name so its frames can be told
-/// apart from the user's and hidden from tracebacks.
-const BOOTSTRAP: &str = "import sys;exec(compile(sys.argv[1],'<runpython-runner>','exec'))";
+/// Bootstrap passed with `-c`: imports the runner from the code directory (argv[1]), so Python caches its
+/// bytecode there instead of compiling it on every run.
+const BOOTSTRAP: &str = "import sys;sys.path.insert(0,sys.argv[1]);import runpython_runner";
+
+/// The directory holding runpython's Python modules (`runpython_runner.py`, `runpython_tools.py`), written
+/// once per content version under the user's cache directory (or the temp directory), atomically.
+pub(crate) fn code_dir() -> Result<&'static Path, Error> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| write_code_dir().map_err(|e| e.to_string()))
+        .as_deref()
+        .map_err(|e| Error::Io {
+            what: "writing runpython's Python modules to the cache directory",
+            source: std::io::Error::other(e.clone()),
+        })
+}
+
+fn write_code_dir() -> std::io::Result<PathBuf> {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
+    let name = format!("py-{:016x}", hasher.finish());
+    let bases = [
+        std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")),
+        Some(std::env::temp_dir()),
+    ];
+    let mut last_error = std::io::Error::other("no cache directory");
+    for base in bases.into_iter().flatten() {
+        let dir = base.join("runpython").join(&name);
+        let complete = |d: &Path| {
+            d.join("runpython_runner.py").is_file() && d.join("runpython_tools.py").is_file()
+        };
+        if complete(&dir) {
+            return Ok(dir);
+        }
+        let attempt = (|| {
+            std::fs::create_dir_all(base.join("runpython"))?;
+            let tmp = tempfile::Builder::new()
+                .prefix(".py-tmp-")
+                .tempdir_in(base.join("runpython"))?;
+            std::fs::write(
+                tmp.path().join("runpython_runner.py"),
+                crate::run::RUNNER_PY,
+            )?;
+            std::fs::write(
+                tmp.path().join("runpython_tools.py"),
+                runpython_bridge::CLIENT_PY,
+            )?;
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))?;
+            match std::fs::rename(tmp.path(), &dir) {
+                Ok(()) => {
+                    let _ = tmp.keep();
+                    Ok(dir.clone())
+                }
+                // Another process won the race: its copy is identical.
+                Err(_) if complete(&dir) => Ok(dir.clone()),
+                Err(e) => Err(e),
+            }
+        })();
+        match attempt {
+            Ok(dir) => return Ok(dir),
+            Err(e) => last_error = e,
+        }
+    }
+    Err(last_error)
+}
 
 /// Environment variables a child keeps by default; everything else (API keys included) is dropped.
 pub const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TERM", "TMPDIR"];
@@ -58,11 +123,11 @@ pub(crate) struct Spawned {
     pub result: tokio::net::unix::pipe::Receiver,
 }
 
-/// Starts `python -I -S -X utf8 -c BOOTSTRAP RUNNER` in `cwd`, in a new process group, with a scrubbed
+/// Starts `python -I -S -X utf8 -c BOOTSTRAP CODE_DIR` in `cwd`, in a new process group, with a scrubbed
 /// environment, piped stdio, and the result pipe as descriptor 3.
 pub(crate) fn spawn_runner(
     python: &Path,
-    runner_source: &str,
+    code_dir: &Path,
     cwd: &Path,
     env: &[(String, String)],
 ) -> Result<Spawned, Error> {
@@ -75,7 +140,8 @@ pub(crate) fn spawn_runner(
 
     let mut command = tokio::process::Command::new(python);
     command
-        .args(["-I", "-S", "-X", "utf8", "-c", BOOTSTRAP, runner_source])
+        .args(["-I", "-S", "-X", "utf8", "-c", BOOTSTRAP])
+        .arg(code_dir)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
@@ -117,12 +183,11 @@ pub(crate) fn spawn_runner(
     let guard = GroupGuard {
         pgid: Pid::from_raw(pid as i32),
     };
-    let result = tokio::net::unix::pipe::Receiver::from_owned_fd(result_read).map_err(|e| {
-        Error::Io {
+    let result =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(result_read).map_err(|e| Error::Io {
             what: "reading the result pipe",
             source: e,
-        }
-    })?;
+        })?;
     Ok(Spawned {
         child,
         guard,

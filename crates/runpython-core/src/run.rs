@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::output::HeadTail;
-use crate::process::{child_env, spawn_runner};
+use crate::process::{child_env, code_dir, spawn_runner};
 use crate::Error;
 
 /// The runner that executes the code in the child (`runner.py`).
@@ -377,7 +377,9 @@ impl RunPython {
             (bridge.client_spec(), Some(bridge.serve()), Some(stats))
         };
 
+        let code_dir = code_dir()?;
         let runner_request = serde_json::json!({
+            "code_dir": code_dir,
             "code": request.code,
             "inputs": request.inputs,
             "max_return_bytes": limits.max_return_bytes,
@@ -387,7 +389,7 @@ impl RunPython {
             serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
 
         let env = child_env(&self.inner.env_passthrough);
-        let spawned = spawn_runner(&python, RUNNER_PY, &work_dir, &env)?;
+        let spawned = spawn_runner(&python, code_dir, &work_dir, &env)?;
         let mut child = spawned.child;
         let guard = spawned.guard;
 
@@ -479,7 +481,7 @@ impl RunPython {
 
         let (stdout, stdout_trunc) = take_capture(&stdout_capture);
         let (stderr, stderr_trunc) = take_capture(&stderr_capture);
-        let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then(|| Truncated {
+        let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then_some(Truncated {
             stdout: stdout_trunc,
             stderr: stderr_trunc,
         });
@@ -513,12 +515,18 @@ impl RunPython {
                 envelope.status = Status::Error;
                 envelope.error = Some(ErrorInfo::new(
                     "SandboxError",
-                    format!("the code broke the tool bridge's protocol and the run was stopped: {e}"),
+                    format!(
+                        "the code broke the tool bridge's protocol and the run was stopped: {e}"
+                    ),
                 ));
             }
-            Ending::Exited(status) => {
-                apply_result(&mut envelope, status, &result_bytes, result_overflow, limits)
-            }
+            Ending::Exited(status) => apply_result(
+                &mut envelope,
+                status,
+                &result_bytes,
+                result_overflow,
+                limits,
+            ),
         }
         if bridge_stats.is_some_and(|s| s.limit_exceeded()) {
             envelope.status = Status::Error;
@@ -630,7 +638,10 @@ fn apply_result(
         Ok(result) => {
             envelope.status = Status::Error;
             envelope.error = Some(result.error.unwrap_or_else(|| {
-                ErrorInfo::new("SandboxError", "the runner reported an error without details")
+                ErrorInfo::new(
+                    "SandboxError",
+                    "the runner reported an error without details",
+                )
             }));
         }
         Err(e) => {

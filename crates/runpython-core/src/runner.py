@@ -1,19 +1,24 @@
 """runpython's runner: executes one piece of LLM-authored code inside the sandboxed child.
 
-Stdlib only. The host starts the interpreter with this file's text and writes one JSON request on stdin:
+Stdlib only. The host imports this module (as `runpython_runner`, from runpython's code directory, so its
+bytecode is cached) and writes one JSON request on stdin:
 
-    {"code": str, "inputs": {name: json}, "max_return_bytes": int,
-     "bridge": null | {"client": str, "path": str, "token": str, "tools": [...], "max_frame": int}}
+    {"code": str, "inputs": {name: json}, "max_return_bytes": int, "code_dir": str | null,
+     "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
 
 The result goes back as one JSON object on file descriptor 3, a pipe that only the host reads, so nothing the
 code prints can forge it. stdout and stderr are the code's own. Plain `python3 runner.py 3>result.json <req`
 works too, which is how the Python-side tests drive it.
 
 Start-up cost matters (a trivial run should cost little more than starting Python), so this module imports
-only builtins at the top; `asyncio` is imported only when the code awaits, `traceback` only on errors.
+only built-in modules: `posix` instead of `os` (1.3 ms), the `_json` accelerator instead of `json` (8 ms: it
+pulls in `re`). `asyncio` is imported only when the code awaits, `traceback` only on errors.
 """
 
+import posix
 import sys
+
+import _json
 
 FILENAME = "<code>"
 RESULT_FD = 3
@@ -23,38 +28,73 @@ PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 # Frames whose file name starts with this belong to runpython, not to the user, and are hidden.
 PRIVATE_PREFIX = "<runpython-"
 _RUNNER_FILE = (lambda: None).__code__.co_filename
+_code_dir = None  # where runpython's own modules were imported from (their frames are hidden too)
+
+
+class _ScanContext:
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    def parse_constant(name):
+        raise ValueError("%s is not valid JSON" % name)
+
+
+_scan = _json.make_scanner(_ScanContext)
+_WHITESPACE = " \t\n\r"
+
+
+def json_loads(text):
+    """Strict JSON text to a value, with the C scanner (no `json` module import)."""
+    start = len(text) - len(text.lstrip(_WHITESPACE))
+    try:
+        value, end = _scan(text, start)
+    except StopIteration as stop:
+        raise ValueError("invalid JSON at character %d" % stop.value) from None
+    if text[end:].strip(_WHITESPACE):
+        raise ValueError("extra data after JSON at character %d" % end)
+    return value
+
+
+def _refuse(value):
+    raise TypeError("%s is not JSON serializable" % type(value).__name__)
+
+
+def json_dumps(value):
+    """Compact JSON, non-ASCII kept, NaN refused, cycles refused (fresh markers on every call)."""
+    encoder = _json.make_encoder({}, _refuse, _json.encode_basestring, None, ":", ",", False, False, False)
+    return "".join(encoder(value, 0))
 
 
 def _read_request():
-    import os
-
     chunks = []
     while True:
-        chunk = os.read(0, 1 << 20)
+        chunk = posix.read(0, 1 << 20)
         if not chunk:
             break
         chunks.append(chunk)
     # stdin is not the code's: point fd 0 at /dev/null so input() raises EOFError instead of hanging.
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    import json
-
-    return json.loads(b"".join(chunks))
+    null = posix.open("/dev/null", posix.O_RDONLY)
+    posix.dup2(null, 0)
+    posix.close(null)
+    return json_loads(b"".join(chunks).decode("utf-8"))
 
 
 def _is_private(filename):
-    return filename == _RUNNER_FILE or filename.startswith(PRIVATE_PREFIX)
+    return (
+        filename == _RUNNER_FILE
+        or filename.startswith(PRIVATE_PREFIX)
+        or (_code_dir is not None and filename.startswith(_code_dir))
+    )
 
 
 def _json_or_repr(value, limit):
-    """(encoded JSON text of the value, or of its repr when it is not JSON) and whether repr was used."""
-    import json
-
+    """The value as JSON text, or its repr as a JSON string when it is not JSON."""
     try:
         _check_json_keys(value, 0)
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-        return text
+        return json_dumps(value)
     except (TypeError, ValueError, RecursionError):
         pass
     try:
@@ -64,7 +104,7 @@ def _json_or_repr(value, limit):
     # repr of a huge object can be huge too; encoding a slice first keeps memory bounded.
     if len(shown) > limit:
         shown = shown[: limit + 1]
-    return json.dumps(shown, ensure_ascii=False)
+    return json_dumps(shown)
 
 
 def _check_json_keys(value, depth):
@@ -144,7 +184,7 @@ def _execute(body_code, last_code, namespace):
 
     import asyncio
 
-    async def main():
+    async def run_module():
         pending = eval(body_code, namespace)
         if pending is not None:
             await pending
@@ -155,35 +195,43 @@ def _execute(body_code, last_code, namespace):
             value = await value
         return value
 
-    return last_code is not None, asyncio.run(main())
+    return last_code is not None, asyncio.run(run_module())
 
 
 def _install_bridge(spec, namespace):
-    module = type(sys)("runpython_tools")
-    exec(compile(spec["client"], "<runpython-bridge>", "exec", dont_inherit=True), module.__dict__)
-    sys.modules["runpython_tools"] = module
-    module.install(spec, namespace)
-    return module
+    import runpython_tools  # the bridge's client module, beside this one
+
+    runpython_tools.install(spec, namespace, json_loads, json_dumps)
+    return runpython_tools
 
 
 def _write_result(result_fd, text):
-    import os
-
-    data = text.encode("utf-8", "surrogatepass")
-    view = memoryview(data)
+    view = memoryview(text.encode("utf-8", "surrogatepass"))
     while view:
-        n = os.write(result_fd, view)
-        view = view[n:]
-    os.close(result_fd)
+        view = view[posix.write(result_fd, view) :]
+    posix.close(result_fd)
+
+
+def _too_large(size, limit):
+    return {
+        "type": "ReturnValueTooLarge",
+        "message": "the last expression's value is %s bytes as JSON, over the limit of %d; "
+        "return a smaller value (a summary, a slice) or write the data to a file"
+        % ("more than %d" % limit if size > limit else size, limit),
+        "traceback": None,
+    }
 
 
 def main():
-    import os
-
-    os.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
+    global _code_dir
+    posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
     request = _read_request()
     source = request["code"]
     limit = int(request.get("max_return_bytes", 1_000_000))
+    code_dir = request.get("code_dir")
+    if code_dir:
+        _code_dir = code_dir.rstrip("/") + "/"
+    sys.argv = [FILENAME]
     sys.stdout.reconfigure(line_buffering=True)
 
     main_module = type(sys)("__main__")
@@ -196,30 +244,22 @@ def main():
     status, result = "success", None
     try:
         bridge = _install_bridge(request["bridge"], namespace) if request.get("bridge") else None
+        if code_dir in sys.path:
+            sys.path.remove(code_dir)  # it was only needed to import runpython's own modules
         body_code, last_code = _compile(source, bridge)
         has_value, value = _execute(body_code, last_code, namespace)
         if has_value and value is not None:
             encoded = _json_or_repr(value, limit)
-            if len(encoded.encode("utf-8", "surrogatepass")) > limit:
-                status = "error"
-                result = {
-                    "type": "ReturnValueTooLarge",
-                    "message": "the last expression's value is %d bytes as JSON, over the limit of %d; "
-                    "return a smaller value (a summary, a slice) or write the data to a file"
-                    % (len(encoded.encode("utf-8", "surrogatepass")), limit),
-                    "traceback": None,
-                }
+            size = len(encoded.encode("utf-8", "surrogatepass"))
+            if size > limit:
+                status, result = "error", _too_large(size, limit)
             else:
                 result = (type(value).__name__, encoded)
     except SystemExit as exc:
-        if exc.code is None or exc.code == 0:
-            pass  # sys.exit() / sys.exit(0) is a normal end
-        else:
+        if exc.code is not None and exc.code != 0:  # sys.exit() and sys.exit(0) are a normal end
             status, result = "error", _format_error(exc, source)
     except BaseException as exc:
         status, result = "error", _format_error(exc, source)
-
-    import json
 
     try:
         sys.stdout.flush()
@@ -228,13 +268,13 @@ def main():
         pass  # the code may have closed them; the result still matters
     if status == "success" and result is not None:
         type_name, encoded = result
-        text = '{"status":"success","return_type":%s,"return_value":%s}' % (json.dumps(type_name), encoded)
+        text = '{"status":"success","return_type":%s,"return_value":%s}' % (json_dumps(type_name), encoded)
     elif status == "success":
         text = '{"status":"success","return_type":null,"return_value":null}'
     else:
-        text = json.dumps({"status": "error", "error": result}, ensure_ascii=False)
+        text = json_dumps({"status": "error", "error": result})
     _write_result(RESULT_FD, text)
 
 
-if __name__ == "__main__":
+if __name__ in ("__main__", "runpython_runner"):
     main()

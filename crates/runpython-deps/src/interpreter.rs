@@ -212,7 +212,12 @@ mod tests {
         assert!(found.version >= MIN_VERSION);
         // A shim (pyenv's is a bash script) is resolved to the binary behind it.
         let head = std::fs::read(&found.executable).unwrap();
-        assert_eq!(&head[..4], b"\x7fELF", "{} is not a binary", found.executable.display());
+        assert_eq!(
+            &head[..4],
+            b"\x7fELF",
+            "{} is not a binary",
+            found.executable.display()
+        );
     }
 
     #[test]

@@ -57,9 +57,14 @@ print(n / (time.perf_counter() - t))
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut m = Map::new();
-    let python = RunPython::builder().timeout(Duration::from_secs(120)).build()?;
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(120))
+        .build()?;
     let interpreter = python.interpreter().await?.clone();
-    m.insert("machine".into(), json!(machine(&interpreter.minor_version())));
+    m.insert(
+        "machine".into(),
+        json!(machine(&interpreter.minor_version())),
+    );
 
     // Interpreter floor and a trivial cold run, interleaved so that noise hits both alike.
     let (mut floor, mut cold) = (Vec::new(), Vec::new());
@@ -92,19 +97,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let flood_s = t.elapsed().as_secs_f64();
     let peak = status_kib("VmHWM:");
-    let total = e.truncated.as_ref().and_then(|t| t.stdout).map_or(0, |t| t.total_chars);
+    let total = e
+        .truncated
+        .as_ref()
+        .and_then(|t| t.stdout)
+        .map_or(0, |t| t.total_chars);
     assert_eq!(total, 1 << 30, "the flood printed {total} characters");
     m.insert(
         "flood_rss_growth_mib".into(),
         json!(round3(peak.saturating_sub(before) as f64 / 1024.0)),
     );
     m.insert("flood_gib_per_s".into(), json!(round3(1.0 / flood_s)));
-    m.insert("flood_envelope_stdout_chars".into(), json!(e.stdout.chars().count()));
+    m.insert(
+        "flood_envelope_stdout_chars".into(),
+        json!(e.stdout.chars().count()),
+    );
 
     // Sequential tool calls through the bridge vs. a Python⇄Python socketpair with the same framing.
-    let n = 20_000;
+    let n: u32 = 20_000;
     let bridge = RunPython::builder()
         .timeout(Duration::from_secs(120))
+        .max_tool_calls(n + 1)
         .tool(tool_fn(
             "inc",
             "x + 1",
@@ -115,14 +128,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let e = bridge
         .run(format!("import time\ninc(0)\nt = time.perf_counter()\nfor i in range({n}):\n    inc(i)\n{n} / (time.perf_counter() - t)"))
         .await?;
-    let bridge_rate = e.return_value.as_f64().ok_or_else(|| format!("bridge bench failed: {:?}", e.error))?;
+    let bridge_rate = e
+        .return_value
+        .as_f64()
+        .ok_or_else(|| format!("bridge bench failed: {:?}", e.error))?;
     let out = Command::new(&interpreter.executable)
         .args(["-I", "-S", "-c", SOCKETPAIR_ECHO, &n.to_string()])
         .output()?;
     let ceiling: f64 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
     m.insert("bridge_calls_per_s".into(), json!(bridge_rate.round()));
     m.insert("socketpair_calls_per_s".into(), json!(ceiling.round()));
-    m.insert("bridge_vs_socketpair".into(), json!(round3(bridge_rate / ceiling)));
+    m.insert(
+        "bridge_vs_socketpair".into(),
+        json!(round3(bridge_rate / ceiling)),
+    );
 
     println!("{}", serde_json::to_string(&Value::Object(m))?);
     Ok(())

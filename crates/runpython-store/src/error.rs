@@ -1,0 +1,123 @@
+//! The crate's one error type.
+
+/// Shorthand for results whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong in the store. Every message names the key, URL or path involved and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The store URL could not be understood.
+    #[error(
+        "unsupported store URL `{url}`: {reason}; use file:///absolute/path, memory:// or s3://bucket/prefix"
+    )]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The backend for this URL was compiled out.
+    #[error("store URL `{url}` needs the `{feature}` feature of runpython-store; rebuild with it enabled")]
+    FeatureDisabled {
+        /// The URL as given.
+        url: String,
+        /// The cargo feature that provides the backend.
+        feature: &'static str,
+    },
+    /// Neither `$XDG_DATA_HOME` nor `$HOME` is set, so there is no default local store.
+    #[error("no default store location: neither XDG_DATA_HOME nor HOME is set; pass a store URL explicitly")]
+    NoDefaultLocation,
+    /// The local store directory could not be created.
+    #[error("cannot create store directory `{path}`: {source}; check its permissions or pick another store URL")]
+    CreateDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The underlying failure.
+        source: std::io::Error,
+    },
+    /// The backend rejected its configuration (bad option name or value).
+    #[error("cannot configure store `{url}`: {source}")]
+    Configure {
+        /// The URL as given.
+        url: String,
+        /// What object_store reported (boxed: it is large, and errors are the cold path).
+        source: Box<object_store::Error>,
+    },
+    /// A read, write, list or delete failed in the backend (I/O, network, permissions, timeout).
+    #[error("{op} `{key}` in store `{store}` failed: {source}; check that the store is reachable and writable")]
+    Backend {
+        /// The operation (`put`, `get`, `list`, `delete`, `copy`).
+        op: &'static str,
+        /// The object key.
+        key: String,
+        /// The store URL (credentials never appear in it: they come from the environment or options).
+        store: String,
+        /// What object_store reported (boxed: it is large, and errors are the cold path).
+        source: Box<object_store::Error>,
+    },
+    /// The requested object does not exist (never written, deleted, or removed by gc).
+    #[error("{what} `{id}` not found in store `{store}`; it was never stored, was deleted, or expired and was collected")]
+    NotFound {
+        /// What was looked up (`run`, `artifact`, `blob`).
+        what: &'static str,
+        /// Its id.
+        id: String,
+        /// The store URL.
+        store: String,
+    },
+    /// An id or key is not safe to use as part of an object path.
+    #[error("invalid {what} `{value}`: {reason}")]
+    InvalidId {
+        /// What kind of id (`run id`, `artifact id`, `memo key`).
+        what: &'static str,
+        /// The offending value.
+        value: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// A record at rest could not be decoded.
+    #[error("record `{key}` is corrupt: {reason}; delete it (or the run) and run it again")]
+    CorruptRecord {
+        /// The object key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A record at rest was written by a newer (or unknown) format version.
+    #[error(
+        "record `{key}` is a {kind} record of version {version}, but this build reads only versions up to {supported}; upgrade runpython to read it"
+    )]
+    UnsupportedVersion {
+        /// The object key.
+        key: String,
+        /// The record type (`manifest`, `memo`).
+        kind: &'static str,
+        /// The version tag found.
+        version: u8,
+        /// The newest version this build understands.
+        supported: u8,
+    },
+    /// A streamed upload's source failed; nothing was published.
+    #[error("reading the data for blob upload failed: {source}; nothing was stored")]
+    Source {
+        /// The reader's error.
+        source: std::io::Error,
+    },
+    /// A file or directory of a run could not be read.
+    #[error("cannot read `{path}`: {source}")]
+    Io {
+        /// The path.
+        path: std::path::PathBuf,
+        /// The underlying failure.
+        source: std::io::Error,
+    },
+    /// A record could not be encoded (should not happen; report it).
+    #[error("cannot encode {kind} record: {reason}")]
+    Encode {
+        /// The record type.
+        kind: &'static str,
+        /// postcard's message.
+        reason: String,
+    },
+}

@@ -1,0 +1,105 @@
+//! The versioned key layout. Every key starts with [`LAYOUT_VERSION`]; ids are validated before they
+//! become path segments, so no caller-supplied string can escape its prefix.
+
+use object_store::path::Path;
+
+use crate::error::{Error, Result};
+
+/// The first segment of every key this crate writes; bumped when the layout changes.
+pub const LAYOUT_VERSION: &str = "v1";
+
+pub(crate) const BLOBS: &str = "v1/blobs";
+pub(crate) const RUNS: &str = "v1/runs";
+pub(crate) const MEMO: &str = "v1/memo";
+/// Streamed uploads land here before their hash is known; gc removes leftovers past the grace period.
+pub(crate) const STAGING: &str = "v1/staging";
+
+pub(crate) fn blob(hash: &str) -> Result<Path> {
+    check_hex(hash, "artifact id")?;
+    Ok(Path::from(format!("{BLOBS}/{hash}")))
+}
+
+pub(crate) fn run(run_id: &str) -> Result<Path> {
+    check_run_id(run_id)?;
+    Ok(Path::from(format!("{RUNS}/{run_id}")))
+}
+
+pub(crate) fn memo(key: &str) -> Result<Path> {
+    check_hex(key, "memo key")?;
+    Ok(Path::from(format!("{MEMO}/{key}")))
+}
+
+pub(crate) fn staging(name: &str) -> Path {
+    Path::from(format!("{STAGING}/{name}"))
+}
+
+pub(crate) fn prefix(dir: &str) -> Path {
+    Path::from(dir)
+}
+
+/// Run ids are chosen by the core; they must be a single safe path segment.
+pub(crate) fn check_run_id(run_id: &str) -> Result<()> {
+    let bad = |reason| {
+        Err(Error::InvalidId {
+            what: "run id",
+            value: run_id.to_owned(),
+            reason,
+        })
+    };
+    if run_id.is_empty() || run_id.len() > 128 {
+        return bad("must be 1 to 128 characters long");
+    }
+    if run_id.starts_with('.') {
+        return bad("must not start with `.`");
+    }
+    if !run_id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return bad("may contain only ASCII letters, digits, `-`, `_` and `.`");
+    }
+    Ok(())
+}
+
+/// Blob hashes and memo keys are lowercase blake3 hex (64 characters).
+pub(crate) fn check_hex(value: &str, what: &'static str) -> Result<()> {
+    if value.len() == 64
+        && value
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        Ok(())
+    } else {
+        Err(Error::InvalidId {
+            what,
+            value: value.to_owned(),
+            reason: "must be 64 lowercase hex characters (a blake3 hash)",
+        })
+    }
+}
+
+/// The last segment of a listed key.
+pub(crate) fn file_name(path: &Path) -> Option<&str> {
+    path.filename()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_that_could_escape_their_prefix_are_rejected() {
+        for bad in ["", "..", "../x", "a/b", ".hidden", "a b", "é"] {
+            assert!(run(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(run("run-1_a.b").unwrap().as_ref(), "v1/runs/run-1_a.b");
+    }
+
+    #[test]
+    fn blob_keys_accept_only_blake3_hex() {
+        let h = blake3::hash(b"x").to_hex().to_string();
+        assert_eq!(blob(&h).unwrap().as_ref(), format!("v1/blobs/{h}"));
+        assert!(blob("ABC").is_err());
+        assert!(blob(&h.to_uppercase()).is_err());
+    }
+}

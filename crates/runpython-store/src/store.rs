@@ -1,0 +1,616 @@
+//! The [`Store`]: blobs, run manifests, retention and gc.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{BoxStream, StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::artifact::{preview, Artifact, ArtifactKind, ListedArtifact};
+use crate::backend::{self, StoreOptions};
+use crate::collect::{RunFile, SkippedFile};
+use crate::error::{Error, Result};
+use crate::layout;
+use crate::memo::MemoCache;
+use crate::record::{self, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
+
+/// How long a run is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Removed by [`Store::gc`] once `ttl` has passed since the run was created, and invisible to
+    /// reads from then on.
+    Ephemeral {
+        /// Lifetime from `created_at`.
+        ttl: Duration,
+    },
+    /// Kept until [`Store::delete_run`].
+    Persistent,
+}
+
+impl Tier {
+    /// The default lifetime of an ephemeral run: 24 hours.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// An ephemeral tier with the default lifetime.
+    pub const fn ephemeral() -> Self {
+        Self::Ephemeral {
+            ttl: Self::DEFAULT_TTL,
+        }
+    }
+}
+
+impl Default for Tier {
+    fn default() -> Self {
+        Self::ephemeral()
+    }
+}
+
+/// Everything a run keeps, as the core hands it over (already redacted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    /// Identity: ASCII letters, digits, `-`, `_`, `.`; at most 128 characters.
+    pub run_id: String,
+    /// When the run started.
+    pub created_at: SystemTime,
+    /// How long it is kept.
+    pub tier: Tier,
+    /// The code that ran.
+    pub script: String,
+    /// Captured stdout.
+    pub stdout: String,
+    /// Captured stderr.
+    pub stderr: String,
+    /// The full return value as JSON text (`"null"` when there is none).
+    pub return_value_json: String,
+    /// The resolved dependency list.
+    pub deps: Vec<String>,
+    /// Fingerprint of the Python environment the run used.
+    pub env_fingerprint: String,
+    /// The isolation report, as JSON text.
+    pub isolation_json: String,
+    /// Files the code created (see [`collect_files`](crate::collect_files)).
+    pub files: Vec<RunFile>,
+    /// Files seen but not kept, and why.
+    pub skipped_files: Vec<SkippedFile>,
+}
+
+/// A stored run: its metadata and the artifacts whose bytes [`Store::get_run_artifact`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunManifest {
+    /// Identity.
+    pub run_id: String,
+    /// When the run started (millisecond precision).
+    pub created_at: SystemTime,
+    /// How long it is kept.
+    pub tier: Tier,
+    /// When an ephemeral run expires.
+    pub expires_at: Option<SystemTime>,
+    /// The resolved dependency list.
+    pub deps: Vec<String>,
+    /// Fingerprint of the Python environment.
+    pub env_fingerprint: String,
+    /// The isolation report, as JSON text.
+    pub isolation_json: String,
+    /// Kept items: script always; stdout and stderr when not empty; the return value when not
+    /// `null`; then the files.
+    pub artifacts: Vec<Artifact>,
+    /// Files seen but not kept, and why.
+    pub skipped_files: Vec<SkippedFile>,
+}
+
+impl RunManifest {
+    /// The first artifact of `kind` (the script, stdout, stderr or return value).
+    pub fn artifact(&self, kind: ArtifactKind) -> Option<&Artifact> {
+        self.artifacts.iter().find(|a| a.kind == kind)
+    }
+
+    fn is_expired(&self, now: SystemTime) -> bool {
+        self.expires_at.is_some_and(|t| t <= now)
+    }
+}
+
+/// What [`Store::gc`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Ephemeral runs past their lifetime whose manifests were deleted.
+    pub expired_runs: Vec<String>,
+    /// Blobs no manifest references, older than the grace period.
+    pub deleted_blobs: usize,
+    /// Their total size.
+    pub freed_bytes: u64,
+    /// Leftovers of interrupted streamed uploads.
+    pub deleted_staging: usize,
+    /// Memo entries past their lifetime.
+    pub expired_memos: usize,
+    /// Records gc could not read (corrupt, or written by a newer version), left in place. When a
+    /// manifest is among them no blob is deleted, since its references are unknown.
+    pub unreadable: Vec<String>,
+}
+
+/// Where runs, artifacts and memo entries live. Cheap to clone; clones share the backend and cache.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) os: Arc<dyn ObjectStore>,
+    /// The URL without query options, for messages.
+    pub(crate) url: String,
+    pub(crate) options: StoreOptions,
+    pub(crate) memo: MemoCache,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("url", &self.inner.url)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn to_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+pub(crate) fn from_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// Concurrent requests when writing or reading many objects.
+const FAN_OUT: usize = 8;
+
+impl Store {
+    /// Opens the store at `url` with default options: `file:///abs/path` (created if missing),
+    /// `memory://`, or `s3://bucket/prefix` (feature `s3`; endpoint, region, credentials and
+    /// `allow_http` from the standard `AWS_*` variables or the URL's query options, e.g.
+    /// `s3://bucket/runs?endpoint=http://127.0.0.1:9000&region=us-east-1&allow_http=true`).
+    pub fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, StoreOptions::default())
+    }
+
+    /// Opens the store at `url` with `options`.
+    pub fn open_with(url: &str, options: StoreOptions) -> Result<Self> {
+        let (os, url) = backend::open(url, &options)?;
+        let memo = crate::memo::new_cache(options.memo_cache_bytes);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                os,
+                url,
+                options,
+                memo,
+            }),
+        })
+    }
+
+    /// The store's URL, without query options.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    pub(crate) fn backend_err(
+        &self,
+        op: &'static str,
+        key: &Path,
+        source: object_store::Error,
+    ) -> Error {
+        Error::Backend {
+            op,
+            key: key.to_string(),
+            store: self.inner.url.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn not_found(&self, what: &'static str, id: &str) -> Error {
+        Error::NotFound {
+            what,
+            id: id.to_owned(),
+            store: self.inner.url.clone(),
+        }
+    }
+
+    /// Reads a whole object; `Ok(None)` when it does not exist.
+    pub(crate) async fn read(&self, key: &Path) -> Result<Option<Bytes>> {
+        let got = match self.inner.os.get(key).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.backend_err("get", key, e)),
+        };
+        match got.bytes().await {
+            Ok(b) => Ok(Some(b)),
+            // Deleted between the response head and its body.
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.backend_err("get", key, e)),
+        }
+    }
+
+    /// Writes a whole object in one request (atomic on every backend).
+    pub(crate) async fn write(&self, key: &Path, bytes: impl Into<PutPayload>) -> Result<()> {
+        self.inner
+            .os
+            .put(key, bytes.into())
+            .await
+            .map(drop)
+            .map_err(|e| self.backend_err("put", key, e))
+    }
+
+    /// Deletes an object; a missing one is not an error.
+    pub(crate) async fn remove(&self, key: &Path) -> Result<()> {
+        match self.inner.os.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.backend_err("delete", key, e)),
+        }
+    }
+
+    pub(crate) async fn list(&self, dir: &str) -> Result<Vec<object_store::ObjectMeta>> {
+        let prefix = layout::prefix(dir);
+        self.inner
+            .os
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.backend_err("list", &prefix, e))
+    }
+
+    // ---- blobs ----
+
+    /// Stores `bytes` under its blake3 hash and returns the hash (the artifact id).
+    ///
+    /// Always writes, even when the blob exists: the write refreshes its modification time, which is
+    /// what keeps a concurrent [`gc`](Self::gc) from deleting a blob that a new manifest is about to
+    /// reference.
+    pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<String> {
+        let bytes = bytes.into();
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let key = layout::blob(&hash)?;
+        self.write(&key, bytes).await?;
+        Ok(hash)
+    }
+
+    /// Streams `reader` into a blob without holding it in memory; returns the hash and size.
+    ///
+    /// The bytes go to a staging key (multipart once they exceed
+    /// [`StoreOptions::upload_part_bytes`]) and are renamed to `v1/blobs/<hash>` when complete. If the
+    /// reader or the backend fails, the multipart upload is aborted and nothing becomes visible
+    /// under `v1/blobs`; a staging object left by a killed host is removed by [`gc`](Self::gc).
+    pub async fn put_blob_reader<R>(&self, mut reader: R) -> Result<(String, u64)>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        const CHUNK: usize = 256 * 1024;
+        let staging = layout::staging(&staging_name());
+        let mut writer = object_store::buffered::BufWriter::with_capacity(
+            Arc::clone(&self.inner.os),
+            staging.clone(),
+            self.inner.options.upload_part_bytes,
+        );
+        let mut hasher = blake3::Hasher::new();
+        let mut size = 0u64;
+        loop {
+            let mut buf = BytesMut::with_capacity(CHUNK);
+            let n = match reader.read_buf(&mut buf).await {
+                Ok(n) => n,
+                Err(source) => {
+                    let _ = writer.abort().await; // best effort: the source error is the news
+                    return Err(Error::Source { source });
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf);
+            size += n as u64;
+            if let Err(e) = writer.put(buf.freeze()).await {
+                let _ = writer.abort().await;
+                return Err(self.backend_err("put", &staging, e));
+            }
+        }
+        writer.shutdown().await.map_err(|e| {
+            let source = object_store::Error::Generic {
+                store: "upload",
+                source: Box::new(e),
+            };
+            self.backend_err("put", &staging, source)
+        })?;
+        let hash = hasher.finalize().to_hex().to_string();
+        let key = layout::blob(&hash)?;
+        // A rename is atomic locally; on S3 it is a server-side copy (atomic) then a delete.
+        self.inner
+            .os
+            .rename(&staging, &key)
+            .await
+            .map_err(|e| self.backend_err("rename", &staging, e))?;
+        Ok((hash, size))
+    }
+
+    /// The bytes of the artifact (blob) `id`.
+    pub async fn get_run_artifact(&self, id: &str) -> Result<Bytes> {
+        let key = layout::blob(id)?;
+        self.read(&key)
+            .await?
+            .ok_or_else(|| self.not_found("artifact", id))
+    }
+
+    /// The bytes of the artifact (blob) `id` as a stream of chunks, for large files.
+    pub async fn get_run_artifact_stream(
+        &self,
+        id: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes>>> {
+        let key = layout::blob(id)?;
+        let got = match self.inner.os.get(&key).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Err(self.not_found("artifact", id)),
+            Err(e) => return Err(self.backend_err("get", &key, e)),
+        };
+        let store = self.inner.url.clone();
+        Ok(got
+            .into_stream()
+            .map_err(move |source| Error::Backend {
+                op: "get",
+                key: key.to_string(),
+                store: store.clone(),
+                source: Box::new(source),
+            })
+            .boxed())
+    }
+
+    // ---- runs ----
+
+    /// Keeps a run: every item becomes a blob, then the manifest is written (in that order, so a
+    /// manifest never references a missing blob). Returns the manifest, whose artifacts go into the
+    /// envelope. Writing the same run id again replaces its manifest.
+    pub async fn put_run(&self, run: RunRecord) -> Result<RunManifest> {
+        let key = layout::run(&run.run_id)?;
+        let mut items: Vec<(ArtifactKind, String, Bytes)> = vec![(
+            ArtifactKind::Script,
+            "script.py".into(),
+            Bytes::from(run.script),
+        )];
+        if !run.stdout.is_empty() {
+            items.push((ArtifactKind::Stdout, "stdout.txt".into(), run.stdout.into()));
+        }
+        if !run.stderr.is_empty() {
+            items.push((ArtifactKind::Stderr, "stderr.txt".into(), run.stderr.into()));
+        }
+        let rv = run.return_value_json.trim();
+        if !rv.is_empty() && rv != "null" {
+            items.push((
+                ArtifactKind::ReturnValue,
+                "return_value.json".into(),
+                run.return_value_json.into(),
+            ));
+        }
+        for f in run.files {
+            items.push((ArtifactKind::File, f.name, f.bytes.into()));
+        }
+        let artifacts: Vec<Artifact> = futures_util::stream::iter(items)
+            .map(|(kind, name, bytes)| async move {
+                let preview = preview(&bytes);
+                let len = bytes.len() as u64;
+                let id = self.put_blob(bytes).await?;
+                Ok::<_, Error>(Artifact {
+                    id,
+                    name,
+                    kind,
+                    bytes: len,
+                    preview,
+                })
+            })
+            .buffered(FAN_OUT)
+            .try_collect()
+            .await?;
+        let created_at_ms = to_ms(run.created_at);
+        let tier = match run.tier {
+            Tier::Persistent => TierV1::Persistent,
+            Tier::Ephemeral { ttl } => TierV1::Ephemeral {
+                expires_at_ms: created_at_ms
+                    .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+            },
+        };
+        let record = ManifestRecord::V1(ManifestV1 {
+            run_id: run.run_id,
+            created_at_ms,
+            tier,
+            deps: run.deps,
+            env_fingerprint: run.env_fingerprint,
+            isolation_json: run.isolation_json,
+            artifacts: artifacts.iter().map(Into::into).collect(),
+            skipped_files: run
+                .skipped_files
+                .into_iter()
+                .map(|s| SkippedFileV1 {
+                    name: s.name,
+                    reason: s.reason,
+                })
+                .collect(),
+        });
+        self.write(&key, record::encode(&record)?).await?;
+        Ok(manifest_from(record))
+    }
+
+    /// The run `run_id`. An ephemeral run past its lifetime is [`Error::NotFound`], even before gc
+    /// removes it.
+    pub async fn get_run(&self, run_id: &str) -> Result<RunManifest> {
+        match self.read_manifest(run_id).await? {
+            Some(m) if !m.is_expired(SystemTime::now()) => Ok(m),
+            _ => Err(self.not_found("run", run_id)),
+        }
+    }
+
+    async fn read_manifest(&self, run_id: &str) -> Result<Option<RunManifest>> {
+        let key = layout::run(run_id)?;
+        let Some(bytes) = self.read(&key).await? else {
+            return Ok(None);
+        };
+        let record: ManifestRecord = record::decode(key.as_ref(), &bytes)?;
+        Ok(Some(manifest_from(record)))
+    }
+
+    /// Every live run, oldest first.
+    pub async fn list_runs(&self) -> Result<Vec<RunManifest>> {
+        let now = SystemTime::now();
+        let mut runs: Vec<RunManifest> = futures_util::stream::iter(self.run_ids().await?)
+            .map(|id| async move { self.read_manifest(&id).await })
+            .buffer_unordered(FAN_OUT)
+            .try_filter_map(|m| async move { Ok(m.filter(|m| !m.is_expired(now))) })
+            .try_collect()
+            .await?;
+        runs.sort_by(|a, b| (a.created_at, &a.run_id).cmp(&(b.created_at, &b.run_id)));
+        Ok(runs)
+    }
+
+    async fn run_ids(&self) -> Result<Vec<String>> {
+        Ok(self
+            .list(layout::RUNS)
+            .await?
+            .iter()
+            .filter_map(|m| layout::file_name(&m.location))
+            .filter(|id| layout::check_run_id(id).is_ok())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// The artifacts of one run, or of every live run (oldest run first).
+    pub async fn list_artifacts(&self, run_id: Option<&str>) -> Result<Vec<ListedArtifact>> {
+        let runs = match run_id {
+            Some(id) => vec![self.get_run(id).await?],
+            None => self.list_runs().await?,
+        };
+        Ok(runs
+            .into_iter()
+            .flat_map(|r| {
+                let run_id = r.run_id;
+                r.artifacts.into_iter().map(move |artifact| ListedArtifact {
+                    run_id: run_id.clone(),
+                    artifact,
+                })
+            })
+            .collect())
+    }
+
+    /// Deletes the run's manifest; its blobs go at the next [`gc`](Self::gc) unless another run
+    /// shares them. Deleting a missing run is not an error.
+    pub async fn delete_run(&self, run_id: &str) -> Result<()> {
+        self.remove(&layout::run(run_id)?).await
+    }
+
+    // ---- gc ----
+
+    /// Removes ephemeral runs expired at `now`, then blobs that no remaining manifest references,
+    /// staging leftovers and expired memo entries. `now` is normally `SystemTime::now()`.
+    ///
+    /// Safe while other hosts write: a blob or staging object modified within
+    /// [`StoreOptions::gc_grace`] of `now` is never deleted (writers put blobs before their manifest,
+    /// and re-put existing blobs, refreshing their age), and each blob's age is checked again just
+    /// before it is deleted. The remaining window is that one check-to-delete round trip. If any
+    /// manifest cannot be read, no blob is deleted.
+    pub async fn gc(&self, now: SystemTime) -> Result<GcReport> {
+        let mut report = GcReport::default();
+        let grace = self.inner.options.gc_grace;
+        let old_enough = |t: SystemTime| t + grace <= now;
+
+        let mut referenced = HashSet::new();
+        let mut manifests_complete = true;
+        for id in self.run_ids().await? {
+            match self.read_manifest(&id).await {
+                Ok(None) => {}
+                Ok(Some(m)) if m.is_expired(now) => {
+                    self.delete_run(&id).await?;
+                    report.expired_runs.push(id);
+                }
+                Ok(Some(m)) => referenced.extend(m.artifacts.into_iter().map(|a| a.id)),
+                Err(Error::CorruptRecord { key, .. } | Error::UnsupportedVersion { key, .. }) => {
+                    manifests_complete = false;
+                    report.unreadable.push(key);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+
+        if manifests_complete {
+            for meta in self.list(layout::BLOBS).await? {
+                let Some(hash) = layout::file_name(&meta.location) else {
+                    continue;
+                };
+                if referenced.contains(hash) || !old_enough(meta.last_modified.into()) {
+                    continue;
+                }
+                // Re-check: a writer may have re-put this blob since the listing.
+                let fresh = match self.inner.os.head(&meta.location).await {
+                    Ok(m) => m,
+                    Err(object_store::Error::NotFound { .. }) => continue,
+                    Err(e) => return Err(self.backend_err("head", &meta.location, e)),
+                };
+                if old_enough(fresh.last_modified.into()) {
+                    self.remove(&meta.location).await?;
+                    report.deleted_blobs += 1;
+                    report.freed_bytes += fresh.size;
+                }
+            }
+        }
+
+        for meta in self.list(layout::STAGING).await? {
+            if old_enough(meta.last_modified.into()) {
+                self.remove(&meta.location).await?;
+                report.deleted_staging += 1;
+            }
+        }
+
+        report.expired_memos = self.gc_memos(now, &mut report.unreadable).await?;
+        report.expired_runs.sort();
+        Ok(report)
+    }
+}
+
+fn manifest_from(record: ManifestRecord) -> RunManifest {
+    let ManifestRecord::V1(m) = record;
+    let created_at = from_ms(m.created_at_ms);
+    let (tier, expires_at) = match m.tier {
+        TierV1::Persistent => (Tier::Persistent, None),
+        TierV1::Ephemeral { expires_at_ms } => (
+            Tier::Ephemeral {
+                ttl: Duration::from_millis(expires_at_ms.saturating_sub(m.created_at_ms)),
+            },
+            Some(from_ms(expires_at_ms)),
+        ),
+    };
+    RunManifest {
+        run_id: m.run_id,
+        created_at,
+        tier,
+        expires_at,
+        deps: m.deps,
+        env_fingerprint: m.env_fingerprint,
+        isolation_json: m.isolation_json,
+        artifacts: m.artifacts.into_iter().map(Into::into).collect(),
+        skipped_files: m
+            .skipped_files
+            .into_iter()
+            .map(|s| SkippedFile {
+                name: s.name,
+                reason: s.reason,
+            })
+            .collect(),
+    }
+}
+
+/// A unique staging object name: time, pid and randomness, so hosts sharing a bucket never collide.
+fn staging_name() -> String {
+    let mut random = [0u8; 8];
+    // Without randomness time + pid + counter is still unique on this host.
+    let _ = getrandom::fill(&mut random);
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "{}-{}-{n}-{}",
+        to_ms(SystemTime::now()),
+        std::process::id(),
+        u64::from_le_bytes(random)
+    )
+}
