@@ -1,7 +1,11 @@
 //! runpython-tests: the workspace's end-to-end tests (in `tests/`) and the benchmark harness
 //! (`src/bin/runpython-bench.rs`, driven by `cargo xtask bench`). This library holds their shared helpers.
 
-use std::path::Path;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// A marker unique to this process and call, to find processes a test started.
 pub fn unique_marker(tag: &str) -> String {
@@ -61,4 +65,138 @@ pub fn survivors_after(marker: &str, secs: f64) -> Vec<u32> {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// A moto S3 server started on a free loopback port; killed (by pid) and reaped on drop.
+#[derive(Debug)]
+pub struct Moto {
+    /// The server process.
+    pub child: Child,
+    /// Its loopback port.
+    pub port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // A frozen process still dies of SIGKILL; CONT only lets it go quietly if it was stopped.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Moto {
+    /// `Ok(None)` when moto is not installed and this is not CI.
+    pub fn start() -> Result<Option<Self>, String> {
+        let Some(bin) = find_moto() else {
+            let reason = "moto_server not found in $RUNPYTHON_TOOLS_BIN or on PATH \
+                          (install with: pip install 'moto[server]')";
+            if std::env::var_os("CI").is_some() {
+                return Err(format!("{reason}; CI must provide it"));
+            }
+            println!("skipped: {reason}");
+            return Ok(None);
+        };
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free loopback port: {e}"))?
+            .port();
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let log = dir.path().join("moto.log");
+        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        let mut moto = Self {
+            child,
+            port,
+            log,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                return Err(format!(
+                    "moto_server exited with {status}: {}",
+                    moto.log_tail()
+                ));
+            }
+            if moto
+                .http("GET", "/")
+                .is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
+            {
+                return Ok(Some(moto));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "moto_server did not answer within 60 s: {}",
+                    moto.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A bare HTTP/1.1 request (moto accepts unsigned requests); returns the status line and headers.
+    pub fn http(&self, method: &str, path: &str) -> std::io::Result<String> {
+        let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )?;
+        let mut response = String::new();
+        s.read_to_string(&mut response)?;
+        Ok(response)
+    }
+
+    /// Creates a bucket with an unsigned request.
+    pub fn create_bucket(&self, bucket: &str) -> Result<(), String> {
+        let r = self
+            .http("PUT", &format!("/{bucket}"))
+            .map_err(|e| format!("PUT /{bucket}: {e}"))?;
+        if r.contains(" 200 ") {
+            Ok(())
+        } else {
+            Err(format!(
+                "PUT /{bucket} answered: {}",
+                r.lines().next().unwrap_or("")
+            ))
+        }
+    }
+
+    /// An `s3://` store URL for `bucket`/`prefix` on this server.
+    pub fn url(&self, bucket: &str, prefix: &str) -> String {
+        format!(
+            "s3://{bucket}/{prefix}?endpoint=http://127.0.0.1:{}&region=us-east-1&allow_http=true\
+             &access_key_id=testing&secret_access_key=testing",
+            self.port
+        )
+    }
+
+    /// The server's last log lines.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<_> = log.lines().rev().take(20).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+}
+
+fn find_moto() -> Option<PathBuf> {
+    let from_tools =
+        std::env::var_os("RUNPYTHON_TOOLS_BIN").map(|d| PathBuf::from(d).join("moto_server"));
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("moto_server"));
+    from_tools.into_iter().chain(on_path).find(|p| p.is_file())
 }

@@ -45,6 +45,7 @@ impl Default for BridgeConfig {
 #[derive(Debug, Default)]
 pub struct BridgeStats {
     calls: AtomicU32,
+    impure_calls: AtomicU32,
     limit_exceeded: AtomicBool,
 }
 
@@ -52,6 +53,10 @@ impl BridgeStats {
     /// Calls received (including refused ones over the budget).
     pub fn calls(&self) -> u32 {
         self.calls.load(Ordering::Relaxed)
+    }
+    /// Calls to tools not declared pure (or to no tool at all).
+    pub fn impure_calls(&self) -> u32 {
+        self.impure_calls.load(Ordering::Relaxed)
     }
     /// True once a call went over the budget.
     pub fn limit_exceeded(&self) -> bool {
@@ -248,7 +253,11 @@ async fn dispatch(bridge: Arc<Bridge>, id: u64, name: String, args: ToolArgs) ->
         );
         return (id, error_reply(id, &error));
     }
-    let Some(tool) = bridge.tools.get(&name).cloned() else {
+    let tool = bridge.tools.get(&name).cloned();
+    if !tool.as_ref().is_some_and(|t| t.is_pure()) {
+        bridge.stats.impure_calls.fetch_add(1, Ordering::Relaxed);
+    }
+    let Some(tool) = tool else {
         let error = ToolError::new("NameError", format!("no tool named {name:?} on the host"));
         return (id, error_reply(id, &error));
     };

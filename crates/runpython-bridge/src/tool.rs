@@ -80,6 +80,11 @@ pub trait Tool: Send + Sync {
     fn input_schema(&self) -> Option<&Value> {
         None
     }
+    /// True when a call's result depends only on its arguments and it has no side effects, so a run
+    /// that called only pure tools may be memoized. Default: false.
+    fn is_pure(&self) -> bool {
+        false
+    }
     /// Run the call. An `Err` reaches the code as an exception.
     fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>>;
 }
@@ -89,7 +94,16 @@ pub struct FnTool<F> {
     name: String,
     description: String,
     schema: Option<Value>,
+    pure: bool,
     function: F,
+}
+
+impl<F> FnTool<F> {
+    /// Declares the tool pure (see [`Tool::is_pure`]).
+    pub fn pure(mut self) -> Self {
+        self.pure = true;
+        self
+    }
 }
 
 impl<F> fmt::Debug for FnTool<F> {
@@ -130,6 +144,7 @@ where
         name: name.into(),
         description: description.into(),
         schema,
+        pure: false,
         function,
     }
 }
@@ -147,6 +162,9 @@ where
     }
     fn input_schema(&self) -> Option<&Value> {
         self.schema.as_ref()
+    }
+    fn is_pure(&self) -> bool {
+        self.pure
     }
     fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
         Box::pin((self.function)(args))
@@ -265,6 +283,24 @@ impl ToolSet {
     /// True when there are none.
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
+    }
+
+    /// A stable digest of the set's names, descriptions, schemas and purity, for memo keys.
+    pub fn fingerprint(&self) -> String {
+        let mut text = String::new();
+        for tool in self.iter() {
+            let schema = tool
+                .input_schema()
+                .map(Value::to_string)
+                .unwrap_or_default();
+            text.push_str(&format!(
+                "{}\u{0}{}\u{0}{schema}\u{0}{}\u{1}",
+                tool.name(),
+                tool.description(),
+                tool.is_pure()
+            ));
+        }
+        text
     }
 
     /// What the child needs to generate one function per tool: name, description and parameters

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use runpython_core::{CommandTool, Envelope, Event, RunPython, RunRequest, Status};
+use runpython_core::{
+    default_local_url, CommandTool, Envelope, Event, RunPython, RunRequest, Status, Store, Tier,
+};
 use serde_json::Value;
 
 /// Run LLM-authored Python safely and get a compact JSON envelope back.
@@ -25,6 +27,54 @@ struct Cli {
 enum Command {
     /// Run Python code from a file, from -c, or from stdin (`-`).
     Run(RunArgs),
+    /// List or fetch what kept runs produced.
+    Artifacts {
+        #[command(subcommand)]
+        command: ArtifactsCommand,
+    },
+    /// Remove expired runs and the blobs no run references.
+    Gc(StoreArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum ArtifactsCommand {
+    /// List artifacts, of one run or of all kept runs.
+    List {
+        /// Only this run's artifacts.
+        #[arg(long = "run", value_name = "RUN_ID")]
+        run_id: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Write an artifact's bytes to stdout.
+    Get {
+        /// The artifact id (from the envelope or `artifacts list`).
+        id: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+struct StoreArgs {
+    /// Where runs are kept: file:///DIR, memory://, s3://BUCKET/PREFIX (default: a directory under the
+    /// user's data dir).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+}
+
+impl StoreArgs {
+    fn open(&self) -> anyhow::Result<Store> {
+        let url = match &self.store {
+            Some(url) => url.clone(),
+            None => default_local_url()
+                .context("cannot find the default store directory; pass --store URL")?,
+        };
+        Store::open(&url).with_context(|| format!("cannot open the store {url}"))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +111,24 @@ struct RunArgs {
     /// The Python interpreter to use (default: discovered; also RUNPYTHON_PYTHON).
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Do not keep this run in a store.
+    #[arg(long, conflicts_with_all = ["store", "persistent", "memo"])]
+    no_store: bool,
+    /// Keep the run until deleted instead of for 24 hours.
+    #[arg(long)]
+    persistent: bool,
+    /// Memoize: a later run of the same code, inputs, interpreter and tools returns the kept envelope
+    /// with `cached: true` without running anything (only successful runs that called no tools).
+    #[arg(long)]
+    memo: bool,
+    /// How long a memoized envelope stays valid.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "86400", requires = "memo")]
+    memo_ttl: Duration,
+    /// Neither serve this run from the memo nor record it there.
+    #[arg(long)]
+    no_cache: bool,
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -125,6 +193,8 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
+            Command::Artifacts { command } => artifacts(command).await,
+            Command::Gc(store) => gc(store).await,
         }
     });
     match outcome {
@@ -166,8 +236,27 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for (name, command) in &args.tools {
         builder = builder.tool(CommandTool::new(name, command));
     }
+    if !args.no_store {
+        match args.store.open() {
+            Ok(store) => {
+                builder = builder.store(store);
+                if args.persistent {
+                    builder = builder.tier(Tier::Persistent);
+                }
+            }
+            // An explicit store must work; the default one is a convenience and may be unavailable.
+            Err(e) if args.store.store.is_some() => return Err(e),
+            Err(e) => eprintln!("runpython: not keeping this run: {e:#}"),
+        }
+    }
+    if args.memo {
+        builder = builder.memoize(args.memo_ttl);
+    }
     let python = builder.build()?;
     let mut request = RunRequest::new(code);
+    if args.no_cache {
+        request = request.no_memo();
+    }
     for (name, value) in args.inputs {
         request = request.input(name, value);
     }
@@ -201,6 +290,71 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ArtifactsCommand::List {
+            run_id,
+            json,
+            store,
+        } => {
+            let store = store.open()?;
+            let listed = store
+                .list_artifacts(run_id.as_deref())
+                .await
+                .context("cannot list artifacts")?;
+            if json {
+                println!("{}", serde_json::to_string(&listed)?);
+            } else {
+                let mut out = std::io::stdout().lock();
+                for item in &listed {
+                    let a = &item.artifact;
+                    let kind = serde_json::to_value(a.kind)?;
+                    writeln!(
+                        out,
+                        "{}  {}  {:<12} {:>10}  {}",
+                        item.run_id,
+                        a.id,
+                        kind.as_str().unwrap_or(""),
+                        a.bytes,
+                        a.name
+                    )?;
+                }
+            }
+        }
+        ArtifactsCommand::Get { id, store } => {
+            let store = store.open()?;
+            let bytes = store
+                .get_run_artifact(&id)
+                .await
+                .with_context(|| format!("cannot read artifact {id}"))?;
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes)?;
+            out.flush()?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
+    let store = store.open()?;
+    let report = store
+        .gc(std::time::SystemTime::now())
+        .await
+        .context("gc failed")?;
+    println!(
+        "removed {} expired runs, {} unreferenced blobs ({} bytes), {} staging leftovers, {} expired memo entries",
+        report.expired_runs.len(),
+        report.deleted_blobs,
+        report.freed_bytes,
+        report.deleted_staging,
+        report.expired_memos
+    );
+    for key in &report.unreadable {
+        eprintln!("runpython: gc left an unreadable record in place: {key}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// After the live output: the return value, or what went wrong.

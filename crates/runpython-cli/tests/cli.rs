@@ -106,3 +106,127 @@ fn bad_arguments_exit_2_with_a_reason() {
     );
     assert_usage_error(&["frobnicate"], "unrecognized subcommand");
 }
+
+fn envelope(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)))
+}
+
+#[test]
+fn memo_with_a_file_store_serves_the_second_run_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let args = [
+        "run",
+        "--json",
+        "--memo",
+        "--store",
+        &store,
+        "-c",
+        "import time\ntime.time_ns()",
+    ];
+    let first = envelope(&runpython(&args));
+    let second = envelope(&runpython(&args));
+    assert_eq!(
+        (first["cached"].as_bool(), second["cached"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert_eq!(first["return_value"], second["return_value"]);
+}
+
+#[test]
+fn a_file_the_code_wrote_is_listed_and_returned_byte_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let code = "open('data.bin', 'wb').write(bytes([0, 255, 10, 13]) * 1000)";
+    let e = envelope(&runpython(&[
+        "run", "--json", "--store", &store, "-c", code,
+    ]));
+    let run_id = e["run_id"].as_str().unwrap();
+    let listed = runpython(&[
+        "artifacts",
+        "list",
+        "--run",
+        run_id,
+        "--json",
+        "--store",
+        &store,
+    ]);
+    assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let file = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "data.bin")
+        .unwrap();
+    assert_eq!(file["kind"], "file");
+    let got = runpython(&[
+        "artifacts",
+        "get",
+        file["id"].as_str().unwrap(),
+        "--store",
+        &store,
+    ]);
+    assert_eq!(got.status.code(), Some(0));
+    assert_eq!(got.stdout, [0u8, 255, 10, 13].repeat(1000));
+    let table = text(&runpython(&["artifacts", "list", "--store", &store]).stdout);
+    assert!(
+        table.contains("data.bin") && table.contains(run_id),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_passed_through_secret_is_stored_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let out = Command::new(env!("CARGO_BIN_EXE_runpython"))
+        .args([
+            "run",
+            "--json",
+            "--store",
+            &store,
+            "--env-passthrough",
+            "RP_CLI_API_KEY",
+        ])
+        .args(["-c", "import os\nprint(os.environ['RP_CLI_API_KEY'])"])
+        .env("RP_CLI_API_KEY", "sk-live-abcdef123456")
+        .output()
+        .unwrap();
+    let e = envelope(&out);
+    let stdout = e["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "stdout")
+        .unwrap();
+    let kept = runpython(&[
+        "artifacts",
+        "get",
+        stdout["id"].as_str().unwrap(),
+        "--store",
+        &store,
+    ]);
+    assert_eq!(text(&kept.stdout), "[REDACTED:RP_CLI_API_KEY]\n");
+}
+
+#[test]
+fn store_errors_exit_2_with_the_url() {
+    let out = runpython(&["artifacts", "get", "0000", "--store", "nope://x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("nope://x"),
+        "{}",
+        text(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let out = runpython(&["artifacts", "get", &"ab".repeat(32), "--store", &store]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a missing artifact is a clear error"
+    );
+    let out = runpython(&["gc", "--store", &store]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

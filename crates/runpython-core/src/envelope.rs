@@ -1,5 +1,6 @@
 //! Envelope v1: what a run returns. Field names are a public contract; new fields may be added.
 
+use runpython_store::Artifact;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -34,8 +35,8 @@ pub struct Envelope {
     pub truncated: Option<Truncated>,
     /// `null`, or what went wrong.
     pub error: Option<ErrorInfo>,
-    /// Artifacts kept from the run.
-    pub artifacts: Vec<Value>,
+    /// Artifacts kept from the run (`{id, name, kind, bytes, preview}`), when runs are kept.
+    pub artifacts: Vec<Artifact>,
     /// Identity of the run.
     pub run_id: String,
     /// True when this envelope was served from the memo cache.

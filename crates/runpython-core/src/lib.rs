@@ -24,6 +24,7 @@
 
 mod command_tool;
 mod envelope;
+mod keep;
 mod output;
 mod process;
 mod run;
@@ -34,6 +35,7 @@ pub use output::HeadTail;
 pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
 pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};
+pub use runpython_store::{default_local_url, Artifact, ArtifactKind, CollectLimits, Store, Tier};
 
 /// runpython's own failures. What the user's code does is never an `Error`.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +60,9 @@ pub enum Error {
         /// Cause.
         source: std::io::Error,
     },
+    /// The store failed (opening it, keeping a run, reading an artifact, memo entries).
+    #[error(transparent)]
+    Store(#[from] runpython_store::Error),
     /// The tool bridge could not be set up.
     #[error(transparent)]
     Bridge(#[from] runpython_bridge::Error),

@@ -11,9 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
+use crate::keep::{collect_run_files, Keeping};
 use crate::output::HeadTail;
 use crate::process::{child_env, code_dir, spawn_runner};
 use crate::Error;
+use runpython_store::{CollectLimits, Store, Tier};
 
 /// The runner that executes the code in the child (`runner.py`).
 pub const RUNNER_PY: &str = include_str!("runner.py");
@@ -60,12 +62,14 @@ pub enum Event {
 }
 
 /// One piece of code to run, with the globals it sees.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RunRequest {
     /// The Python source.
     pub code: String,
     /// JSON values bound as globals before the code runs.
     pub inputs: Map<String, Value>,
+    /// Whether a memoizing [`RunPython`] may serve this run from, and record it in, its memo cache.
+    pub use_memo: bool,
 }
 
 impl RunRequest {
@@ -74,7 +78,14 @@ impl RunRequest {
         Self {
             code: code.into(),
             inputs: Map::new(),
+            use_memo: true,
         }
+    }
+
+    /// Neither serve this run from the memo cache nor record it there.
+    pub fn no_memo(mut self) -> Self {
+        self.use_memo = false;
+        self
     }
 
     /// Binds `name` to `value` as a global.
@@ -104,6 +115,8 @@ pub struct RunPythonBuilder {
     python: Option<PathBuf>,
     tools: ToolSet,
     bridge: BridgeConfig,
+    keep: Option<Keeping>,
+    memo_ttl: Option<Duration>,
     errors: Vec<String>,
 }
 
@@ -171,6 +184,44 @@ impl RunPythonBuilder {
         self
     }
 
+    /// Keeps every run in `store` (script, output, return value, files the code wrote), in the
+    /// ephemeral tier unless [`RunPythonBuilder::tier`] says otherwise. The envelope's `run_id` then
+    /// names the kept run and `artifacts` lists what was kept.
+    pub fn store(mut self, store: Store) -> Self {
+        match &mut self.keep {
+            Some(keep) => keep.store = store,
+            None => self.keep = Some(Keeping::new(store)),
+        }
+        self
+    }
+    /// How long kept runs stay (default: ephemeral, 24 h).
+    pub fn tier(mut self, tier: Tier) -> Self {
+        if let Some(keep) = &mut self.keep {
+            keep.tier = tier;
+        } else {
+            self.errors
+                .push("tier() needs a store: call store() first".into());
+        }
+        self
+    }
+    /// Limits on the files kept from a run's directory.
+    pub fn collect_limits(mut self, limits: CollectLimits) -> Self {
+        if let Some(keep) = &mut self.keep {
+            keep.collect = limits;
+        } else {
+            self.errors
+                .push("collect_limits() needs a store: call store() first".into());
+        }
+        self
+    }
+    /// Memoizes successful runs that called no tools (or only pure ones) for `ttl`: the same code,
+    /// inputs, interpreter, runner, tools and limits return the kept envelope with `cached: true` and
+    /// spawn nothing. Without a store, memo entries live in a `memory://` store.
+    pub fn memoize(mut self, ttl: Duration) -> Self {
+        self.memo_ttl = Some(ttl);
+        self
+    }
+
     /// Checks the configuration.
     pub fn build(self) -> Result<RunPython, Error> {
         let mut errors = self.errors;
@@ -179,6 +230,15 @@ impl RunPythonBuilder {
         }
         if self.limits.max_output_chars < 2 {
             errors.push("max_output_chars must be at least 2 (a head and a tail)".into());
+        }
+        let mut keep = self.keep;
+        if let Some(ttl) = self.memo_ttl {
+            if keep.is_none() {
+                keep = Some(Keeping::new(Store::open("memory://")?));
+            }
+            if let Some(keep) = &mut keep {
+                keep.memo_ttl = Some(ttl);
+            }
         }
         if !errors.is_empty() {
             return Err(Error::Config(errors.join("; ")));
@@ -190,6 +250,7 @@ impl RunPythonBuilder {
                 python: self.python,
                 tools: self.tools,
                 bridge: self.bridge,
+                keep,
                 interpreter: tokio::sync::OnceCell::new(),
             }),
         })
@@ -211,6 +272,7 @@ struct Inner {
     python: Option<PathBuf>,
     tools: ToolSet,
     bridge: BridgeConfig,
+    keep: Option<Keeping>,
     interpreter: tokio::sync::OnceCell<Interpreter>,
 }
 
@@ -282,6 +344,15 @@ impl RunPython {
         &self.inner.tools
     }
 
+    /// The store runs are kept in, if any.
+    pub fn store(&self) -> Option<&Store> {
+        self.inner.keep.as_ref().map(|k| &k.store)
+    }
+
+    pub(crate) fn env_passthrough(&self) -> &[String] {
+        &self.inner.env_passthrough
+    }
+
     /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
     /// status; `Err` means runpython itself failed. Dropping the future kills the run's processes.
     pub async fn run(&self, request: impl Into<RunRequest>) -> Result<Envelope, Error> {
@@ -324,7 +395,6 @@ impl RunPython {
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
         let started = Instant::now();
-        let run_id = new_run_id();
         let limits = &self.inner.limits;
         for name in request.inputs.keys() {
             if !is_identifier(name) {
@@ -344,12 +414,35 @@ impl RunPython {
                         limits.max_code_chars
                     ),
                 ),
-                run_id,
+                new_run_id(),
             );
             envelope.duration_ms = elapsed_ms(started);
             return Ok(envelope);
         }
-        let python = self.interpreter().await?.executable.clone();
+        match &self.inner.keep {
+            Some(keep) if keep.memo_ttl.is_some() && request.use_memo => {
+                self.execute_memoized(keep, request, events, cancel, started)
+                    .await
+            }
+            _ => Ok(self
+                .execute_fresh(&request, events, cancel, started)
+                .await?
+                .0),
+        }
+    }
+
+    /// Runs the code in a fresh child; also says whether the envelope may be memoized.
+    pub(crate) async fn execute_fresh(
+        &self,
+        request: &RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        started: Instant,
+    ) -> Result<(Envelope, bool), Error> {
+        let run_id = new_run_id();
+        let limits = &self.inner.limits;
+        let interpreter = self.interpreter().await?.clone();
+        let python = interpreter.executable.clone();
 
         let run_dir = tempfile::Builder::new()
             .prefix("runpython-")
@@ -380,8 +473,8 @@ impl RunPython {
         let code_dir = code_dir()?;
         let runner_request = serde_json::json!({
             "code_dir": code_dir,
-            "code": request.code,
-            "inputs": request.inputs,
+            "code": &request.code,
+            "inputs": &request.inputs,
             "max_return_bytes": limits.max_return_bytes,
             "bridge": bridge_spec,
         });
@@ -477,6 +570,12 @@ impl RunPython {
                 Ok(Ok(read)) => read,
                 _ => (Vec::new(), false),
             };
+        let files = match (&self.inner.keep, &ending) {
+            (Some(keep), Ending::Exited(_) | Ending::TimedOut | Ending::Bridge(_)) => {
+                Some(collect_run_files(work_dir.clone(), keep.collect.clone()).await?)
+            }
+            _ => None,
+        };
         drop(run_dir);
 
         let (stdout, stdout_trunc) = take_capture(&stdout_capture);
@@ -528,7 +627,7 @@ impl RunPython {
                 limits,
             ),
         }
-        if bridge_stats.is_some_and(|s| s.limit_exceeded()) {
+        if bridge_stats.as_ref().is_some_and(|s| s.limit_exceeded()) {
             envelope.status = Status::Error;
             envelope.return_value = Value::Null;
             envelope.return_type = None;
@@ -541,7 +640,13 @@ impl RunPython {
             ));
         }
         envelope.duration_ms = elapsed_ms(started);
-        Ok(envelope)
+        let memoizable = envelope.status == Status::Success
+            && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);
+        if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
+            self.keep_run(keep, request, &mut envelope, files, &interpreter)
+                .await?;
+        }
+        Ok((envelope, memoizable))
     }
 }
 
@@ -654,7 +759,7 @@ fn apply_result(
     }
 }
 
-fn elapsed_ms(started: Instant) -> u64 {
+pub(crate) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 

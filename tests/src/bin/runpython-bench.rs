@@ -4,7 +4,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use runpython_core::{tool_fn, RunPython};
+use runpython_core::{tool_fn, RunPython, Store};
+use runpython_tests::Moto;
 use serde_json::{json, Map, Value};
 
 const ROUNDS: usize = 40;
@@ -87,6 +88,73 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     m.insert("python_floor_ms".into(), json!(round3(floor)));
     m.insert("cold_run_ms".into(), json!(round3(cold)));
     m.insert("run_vs_floor_cold".into(), json!(round3(cold / floor)));
+
+    // The same trivial run, kept in a local file store (script, output, value, manifest written).
+    let store_dir = tempfile::tempdir()?;
+    let kept = RunPython::builder()
+        .store(Store::open(&format!(
+            "file://{}",
+            store_dir.path().display()
+        ))?)
+        .build()?;
+    let mut kept_ms = Vec::new();
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        kept.run("1+1").await?;
+        kept_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let kept_ms = p50(kept_ms);
+    m.insert("cold_run_kept_ms".into(), json!(round3(kept_ms)));
+    m.insert("run_vs_floor_kept".into(), json!(round3(kept_ms / floor)));
+
+    // A memo hit: no process, the envelope from the in-memory cache in front of the store.
+    let memo = RunPython::builder()
+        .memoize(Duration::from_secs(3600))
+        .build()?;
+    memo.run("1+1").await?;
+    let mut hits = Vec::new();
+    for _ in 0..2000 {
+        let t = Instant::now();
+        let e = memo.run("1+1").await?;
+        hits.push(t.elapsed().as_secs_f64() * 1e6);
+        assert!(e.cached);
+    }
+    m.insert("memo_hit_us".into(), json!(round3(p50(hits))));
+
+    // Blob throughput per backend: put then get 8 MiB objects.
+    let moto = Moto::start().ok().flatten();
+    let mut backends = vec![
+        ("memory", "memory://".to_owned()),
+        (
+            "file",
+            format!("file://{}", store_dir.path().join("blobs").display()),
+        ),
+    ];
+    if let Some(moto) = &moto {
+        moto.create_bucket("bench")?;
+        backends.push(("s3", moto.url("bench", "throughput")));
+    }
+    for (name, url) in backends {
+        let store = Store::open(&url)?;
+        let blob: Vec<u8> = (0..8u32 << 20)
+            .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+            .collect();
+        let rounds = 4;
+        let t = Instant::now();
+        for i in 0..rounds {
+            let mut b = blob.clone();
+            b[0] = i as u8; // distinct content, distinct blob
+            let id = store.put_blob(b).await?;
+            let back = store.get_run_artifact(&id).await?;
+            assert_eq!(back.len(), blob.len());
+        }
+        let mib = (rounds * 2 * 8) as f64;
+        m.insert(
+            format!("store_put_get_mib_s_{name}"),
+            json!(round3(mib / t.elapsed().as_secs_f64())),
+        );
+    }
+    drop(moto);
 
     // 1 GiB printed: host memory must stay flat and the envelope within the output limit.
     let _ = std::fs::write("/proc/self/clear_refs", "5"); // reset the peak-RSS counter

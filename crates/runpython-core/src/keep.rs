@@ -1,0 +1,214 @@
+//! Keeping runs in the store and serving memoized envelopes: what to keep, when to reuse.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runpython_deps::Interpreter;
+use runpython_store::{
+    memo_key, CollectLimits, CollectedFiles, Computed, Redactor, RunRecord, Store, Tier,
+};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::envelope::Envelope;
+use crate::run::{elapsed_ms, Event, RunPython, RunRequest};
+use crate::Error;
+
+/// Where and how runs are kept.
+#[derive(Debug, Clone)]
+pub(crate) struct Keeping {
+    pub store: Store,
+    pub tier: Tier,
+    pub collect: CollectLimits,
+    pub memo_ttl: Option<Duration>,
+}
+
+impl Keeping {
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            tier: Tier::ephemeral(),
+            collect: CollectLimits::default(),
+            memo_ttl: None,
+        }
+    }
+}
+
+/// Walks the run's working directory off the async workers.
+pub(crate) async fn collect_run_files(
+    dir: PathBuf,
+    limits: CollectLimits,
+) -> Result<CollectedFiles, Error> {
+    tokio::task::spawn_blocking(move || runpython_store::collect_files(&dir, &limits))
+        .await
+        .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))?
+        .map_err(Error::from)
+}
+
+/// Identifies the runner and bridge client the child runs, for memo keys.
+fn runner_version() -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
+    format!("runner-{:016x}", hasher.finish())
+}
+
+/// JSON with object keys sorted, so equal inputs give equal memo keys whatever their order.
+fn canonical_json(value: &Value) -> String {
+    fn sorted(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), sorted(v)))
+                        .collect(),
+                )
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    sorted(value).to_string()
+}
+
+/// Masks the host's secret-looking variables and every passed-through variable.
+fn redactor(passthrough: &[String]) -> Redactor {
+    let mut redactor = Redactor::from_env(std::env::vars());
+    for name in passthrough {
+        if let Ok(value) = std::env::var(name) {
+            redactor.add(name, value);
+        }
+    }
+    redactor
+}
+
+fn redact_envelope(mut envelope: Envelope, redactor: &Redactor) -> Envelope {
+    if redactor.is_empty() {
+        return envelope;
+    }
+    envelope.stdout = redactor.redact(&envelope.stdout).into_owned();
+    envelope.stderr = redactor.redact(&envelope.stderr).into_owned();
+    envelope.return_value = redactor.redact_json(&envelope.return_value);
+    if let Some(error) = &mut envelope.error {
+        error.message = redactor.redact(&error.message).into_owned();
+        if let Some(tb) = &error.traceback {
+            error.traceback = Some(redactor.redact(tb).into_owned());
+        }
+    }
+    envelope
+}
+
+impl RunPython {
+    /// The artifact `id` of a kept run (its bytes), from this engine's store.
+    pub async fn get_run_artifact(&self, id: &str) -> Result<Vec<u8>, Error> {
+        let store = self.store().ok_or_else(|| {
+            Error::Config(
+                "this RunPython keeps no runs: configure a store to read artifacts".into(),
+            )
+        })?;
+        Ok(store.get_run_artifact(id).await?.to_vec())
+    }
+
+    pub(crate) async fn execute_memoized(
+        &self,
+        keep: &Keeping,
+        request: RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        started: Instant,
+    ) -> Result<Envelope, Error> {
+        let interpreter = self.interpreter().await?;
+        let limits = self.limits();
+        let passthrough: Vec<String> = self
+            .env_passthrough()
+            .iter()
+            .map(|name| format!("{name}={}", std::env::var(name).unwrap_or_default()))
+            .collect();
+        let key = memo_key([
+            request.code.clone(),
+            String::new(), // resolved dependencies: none are installed yet
+            canonical_json(&Value::Object(request.inputs.clone())),
+            format!(
+                "{}|{:?}",
+                interpreter.executable.display(),
+                interpreter.version
+            ),
+            runner_version(),
+            self.tools().fingerprint(),
+            format!(
+                "{:?}|{}|{}|{}",
+                limits.timeout,
+                limits.max_code_chars,
+                limits.max_return_bytes,
+                limits.max_output_chars
+            ),
+            passthrough.join("\u{0}"),
+        ]);
+        let memo = keep
+            .store
+            .memoized(&key, keep.memo_ttl, || async {
+                let (envelope, memoizable) = self
+                    .execute_fresh(&request, events, cancel, started)
+                    .await?;
+                // The memo entry is persisted: it carries no secret the code printed or returned.
+                let envelope = redact_envelope(envelope, &redactor(self.env_passthrough()));
+                let json =
+                    serde_json::to_string(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
+                Ok::<_, Error>(if memoizable {
+                    Computed::keep(json)
+                } else {
+                    Computed::once(json)
+                })
+            })
+            .await
+            .map_err(|shared| {
+                Arc::try_unwrap(shared).unwrap_or_else(|e| Error::Internal(e.to_string()))
+            })?;
+        let mut envelope: Envelope = serde_json::from_str(&memo.json)
+            .map_err(|e| Error::Internal(format!("a memo entry is not an envelope: {e}")))?;
+        if memo.cached {
+            envelope.cached = true;
+            envelope.duration_ms = elapsed_ms(started);
+        }
+        Ok(envelope)
+    }
+
+    /// Redacts and stores the run; the envelope's `artifacts` then lists what was kept.
+    pub(crate) async fn keep_run(
+        &self,
+        keep: &Keeping,
+        request: &RunRequest,
+        envelope: &mut Envelope,
+        files: CollectedFiles,
+        interpreter: &Interpreter,
+    ) -> Result<(), Error> {
+        let redactor = redactor(self.env_passthrough());
+        let record = RunRecord {
+            run_id: envelope.run_id.clone(),
+            created_at: std::time::SystemTime::now() - Duration::from_millis(envelope.duration_ms),
+            tier: keep.tier,
+            script: request.code.clone(),
+            stdout: redactor.redact(&envelope.stdout).into_owned(),
+            stderr: redactor.redact(&envelope.stderr).into_owned(),
+            return_value_json: redactor.redact_json(&envelope.return_value).to_string(),
+            deps: Vec::new(),
+            env_fingerprint: format!(
+                "cpython-{}.{}.{}:{}",
+                interpreter.version.0,
+                interpreter.version.1,
+                interpreter.version.2,
+                interpreter.executable.display()
+            ),
+            isolation_json: "{}".into(),
+            files: files.files,
+            skipped_files: files.skipped,
+        };
+        let manifest = keep.store.put_run(record).await?;
+        envelope.artifacts = manifest.artifacts;
+        Ok(())
+    }
+}
