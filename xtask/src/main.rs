@@ -88,13 +88,11 @@ fn ci() -> Result<()> {
             "build cli",
             cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
         )?;
-        // Network cases install packages; they join once dependency installation lands.
         step(
             "shared acceptance cases",
             Command::new(python3()?)
                 .arg(&shared)
                 .arg(root().join("target/debug/runpython"))
-                .arg("--offline")
                 .env("RUNPYTHON_TOOLS_BIN", &tools),
         )?;
     } else {

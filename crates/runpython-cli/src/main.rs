@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use runpython_core::{
-    default_local_url, CommandTool, Envelope, Event, RunPython, RunRequest, Status, Store, Tier,
+    default_local_url, CommandTool, DepsProgress, Envelope, Event, RunPython, RunRequest, Status,
+    Store, Tier,
 };
 use serde_json::Value;
 
@@ -104,8 +105,11 @@ struct RunArgs {
     /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
     #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
     tools: Vec<(String, String)>,
-    /// Turn off automatic dependency detection. Dependencies are not installed automatically yet, so this
-    /// changes nothing today; it is accepted so scripts can already pass it.
+    /// A dependency to install before the run, as a requirement spec (`six==1.15.0`, `pkg[extra]>=2`,
+    /// `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
+    #[arg(long = "dep", value_name = "SPEC")]
+    deps: Vec<String>,
+    /// Do not install what the code imports; only --dep specs and a PEP 723 `# /// script` block count.
     #[arg(long)]
     no_auto_deps: bool,
     /// The Python interpreter to use (default: discovered; also RUNPYTHON_PYTHON).
@@ -233,6 +237,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(python) = &args.python {
         builder = builder.python(python);
     }
+    if args.no_auto_deps {
+        builder = builder.auto_deps(false);
+    }
     for (name, command) in &args.tools {
         builder = builder.tool(CommandTool::new(name, command));
     }
@@ -257,6 +264,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.no_cache {
         request = request.no_memo();
     }
+    for spec in &args.deps {
+        request = request.dependency(spec);
+    }
     for (name, value) in args.inputs {
         request = request.input(name, value);
     }
@@ -265,8 +275,13 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         python.run(request).await?
     } else {
         let mut handle = python.start(request);
+        let mut status = StatusLine::new();
         while let Some(event) = handle.next_event().await {
+            if !matches!(event, Event::Dependencies(_)) {
+                status.clear();
+            }
             match event {
+                Event::Dependencies(step) => status.show(&step),
                 Event::Stdout(text) => {
                     let mut out = std::io::stdout().lock();
                     let _ = out.write_all(text.as_bytes());
@@ -355,6 +370,52 @@ async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
         eprintln!("runpython: gc left an unreadable record in place: {key}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A one-line dependency progress display on stderr, only when stderr is a terminal.
+struct StatusLine {
+    tty: bool,
+    shown: bool,
+    frame: usize,
+}
+
+impl StatusLine {
+    fn new() -> Self {
+        use std::io::IsTerminal;
+        Self {
+            tty: std::io::stderr().is_terminal(),
+            shown: false,
+            frame: 0,
+        }
+    }
+
+    fn show(&mut self, step: &DepsProgress) {
+        if !self.tty {
+            return;
+        }
+        const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
+        let text = match step {
+            DepsProgress::Resolving { specs } => format!("resolving {}", specs.join(" ")),
+            DepsProgress::Downloading { detail } => format!("downloading {detail}"),
+            DepsProgress::Installing { detail } => format!("installing {detail}"),
+            DepsProgress::Waiting { .. } => {
+                "waiting for another run preparing the same environment".into()
+            }
+            DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
+            _ => return,
+        };
+        let text: String = text.chars().take(100).collect();
+        self.frame += 1;
+        eprint!("\r\x1b[2K{} {text}", SPINNER[self.frame % SPINNER.len()]);
+        self.shown = true;
+    }
+
+    fn clear(&mut self) {
+        if self.shown {
+            eprint!("\r\x1b[2K");
+            self.shown = false;
+        }
+    }
 }
 
 /// After the live output: the return value, or what went wrong.

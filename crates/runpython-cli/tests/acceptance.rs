@@ -1,6 +1,6 @@
 //! The shared acceptance cases (ported from peers' test suites, `tests/acceptance/cases.jsonl`, a copy of
 //! `shared/acceptance/cases.jsonl`), run against the `runpython` binary with the same checks as the shared
-//! `run_cases.py`. Cases that install packages are skipped until dependency installation lands.
+//! `run_cases.py`, including the cases that install packages from PyPI.
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
@@ -106,9 +106,6 @@ fn shared_acceptance_cases_pass() {
     let mut ran = 0;
     for line in cases.lines().filter(|l| !l.trim().is_empty()) {
         let case: Value = serde_json::from_str(line).unwrap();
-        if case["expect"]["needs_network"] == Value::Bool(true) {
-            continue;
-        }
         let code = case["code"].as_str().unwrap();
         let args: Vec<&str> = case["args"]
             .as_array()
@@ -157,7 +154,7 @@ fn shared_acceptance_cases_pass() {
             )),
         }
     }
-    assert!(ran >= 40, "only {ran} cases ran");
+    assert!(ran >= 43, "only {ran} cases ran");
     assert!(
         failures.is_empty(),
         "{} failed:\n{}",

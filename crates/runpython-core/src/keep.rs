@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use runpython_deps::Interpreter;
+use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{
     memo_key, CollectLimits, CollectedFiles, Computed, Redactor, RunRecord, Store, Tier,
 };
@@ -130,7 +130,8 @@ impl RunPython {
             .collect();
         let key = memo_key([
             request.code.clone(),
-            String::new(), // resolved dependencies: none are installed yet
+            // What the dependencies are resolved from: a pure function of these and the code.
+            self.deps().memo_part(&request),
             canonical_json(&Value::Object(request.inputs.clone())),
             format!(
                 "{}|{:?}",
@@ -185,6 +186,7 @@ impl RunPython {
         envelope: &mut Envelope,
         files: CollectedFiles,
         interpreter: &Interpreter,
+        env: Option<&PreparedEnv>,
     ) -> Result<(), Error> {
         let redactor = redactor(self.env_passthrough());
         let record = RunRecord {
@@ -195,14 +197,17 @@ impl RunPython {
             stdout: redactor.redact(&envelope.stdout).into_owned(),
             stderr: redactor.redact(&envelope.stderr).into_owned(),
             return_value_json: redactor.redact_json(&envelope.return_value).to_string(),
-            deps: Vec::new(),
-            env_fingerprint: format!(
-                "cpython-{}.{}.{}:{}",
-                interpreter.version.0,
-                interpreter.version.1,
-                interpreter.version.2,
-                interpreter.executable.display()
-            ),
+            deps: env.map(|env| env.specs.clone()).unwrap_or_default(),
+            env_fingerprint: match env {
+                Some(env) => env.fingerprint.clone(),
+                None => format!(
+                    "cpython-{}.{}.{}:{}",
+                    interpreter.version.0,
+                    interpreter.version.1,
+                    interpreter.version.2,
+                    interpreter.executable.display()
+                ),
+            },
             isolation_json: "{}".into(),
             files: files.files,
             skipped_files: files.skipped,

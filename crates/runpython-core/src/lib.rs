@@ -23,6 +23,7 @@
 //! ```
 
 mod command_tool;
+mod deps;
 mod envelope;
 mod keep;
 mod output;
@@ -35,6 +36,7 @@ pub use output::HeadTail;
 pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
 pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};
+pub use runpython_deps::{EnvProvider, PipProvider, Progress as DepsProgress, UvProvider};
 pub use runpython_store::{default_local_url, Artifact, ArtifactKind, CollectLimits, Store, Tier};
 
 /// runpython's own failures. What the user's code does is never an `Error`.

@@ -10,11 +10,13 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::deps::{Deps, DepsConfig};
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::keep::{collect_run_files, Keeping};
 use crate::output::HeadTail;
 use crate::process::{child_env, code_dir, spawn_runner};
 use crate::Error;
+use runpython_deps::{EnvProvider, Progress as DepsProgress};
 use runpython_store::{CollectLimits, Store, Tier};
 
 /// The runner that executes the code in the child (`runner.py`).
@@ -59,6 +61,8 @@ pub enum Event {
     Stdout(String),
     /// A chunk the code wrote to stderr.
     Stderr(String),
+    /// A step of preparing the run's dependencies (before the code starts).
+    Dependencies(DepsProgress),
 }
 
 /// One piece of code to run, with the globals it sees.
@@ -68,6 +72,9 @@ pub struct RunRequest {
     pub code: String,
     /// JSON values bound as globals before the code runs.
     pub inputs: Map<String, Value>,
+    /// Requirement specs for this run (`six==1.15.0`, `pkg[extra]>=2`, `name @ URL`), merged with the
+    /// engine's defaults, the code's PEP 723 block and its detected imports.
+    pub dependencies: Vec<String>,
     /// Whether a memoizing [`RunPython`] may serve this run from, and record it in, its memo cache.
     pub use_memo: bool,
 }
@@ -78,8 +85,15 @@ impl RunRequest {
         Self {
             code: code.into(),
             inputs: Map::new(),
+            dependencies: Vec::new(),
             use_memo: true,
         }
+    }
+
+    /// Adds a requirement spec for this run.
+    pub fn dependency(mut self, spec: impl Into<String>) -> Self {
+        self.dependencies.push(spec.into());
+        self
     }
 
     /// Neither serve this run from the memo cache nor record it there.
@@ -117,6 +131,7 @@ pub struct RunPythonBuilder {
     bridge: BridgeConfig,
     keep: Option<Keeping>,
     memo_ttl: Option<Duration>,
+    deps: DepsConfig,
     errors: Vec<String>,
 }
 
@@ -222,6 +237,33 @@ impl RunPythonBuilder {
         self
     }
 
+    /// A requirement spec every run gets (merged with each run's own, its PEP 723 block and its imports).
+    pub fn dependency(mut self, spec: impl Into<String>) -> Self {
+        self.deps.defaults.push(spec.into());
+        self
+    }
+    /// Whether imports detected in the code become dependencies (default: on). Off, only explicit specs
+    /// and the PEP 723 block count.
+    pub fn auto_deps(mut self, on: bool) -> Self {
+        self.deps.auto = on;
+        self
+    }
+    /// Where prepared environments live (default: `runpython/envs` under the user's cache directory).
+    pub fn env_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.deps.root = Some(root.into());
+        self
+    }
+    /// The installer (default: uv when found, else venv + pip).
+    pub fn env_provider(mut self, provider: Arc<dyn EnvProvider>) -> Self {
+        self.deps.provider = Some(provider);
+        self
+    }
+    /// How long preparing an environment may take (default 10 minutes).
+    pub fn prepare_timeout(mut self, timeout: Duration) -> Self {
+        self.deps.timeout = Some(timeout);
+        self
+    }
+
     /// Checks the configuration.
     pub fn build(self) -> Result<RunPython, Error> {
         let mut errors = self.errors;
@@ -251,6 +293,7 @@ impl RunPythonBuilder {
                 tools: self.tools,
                 bridge: self.bridge,
                 keep,
+                deps: self.deps.build()?,
                 interpreter: tokio::sync::OnceCell::new(),
             }),
         })
@@ -273,6 +316,7 @@ struct Inner {
     tools: ToolSet,
     bridge: BridgeConfig,
     keep: Option<Keeping>,
+    deps: Deps,
     interpreter: tokio::sync::OnceCell<Interpreter>,
 }
 
@@ -351,6 +395,10 @@ impl RunPython {
 
     pub(crate) fn env_passthrough(&self) -> &[String] {
         &self.inner.env_passthrough
+    }
+
+    pub(crate) fn deps(&self) -> &Deps {
+        &self.inner.deps
     }
 
     /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
@@ -442,7 +490,27 @@ impl RunPython {
         let run_id = new_run_id();
         let limits = &self.inner.limits;
         let interpreter = self.interpreter().await?.clone();
-        let python = interpreter.executable.clone();
+        let prepared = match self
+            .inner
+            .deps
+            .prepare(request, &interpreter, events.as_ref())
+            .await
+        {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                let mut envelope = Envelope::failed(
+                    Status::Error,
+                    ErrorInfo::new("DependencyError", e.to_string()),
+                    run_id,
+                );
+                envelope.duration_ms = elapsed_ms(started);
+                return Ok((envelope, false));
+            }
+        };
+        let python = prepared.as_ref().map_or_else(
+            || interpreter.executable.clone(),
+            |env| env.interpreter.clone(),
+        );
 
         let run_dir = tempfile::Builder::new()
             .prefix("runpython-")
@@ -476,6 +544,7 @@ impl RunPython {
             "code": &request.code,
             "inputs": &request.inputs,
             "max_return_bytes": limits.max_return_bytes,
+            "site_dir": prepared.as_ref().and_then(|env| env.site_dir.as_ref()),
             "bridge": bridge_spec,
         });
         let runner_request =
@@ -643,8 +712,15 @@ impl RunPython {
         let memoizable = envelope.status == Status::Success
             && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);
         if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
-            self.keep_run(keep, request, &mut envelope, files, &interpreter)
-                .await?;
+            self.keep_run(
+                keep,
+                request,
+                &mut envelope,
+                files,
+                &interpreter,
+                prepared.as_ref(),
+            )
+            .await?;
         }
         Ok((envelope, memoizable))
     }

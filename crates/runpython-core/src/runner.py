@@ -4,6 +4,7 @@ Stdlib only. The host imports this module (as `runpython_runner`, from runpython
 bytecode is cached) and writes one JSON request on stdin:
 
     {"code": str, "inputs": {name: json}, "max_return_bytes": int, "code_dir": str | null,
+     "site_dir": str | null,
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
 
 The result goes back as one JSON object on file descriptor 3, a pipe that only the host reads, so nothing the
@@ -233,6 +234,11 @@ def main():
         _code_dir = code_dir.rstrip("/") + "/"
     sys.argv = [FILENAME]
     sys.stdout.reconfigure(line_buffering=True)
+    site_dir = request.get("site_dir")
+    if site_dir:
+        import site  # with -S its import adds nothing by itself; addsitedir also reads .pth files
+
+        site.addsitedir(site_dir)
 
     main_module = type(sys)("__main__")
     namespace = main_module.__dict__

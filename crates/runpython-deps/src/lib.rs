@@ -1,21 +1,76 @@
-//! runpython-deps: from source code and dependency specs to a ready Python interpreter.
+//! runpython-deps: from Python source code and dependency specs to a ready environment.
 //!
-//! Today it owns interpreter discovery: finding a real CPython ≥ 3.10 (resolving shims such as pyenv's to
-//! the real executable, a configured path winning) and remembering the answer so later processes skip the
-//! probe. Import detection, dependency merging and prepared environments arrive in this crate too. It never
-//! runs user code and depends on no other runpython crate.
+//! It owns every step before a run starts:
+//!
+//! - **interpreter discovery** ([`Interpreter::discover`]): a real CPython ≥ 3.10, shims resolved;
+//! - **import detection** with Ruff's error-recovering parser ([`detect_imports`], behind the
+//!   [`ImportDetector`] trait), **standard-library filtering** for the target's minor version
+//!   ([`is_stdlib_module`]) and **import → distribution mapping** ([`distribution_for_import`]);
+//! - **requirements**: PEP 508 specs parsed enough to dedupe by PEP 503 name ([`Requirement`]), PEP 723
+//!   `# /// script` blocks read and written, and the merge of all sources ([`merge_requirements`]), in
+//!   which a pinned, URL or extras spec is never shadowed by a bare detected name;
+//! - **environments** ([`Environments`]): installed by an [`EnvProvider`] (uv preferred, venv + pip as
+//!   the fallback) into a relocatable site directory, keyed by content, prepared once (file lock,
+//!   build beside, atomic rename), bounded in time, and garbage-collected ([`gc`]).
+//!
+//! It never runs user code (the installers run only package build steps) and depends on no other
+//! runpython crate. The caller (runpython-core) starts the interpreter with `-I -S` and calls
+//! `site.addsitedir(site_dir)` before the user's code.
 //!
 //! ```no_run
-//! let python = runpython_deps::Interpreter::discover(None).unwrap();
-//! assert!(python.version >= (3, 10, 0));
-//! println!("{}", python.executable.display());
+//! # async fn example() -> Result<(), runpython_deps::Error> {
+//! use runpython_deps::{
+//!     detect_imports_async, merge_requirements, DependencySources, Environments, Interpreter,
+//! };
+//!
+//! let code = "import yaml\nprint(yaml.safe_dump({'a': 1}))\n";
+//! let python = Interpreter::discover(None)?;
+//! let detected = detect_imports_async(code).await?;
+//! let requirements = merge_requirements(&DependencySources {
+//!     defaults: &[],
+//!     explicit: &["tabulate>=0.9".to_owned()],
+//!     script: Some(code),
+//!     detected: &detected,
+//!     local_modules: &[],
+//!     python_version: python.version,
+//! })?;
+//! let envs = Environments::with_default_provider("/var/cache/runpython/envs");
+//! let env = envs.prepare(&python, &requirements, &|event| eprintln!("{event:?}")).await?;
+//! assert_eq!(env.specs, ["pyyaml", "tabulate>=0.9"]);
+//! println!("run {} with site dir {:?}", env.interpreter.display(), env.site_dir);
+//! # Ok(())
+//! # }
 //! ```
 
+mod detect;
+mod env;
 mod interpreter;
+mod lock;
+mod mapping;
+mod merge;
+mod provider;
+mod requirement;
+mod script;
+mod stdlib;
 
+use std::path::{Path, PathBuf};
+
+pub use detect::{
+    detect_imports, detect_imports_async, ImportDetector, RuffImportDetector, MAX_SOURCE_BYTES,
+};
+pub use env::{gc, Environments, GcReport, PreparedEnv, DEFAULT_PREPARE_TIMEOUT};
 pub use interpreter::{Interpreter, MIN_VERSION};
+pub use mapping::distribution_for_import;
+pub use merge::{merge_requirements, DependencySources};
+pub use provider::{
+    installer_env, BoxFuture, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn,
+    UvProvider,
+};
+pub use requirement::{normalize_name, Requirement};
+pub use script::{read_script_metadata, write_script_dependencies, ScriptMetadata};
+pub use stdlib::is_stdlib_module;
 
-/// What can go wrong while finding or preparing an interpreter.
+/// What can go wrong while finding an interpreter or preparing dependencies.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -29,8 +84,95 @@ pub enum Error {
     #[error("the Python at {path} cannot be used: {reason}")]
     BadInterpreter {
         /// The configured path.
-        path: std::path::PathBuf,
+        path: PathBuf,
         /// Why.
         reason: String,
     },
+    /// The source is too large to scan for imports.
+    #[error("the code is {bytes} bytes, over the {limit}-byte limit for import detection; pass smaller code, or turn auto-detection off and list the dependencies explicitly")]
+    SourceTooLarge {
+        /// Its size.
+        bytes: usize,
+        /// The limit ([`MAX_SOURCE_BYTES`]).
+        limit: usize,
+    },
+    /// Import detection itself failed (a parser bug, not a syntax error in the code).
+    #[error("import detection failed: {reason}; turn auto-detection off and list the dependencies explicitly")]
+    Detection {
+        /// What happened.
+        reason: String,
+    },
+    /// A requirement spec is malformed.
+    #[error("invalid requirement {spec:?}: {reason}; write it as `name`, `name==1.2`, `name[extra]>=2` or `name @ URL`")]
+    InvalidRequirement {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Two explicit specs ask for different things under one name.
+    #[error(
+        "conflicting requirements: {first} and {second} name the same package; keep one of them"
+    )]
+    ConflictingRequirements {
+        /// The first spec and where it came from.
+        first: String,
+        /// The second spec and where it came from.
+        second: String,
+    },
+    /// The PEP 723 `# /// script` block cannot be read.
+    #[error("inline script metadata: {reason}; see PEP 723 for the `# /// script` format")]
+    ScriptMetadata {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The installer failed: a package that does not exist, has no build for this Python, or fails
+    /// to build.
+    #[error("installing {} with {program} failed ({status}); check the names and versions on PyPI or pin a version that supports this Python. Last lines of its output:\n{output}", packages.join(" "))]
+    Install {
+        /// The requirements being installed.
+        packages: Vec<String>,
+        /// The installer program.
+        program: String,
+        /// Its exit status, or why it could not run.
+        status: String,
+        /// The last lines of its output (stdout and stderr interleaved).
+        output: String,
+    },
+    /// The installer did not finish within the preparation timeout and was killed.
+    #[error("installing {} with {program} did not finish within the preparation timeout and was killed; raise the timeout or install fewer packages. Last lines of its output:\n{output}", packages.join(" "))]
+    InstallTimeout {
+        /// The requirements being installed.
+        packages: Vec<String>,
+        /// The installer program.
+        program: String,
+        /// The last lines of its output.
+        output: String,
+    },
+    /// Another preparer held the environment's lock until the timeout.
+    #[error("waited for another process preparing the same environment (lock {path}) until the preparation timeout; retry, or remove a stuck process holding it")]
+    LockTimeout {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// A file-system operation on the environments' root failed.
+    #[error("cannot {action} {path}: {source}; check that the environments directory is writable and has space")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }

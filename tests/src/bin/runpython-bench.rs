@@ -156,6 +156,50 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(moto);
 
+    // Dependencies: a run importing numpy from a prepared environment vs. a no-deps run, side by side,
+    // and numpy's own import time inside the child.
+    let with_numpy = "import numpy\nnumpy.__version__";
+    python.run(with_numpy).await?; // prepares the environment (a real install the first time)
+    let (mut plain, mut numpy, mut numpy_import) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..20 {
+        let t = Instant::now();
+        python.run("1+1").await?;
+        plain.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let e = python
+            .run("import time\nt = time.perf_counter()\nimport numpy\n(time.perf_counter() - t) * 1000")
+            .await?;
+        numpy.push(t.elapsed().as_secs_f64() * 1e3);
+        numpy_import.push(
+            e.return_value
+                .as_f64()
+                .ok_or_else(|| format!("numpy run failed: {:?}", e.error))?,
+        );
+    }
+    let (plain, numpy) = (p50(plain), p50(numpy));
+    m.insert("deps_warm_numpy_run_ms".into(), json!(round3(numpy)));
+    m.insert("numpy_import_ms".into(), json!(round3(p50(numpy_import))));
+    m.insert("deps_warm_ratio".into(), json!(round3(numpy / plain)));
+
+    // Import detection on a 10,000-line file.
+    let source: String = (0..10_000)
+        .map(|i| match i % 5 {
+            0 => format!("import mod{i}\n"),
+            1 => format!("from pkg{i}.sub import name\n"),
+            2 => format!("def f{i}(x):\n"),
+            3 => "    return [y * 2 for y in range(x) if y % 3]\n".to_owned(),
+            _ => format!("value_{i} = {{'k': ({i}, 'text'), 'l': [1, 2, 3]}}\n"),
+        })
+        .collect();
+    let mut detect = Vec::new();
+    for _ in 0..30 {
+        let t = Instant::now();
+        let found = runpython_deps::detect_imports(&source)?;
+        detect.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(found.len(), 4000);
+    }
+    m.insert("import_detect_10k_ms".into(), json!(round3(p50(detect))));
+
     // 1 GiB printed: host memory must stay flat and the envelope within the output limit.
     let _ = std::fs::write("/proc/self/clear_refs", "5"); // reset the peak-RSS counter
     let before = status_kib("VmRSS:");

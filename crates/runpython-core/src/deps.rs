@@ -1,0 +1,129 @@
+//! From a run's code and specs to a prepared environment, through runpython-deps.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use runpython_deps::{
+    detect_imports_async, merge_requirements, DependencySources, EnvProvider, Environments,
+    Interpreter, PreparedEnv,
+};
+use tokio::sync::mpsc;
+
+use crate::run::{Event, RunRequest};
+use crate::Error;
+
+/// runpython's own modules, importable in the child: never dependencies.
+const OWN_MODULES: &[&str] = &["runpython_runner", "runpython_tools"];
+
+/// The builder's dependency settings.
+#[derive(Debug)]
+pub(crate) struct DepsConfig {
+    pub defaults: Vec<String>,
+    pub auto: bool,
+    pub root: Option<PathBuf>,
+    pub provider: Option<Arc<dyn EnvProvider>>,
+    pub timeout: Option<Duration>,
+}
+
+impl Default for DepsConfig {
+    fn default() -> Self {
+        Self {
+            defaults: Vec::new(),
+            auto: true,
+            root: None,
+            provider: None,
+            timeout: None,
+        }
+    }
+}
+
+impl DepsConfig {
+    pub fn build(self) -> Result<Deps, Error> {
+        let root = match self.root {
+            Some(root) => root,
+            None => default_env_root().ok_or_else(|| {
+                Error::Config("no cache directory for environments: set HOME or env_root()".into())
+            })?,
+        };
+        let mut envs = match self.provider {
+            Some(provider) => Environments::new(root, provider),
+            None => Environments::with_default_provider(root),
+        };
+        if let Some(timeout) = self.timeout {
+            envs = envs.with_timeout(timeout);
+        }
+        Ok(Deps {
+            defaults: self.defaults,
+            auto: self.auto,
+            envs,
+        })
+    }
+}
+
+fn default_env_root() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|base| base.join("runpython").join("envs"))
+}
+
+/// Dependency policy of a [`crate::RunPython`].
+#[derive(Debug)]
+pub(crate) struct Deps {
+    defaults: Vec<String>,
+    auto: bool,
+    envs: Environments,
+}
+
+impl Deps {
+    /// The environment the run needs, prepared (once per content key), or `None` when the code needs
+    /// nothing beyond the standard library. `Err` is a `DependencyError` for the envelope.
+    pub async fn prepare(
+        &self,
+        request: &RunRequest,
+        interpreter: &Interpreter,
+        events: Option<&mpsc::Sender<Event>>,
+    ) -> Result<Option<PreparedEnv>, runpython_deps::Error> {
+        let detected = if self.auto {
+            detect_imports_async(request.code.clone()).await?
+        } else {
+            Vec::new()
+        };
+        let local: Vec<String> = OWN_MODULES.iter().map(|m| (*m).to_owned()).collect();
+        let requirements = merge_requirements(&DependencySources {
+            defaults: &self.defaults,
+            explicit: &request.dependencies,
+            script: Some(&request.code),
+            detected: &detected,
+            local_modules: &local,
+            python_version: interpreter.version,
+        })?;
+        if requirements.is_empty() {
+            return Ok(None);
+        }
+        let progress = |step| {
+            if let Some(tx) = events {
+                // Progress is advisory: a full or closed channel drops it rather than stall preparation.
+                let _ = tx.try_send(Event::Dependencies(step));
+            }
+        };
+        self.envs
+            .prepare(interpreter, &requirements, &progress)
+            .await
+            .map(Some)
+    }
+
+    /// The part of a memo key that decides the dependencies: defaults, explicit specs, auto-detection.
+    /// (Detected imports and the PEP 723 block are functions of the code, which the key also holds.)
+    pub fn memo_part(&self, request: &RunRequest) -> String {
+        let mut specs: Vec<&str> = self
+            .defaults
+            .iter()
+            .chain(&request.dependencies)
+            .map(String::as_str)
+            .collect();
+        specs.sort_unstable();
+        format!("auto={}|{}", self.auto, specs.join("\u{0}"))
+    }
+}

@@ -1,0 +1,712 @@
+//! Prepared environments: keyed by content, built once beside their final place, renamed into it.
+//!
+//! Layout under the root (the key's hash input carries the format version, so a new layout never
+//! reads an old one):
+//!
+//! ```text
+//! envs/<key>/site/        the installed packages: a relocatable site dir for `site.addsitedir`
+//! envs/<key>/env.json     the manifest; its mtime is the last use (for GC)
+//! building/<key>.<rand>/  environments being built; stale ones are crash leftovers, GC removes them
+//! locks/<key>.lock        one exclusive flock per key
+//! cache/{uv,pip}/         the installers' download and wheel caches
+//! tools/pip-venv-<id>/    the pip fallback's tools venv per interpreter
+//! ```
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::lock::KeyLock;
+use crate::provider::{EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, UvProvider};
+use crate::{Error, Interpreter, Requirement};
+
+const FORMAT: &str = "runpython-env-v1";
+const MANIFEST: &str = "env.json";
+const SITE: &str = "site";
+const ENVS: &str = "envs";
+const BUILDING: &str = "building";
+
+/// Default for [`Environments::with_timeout`]: long enough for a cold install of a large wheel set.
+pub const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A ready environment. Hand `interpreter` and `site_dir` to the runner: start the interpreter as
+/// usual (`-I -S`) and call `site.addsitedir(site_dir)` before the user's code, so `.pth` files work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedEnv {
+    /// The content key: a hash of the interpreter (executable and version), the sorted normalized
+    /// specs and the provider kind.
+    pub key: String,
+    /// The interpreter the packages were installed for.
+    pub interpreter: PathBuf,
+    /// The directory holding the packages; `None` when there was nothing to install.
+    pub site_dir: Option<PathBuf>,
+    /// The canonical specs, sorted.
+    pub specs: Vec<String>,
+    /// A hash of what is really installed (the interpreter and every `*.dist-info` name, so package
+    /// versions count): use it in memo keys.
+    pub fingerprint: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    key: String,
+    interpreter: PathBuf,
+    python_version: (u32, u32, u32),
+    provider: String,
+    specs: Vec<String>,
+    fingerprint: String,
+    installed: Vec<String>,
+}
+
+/// Environments under one root directory, prepared by one [`EnvProvider`].
+#[derive(Debug, Clone)]
+pub struct Environments {
+    root: PathBuf,
+    provider: Arc<dyn EnvProvider>,
+    timeout: Duration,
+}
+
+impl Environments {
+    /// Environments under `root`, installed by `provider`.
+    pub fn new(root: impl Into<PathBuf>, provider: Arc<dyn EnvProvider>) -> Self {
+        Self {
+            root: root.into(),
+            provider,
+            timeout: DEFAULT_PREPARE_TIMEOUT,
+        }
+    }
+
+    /// Environments under `root` with the preferred provider: uv if [`UvProvider::find`] finds it,
+    /// else [`PipProvider`].
+    pub fn with_default_provider(root: impl Into<PathBuf>) -> Self {
+        let provider: Arc<dyn EnvProvider> = match UvProvider::find() {
+            Some(uv) => Arc::new(uv),
+            None => Arc::new(PipProvider),
+        };
+        Self::new(root, provider)
+    }
+
+    /// Bounds one preparation (waiting for another preparer included); the installer is killed when it
+    /// runs out.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &dyn EnvProvider {
+        &*self.provider
+    }
+
+    /// The key of the environment for `interpreter` and `requirements`.
+    pub fn key(&self, interpreter: &Interpreter, requirements: &[Requirement]) -> String {
+        self.key_for(interpreter, &canonical_specs(requirements))
+    }
+
+    fn key_for(&self, interpreter: &Interpreter, specs: &[String]) -> String {
+        let version = format!("{:?}", interpreter.version);
+        let mut parts: Vec<&[u8]> = vec![
+            FORMAT.as_bytes(),
+            interpreter.executable.as_os_str().as_encoded_bytes(),
+            version.as_bytes(),
+            self.provider.kind().as_bytes(),
+        ];
+        parts.extend(specs.iter().map(|s| s.as_bytes()));
+        short_hash(&parts)
+    }
+
+    /// The prepared environment for `interpreter` and `requirements`, if it exists. Never installs;
+    /// a few microseconds of blocking file I/O.
+    pub fn lookup(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[Requirement],
+    ) -> Option<PreparedEnv> {
+        let specs = canonical_specs(requirements);
+        if specs.is_empty() {
+            return Some(no_env(interpreter));
+        }
+        self.cached(&self.key_for(interpreter, &specs))
+    }
+
+    /// Makes `requirements` importable by `interpreter`: returns at once when the environment exists,
+    /// else installs it once (concurrent callers for the same key wait for the first), within the
+    /// timeout. No requirements: no environment, no I/O.
+    pub async fn prepare(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[Requirement],
+        progress: &ProgressFn<'_>,
+    ) -> Result<PreparedEnv, Error> {
+        let specs = canonical_specs(requirements);
+        if specs.is_empty() {
+            return Ok(no_env(interpreter));
+        }
+        let key = self.key_for(interpreter, &specs);
+        if let Some(env) = self.cached(&key) {
+            progress(Progress::Cached { key });
+            return Ok(env);
+        }
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let on_wait = || progress(Progress::Waiting { key: key.clone() });
+        let _lock = KeyLock::acquire(&self.root, &key, deadline, &on_wait).await?;
+        if let Some(env) = self.cached(&key) {
+            progress(Progress::Cached { key });
+            return Ok(env);
+        }
+        progress(Progress::Resolving {
+            specs: specs.clone(),
+        });
+        let building = BuildingDir(Some(building_dir(&self.root, &key)?));
+        let dir = building.path().to_path_buf();
+        let site = dir.join(SITE);
+        std::fs::create_dir(&site).map_err(|e| Error::io("create the site directory", &site, e))?;
+        self.provider
+            .install(InstallJob {
+                interpreter,
+                specs: &specs,
+                target: &site,
+                root: &self.root,
+                deadline,
+                progress,
+            })
+            .await?;
+
+        let installed = installed_distributions(&site)?;
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            key: key.clone(),
+            interpreter: interpreter.executable.clone(),
+            python_version: interpreter.version,
+            provider: self.provider.kind().to_owned(),
+            fingerprint: fingerprint(interpreter, &installed),
+            specs,
+            installed,
+        };
+        write_manifest(&dir.join(MANIFEST), &manifest)?;
+        let envs = self.root.join(ENVS);
+        std::fs::create_dir_all(&envs)
+            .map_err(|e| Error::io("create the environments directory", &envs, e))?;
+        let final_dir = envs.join(&key);
+        if let Err(e) = std::fs::rename(&dir, &final_dir) {
+            // Only a broken leftover can be there (we hold the lock): move it aside and retry once.
+            if final_dir.exists() {
+                discard(&self.root, &final_dir);
+            }
+            std::fs::rename(&dir, &final_dir)
+                .map_err(|_| Error::io("move the new environment into place", &final_dir, e))?;
+        }
+        building.commit();
+        progress(Progress::Done {
+            key: key.clone(),
+            elapsed: started.elapsed(),
+        });
+        self.cached(&key).ok_or_else(|| {
+            Error::io(
+                "read back the new environment",
+                &final_dir,
+                std::io::ErrorKind::NotFound.into(),
+            )
+        })
+    }
+
+    /// The complete environment `key`, marking it used; `None` if absent or unreadable.
+    fn cached(&self, key: &str) -> Option<PreparedEnv> {
+        let dir = self.root.join(ENVS).join(key);
+        let manifest_path = dir.join(MANIFEST);
+        let text = std::fs::read(&manifest_path).ok()?;
+        let manifest: Manifest = serde_json::from_slice(&text).ok()?;
+        let site = dir.join(SITE);
+        if manifest.format != FORMAT || manifest.key != key || !site.is_dir() {
+            return None;
+        }
+        // Best effort: the manifest's mtime is the last use GC goes by.
+        if let Ok(file) = File::options().append(true).open(&manifest_path) {
+            let _ = file.set_modified(SystemTime::now());
+        }
+        Some(PreparedEnv {
+            key: manifest.key,
+            interpreter: manifest.interpreter,
+            site_dir: Some(site),
+            specs: manifest.specs,
+            fingerprint: manifest.fingerprint,
+        })
+    }
+}
+
+fn canonical_specs(requirements: &[Requirement]) -> Vec<String> {
+    let mut specs: Vec<String> = requirements.iter().map(ToString::to_string).collect();
+    specs.sort();
+    specs.dedup();
+    specs
+}
+
+fn no_env(interpreter: &Interpreter) -> PreparedEnv {
+    PreparedEnv {
+        key: String::new(),
+        interpreter: interpreter.executable.clone(),
+        site_dir: None,
+        specs: Vec::new(),
+        fingerprint: fingerprint(interpreter, &[]),
+    }
+}
+
+fn fingerprint(interpreter: &Interpreter, installed: &[String]) -> String {
+    let version = format!("{:?}", interpreter.version);
+    let mut parts: Vec<&[u8]> = vec![
+        FORMAT.as_bytes(),
+        interpreter.executable.as_os_str().as_encoded_bytes(),
+        version.as_bytes(),
+    ];
+    parts.extend(installed.iter().map(|s| s.as_bytes()));
+    short_hash(&parts)
+}
+
+/// The `name-version.dist-info` directories in `site`, sorted.
+fn installed_distributions(site: &Path) -> Result<Vec<String>, Error> {
+    let entries =
+        std::fs::read_dir(site).map_err(|e| Error::io("list the installed packages", site, e))?;
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".dist-info"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), Error> {
+    let text = serde_json::to_vec_pretty(manifest).map_err(|e| {
+        Error::io(
+            "encode the manifest",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })?;
+    let mut file = File::create(path).map_err(|e| Error::io("write the manifest", path, e))?;
+    std::io::Write::write_all(&mut file, &text)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| Error::io("write the manifest", path, e))
+}
+
+/// A 128-bit hex digest of `parts`, each length-prefixed so that no two inputs collide by shifting.
+pub(crate) fn short_hash(parts: &[&[u8]]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for part in parts {
+        hasher.update(&(part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().to_hex()[..32].to_owned()
+}
+
+/// A fresh `<root>/building/<name>.<random>` directory.
+pub(crate) fn building_dir(root: &Path, name: &str) -> Result<PathBuf, Error> {
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random).map_err(|e| {
+        Error::io(
+            "pick a temporary name",
+            root,
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let parent = root.join(BUILDING);
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| Error::io("create the building directory", &parent, e))?;
+    let dir = parent.join(format!("{name}.{suffix}"));
+    std::fs::create_dir(&dir).map_err(|e| Error::io("create a building directory", &dir, e))?;
+    Ok(dir)
+}
+
+/// Removes a half-built environment when preparation fails or its future is dropped.
+struct BuildingDir(Option<PathBuf>);
+
+impl BuildingDir {
+    fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+
+    fn commit(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for BuildingDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Makes `dir` disappear atomically (renamed into `building/`), then deletes it.
+fn discard(root: &Path, dir: &Path) {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let aside = root.join(BUILDING).join(format!("{name}.discarded"));
+    let _ = std::fs::create_dir_all(root.join(BUILDING));
+    let _ = std::fs::remove_dir_all(&aside);
+    if std::fs::rename(dir, &aside).is_ok() {
+        let _ = std::fs::remove_dir_all(&aside);
+    }
+}
+
+/// What [`gc`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Keys of the environments removed.
+    pub removed: Vec<String>,
+    /// Bytes those environments and any crash leftovers took.
+    pub freed_bytes: u64,
+    /// Environments kept.
+    pub kept: usize,
+    /// Bytes the kept environments take.
+    pub kept_bytes: u64,
+}
+
+/// Removes environments under `root` not used for `max_age`, then the least recently used ones until
+/// the rest fit in `max_bytes`, and leftovers of crashed builds. Environments being prepared or
+/// removed by someone else (their lock is held) are skipped. The installers' caches are not touched.
+/// Blocking: run it on a blocking thread.
+pub fn gc(root: &Path, max_age: Duration, max_bytes: u64) -> Result<GcReport, Error> {
+    let mut report = GcReport::default();
+    let now = SystemTime::now();
+
+    // Crash leftovers: a building directory whose key nobody holds.
+    for (path, name) in list_dirs(&root.join(BUILDING))? {
+        let key = name.split('.').next().unwrap_or_default();
+        if KeyLock::try_acquire(root, key)?.is_some() {
+            report.freed_bytes += dir_size(&path);
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+
+    let mut envs: Vec<(PathBuf, String, SystemTime, u64)> = list_dirs(&root.join(ENVS))?
+        .into_iter()
+        .map(|(path, key)| {
+            let used = std::fs::metadata(path.join(MANIFEST))
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let size = dir_size(&path);
+            (path, key, used, size)
+        })
+        .collect();
+    envs.sort_by_key(|env| std::cmp::Reverse(env.2)); // Most recently used first.
+    let mut total = 0u64;
+    for (path, key, used, size) in envs {
+        let too_old = now.duration_since(used).unwrap_or_default() > max_age;
+        if !too_old && total + size <= max_bytes {
+            total += size;
+            report.kept += 1;
+            continue;
+        }
+        match KeyLock::try_acquire(root, &key)? {
+            Some(_lock) => {
+                discard(root, &path);
+                report.removed.push(key);
+                report.freed_bytes += size;
+            }
+            None => {
+                total += size;
+                report.kept += 1;
+            }
+        }
+    }
+    report.kept_bytes = total;
+    Ok(report)
+}
+
+fn list_dirs(dir: &Path) -> Result<Vec<(PathBuf, String)>, Error> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list", dir, e)),
+    };
+    Ok(entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| Some((e.path(), e.file_name().into_string().ok()?)))
+        .collect())
+}
+
+/// Bytes under `dir`, not following symlinks.
+fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::provider::BoxFuture;
+
+    /// Writes a fake `name-1.0.dist-info` per spec; counts its calls; fails on a spec named `broken`.
+    #[derive(Debug, Default)]
+    struct FakeProvider {
+        calls: AtomicUsize,
+        delay: Duration,
+    }
+
+    impl EnvProvider for FakeProvider {
+        fn kind(&self) -> &str {
+            "fake"
+        }
+
+        fn install<'a>(&'a self, job: InstallJob<'a>) -> BoxFuture<'a, Result<(), Error>> {
+            Box::pin(async move {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(self.delay).await;
+                for spec in job.specs {
+                    if spec == "broken" {
+                        return Err(Error::Install {
+                            packages: job.specs.to_vec(),
+                            program: "fake".into(),
+                            status: "exit status: 1".into(),
+                            output: "no such package".into(),
+                        });
+                    }
+                    std::fs::create_dir(job.target.join(format!("{spec}-1.0.dist-info"))).unwrap();
+                }
+                Ok(())
+            })
+        }
+    }
+
+    fn python() -> Interpreter {
+        Interpreter {
+            executable: "/usr/bin/python3".into(),
+            version: (3, 11, 7),
+        }
+    }
+
+    fn reqs(specs: &[&str]) -> Vec<Requirement> {
+        specs
+            .iter()
+            .map(|s| Requirement::parse(s).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_environment_is_prepared_once_and_then_served_from_its_key() {
+        let root = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeProvider::default());
+        let envs = Environments::new(root.path(), fake.clone());
+        let events = Mutex::new(Vec::new());
+        let record = |p: Progress| events.lock().unwrap().push(p);
+
+        let first = envs
+            .prepare(&python(), &reqs(&["b", "a"]), &record)
+            .await
+            .unwrap();
+        assert_eq!(first.specs, ["a", "b"]);
+        let site = first.site_dir.clone().unwrap();
+        assert!(site.join("a-1.0.dist-info").is_dir());
+        assert!(site.starts_with(root.path().join(ENVS).join(&first.key)));
+
+        // Same requirements in another order and spelling: same key, no install.
+        let again = envs
+            .prepare(&python(), &reqs(&["A", "b"]), &record)
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            envs.lookup(&python(), &reqs(&["a", "b"])),
+            Some(first.clone())
+        );
+        let events = events.into_inner().unwrap();
+        assert!(
+            matches!(events.first(), Some(Progress::Resolving { .. })),
+            "{events:?}"
+        );
+        assert!(
+            events.iter().any(|e| matches!(e, Progress::Done { .. })),
+            "{events:?}"
+        );
+        assert!(
+            matches!(events.last(), Some(Progress::Cached { .. })),
+            "{events:?}"
+        );
+
+        // Another interpreter version, spec or provider is another environment.
+        let other = Interpreter {
+            version: (3, 12, 1),
+            ..python()
+        };
+        assert_ne!(envs.key(&other, &reqs(&["a", "b"])), first.key);
+        assert_ne!(envs.key(&python(), &reqs(&["a", "b==1"])), first.key);
+        let pip = Environments::new(root.path(), Arc::new(PipProvider));
+        assert_ne!(pip.key(&python(), &reqs(&["a", "b"])), first.key);
+    }
+
+    #[tokio::test]
+    async fn no_requirements_means_no_environment_and_no_io() {
+        let root = tempfile::tempdir().unwrap();
+        let envs = Environments::new(
+            root.path().join("never-created"),
+            Arc::new(FakeProvider::default()),
+        );
+        let env = envs.prepare(&python(), &[], &|_| {}).await.unwrap();
+        assert_eq!(env.site_dir, None);
+        assert_eq!(env.interpreter, python().executable);
+        assert!(!root.path().join("never-created").exists());
+    }
+
+    #[tokio::test]
+    async fn concurrent_preparers_of_one_new_environment_install_it_once() {
+        let root = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeProvider {
+            delay: Duration::from_millis(300),
+            ..FakeProvider::default()
+        });
+        let envs = Environments::new(root.path(), fake.clone());
+        let other = Environments::new(root.path(), fake.clone());
+        let wanted = reqs(&["tabulate"]);
+        let interpreter = python();
+        let (a, b) = tokio::join!(
+            envs.prepare(&interpreter, &wanted, &|_| {}),
+            other.prepare(&interpreter, &wanted, &|_| {}),
+        );
+        assert_eq!(a.unwrap(), b.unwrap());
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_install_leaves_nothing_behind_and_is_retried_next_time() {
+        let root = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeProvider::default());
+        let envs = Environments::new(root.path(), fake.clone());
+        let err = envs
+            .prepare(&python(), &reqs(&["broken"]), &|_| {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Install { .. }), "{err}");
+        assert_eq!(list_dirs(&root.path().join(BUILDING)).unwrap(), []);
+        assert_eq!(list_dirs(&root.path().join(ENVS)).unwrap(), []);
+        envs.prepare(&python(), &reqs(&["broken"]), &|_| {})
+            .await
+            .unwrap_err();
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_half_built_environment_from_a_crash_is_never_used() {
+        let root = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeProvider::default());
+        let envs = Environments::new(root.path(), fake.clone());
+        let wanted = reqs(&["six"]);
+        let key = envs.key(&python(), &wanted);
+        // A crash before the rename leaves only a building dir; one during a non-atomic copy
+        // could leave an env dir without its manifest.
+        let leftover = building_dir(root.path(), &key).unwrap();
+        std::fs::create_dir(leftover.join(SITE)).unwrap();
+        std::fs::create_dir_all(root.path().join(ENVS).join(&key).join(SITE)).unwrap();
+        assert_eq!(envs.lookup(&python(), &wanted), None);
+        let env = envs.prepare(&python(), &wanted, &|_| {}).await.unwrap();
+        assert!(env.site_dir.unwrap().join("six-1.0.dist-info").is_dir());
+        assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
+        // GC removes the crash leftover (nobody holds its lock).
+        let report = gc(root.path(), Duration::from_secs(3600), u64::MAX).unwrap();
+        assert!(!leftover.exists());
+        assert_eq!(report.kept, 1);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_while_another_preparer_holds_the_lock_is_an_error() {
+        let root = tempfile::tempdir().unwrap();
+        let envs = Environments::new(root.path(), Arc::new(FakeProvider::default()))
+            .with_timeout(Duration::from_millis(100));
+        let wanted = reqs(&["six"]);
+        let _held = KeyLock::try_acquire(root.path(), &envs.key(&python(), &wanted))
+            .unwrap()
+            .unwrap();
+        let waited = AtomicUsize::new(0);
+        let on_progress = |p: Progress| {
+            if matches!(p, Progress::Waiting { .. }) {
+                waited.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let err = envs
+            .prepare(&python(), &wanted, &on_progress)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::LockTimeout { .. }), "{err}");
+        assert_eq!(waited.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn gc_removes_old_environments_then_the_least_recently_used_over_the_size_budget() {
+        let root = tempfile::tempdir().unwrap();
+        let envs = Environments::new(root.path(), Arc::new(FakeProvider::default()));
+        let mut prepared = Vec::new();
+        for (name, age_hours) in [
+            ("old", 48),
+            ("older-lru", 3),
+            ("newer-lru", 2),
+            ("fresh", 0),
+        ] {
+            let env = envs
+                .prepare(&python(), &reqs(&[name]), &|_| {})
+                .await
+                .unwrap();
+            let site = env.site_dir.clone().unwrap();
+            std::fs::write(site.join("payload.bin"), vec![0u8; 1000]).unwrap();
+            let manifest = site.parent().unwrap().join(MANIFEST);
+            let used = SystemTime::now() - Duration::from_secs(age_hours * 3600);
+            File::options()
+                .append(true)
+                .open(manifest)
+                .unwrap()
+                .set_modified(used)
+                .unwrap();
+            prepared.push(env);
+        }
+        // 24 h max age removes `old`; a 3.5 kB budget keeps the two most recently used (~1.4 kB each).
+        let report = gc(root.path(), Duration::from_secs(24 * 3600), 3_500).unwrap();
+        let keys = |names: &[usize]| -> Vec<String> {
+            let mut keys: Vec<String> = names.iter().map(|i| prepared[*i].key.clone()).collect();
+            keys.sort();
+            keys
+        };
+        let mut removed = report.removed.clone();
+        removed.sort();
+        assert_eq!(removed, keys(&[0, 1]));
+        assert_eq!(report.kept, 2);
+        assert!(report.freed_bytes >= 2_000, "{report:?}");
+        assert!(envs.lookup(&python(), &reqs(&["fresh"])).is_some());
+        assert!(envs.lookup(&python(), &reqs(&["old"])).is_none());
+    }
+}
