@@ -163,6 +163,11 @@ def _unwrap(name, message):
 _bridge = None
 
 
+def call(tool, /, **kwargs):
+    """Calls a host tool by name (the runner's artifact helpers use this for the host's hidden tools)."""
+    return _bridge.call(tool, (), kwargs)
+
+
 def _aio(function):
     """Used by rewritten call sites: the awaitable flavour of a tool, anything else unchanged."""
     return getattr(function, "_runpython_async", function)
@@ -174,6 +179,8 @@ def install(spec, namespace, loads, dumps):
     _bridge = _Bridge(spec["path"], spec["token"], int(spec.get("max_frame", 16 << 20)), loads, dumps)
     registry = {}
     for tool in spec["tools"]:
+        if tool.get("hidden"):
+            continue  # the host's plumbing, reached through the runner's helpers
         function = _make_tool(tool)
         registry[tool["name"]] = function
         if tool["name"].isidentifier() and not _is_keyword(tool["name"]):

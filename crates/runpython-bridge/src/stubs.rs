@@ -7,7 +7,7 @@ use crate::tool::{params_of, ToolSet};
 /// Python stubs for every tool in the set, one `def` each, with docstrings from the descriptions.
 pub fn python_stubs(tools: &ToolSet) -> String {
     let mut out = String::new();
-    for tool in tools.iter() {
+    for tool in tools.iter().filter(|t| !t.is_hidden()) {
         let signature = match tool.input_schema() {
             None => "*args: Any, **kwargs: Any".to_owned(),
             Some(schema) => {

@@ -85,6 +85,11 @@ pub trait Tool: Send + Sync {
     fn is_pure(&self) -> bool {
         false
     }
+    /// True for the host's own plumbing (artifact access): served like any tool, but not defined as a
+    /// global in the code nor listed in stubs. Default: false.
+    fn is_hidden(&self) -> bool {
+        false
+    }
     /// Run the call. An `Err` reaches the code as an exception.
     fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>>;
 }
@@ -313,6 +318,7 @@ impl ToolSet {
                         "name": t.name(),
                         "description": t.description(),
                         "params": t.input_schema().map(params_of),
+                        "hidden": t.is_hidden(),
                     })
                 })
                 .collect(),

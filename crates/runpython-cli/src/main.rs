@@ -98,9 +98,10 @@ struct RunArgs {
     /// Let this environment variable through to the code (repeatable).
     #[arg(long = "env-passthrough", value_name = "NAME")]
     env_passthrough: Vec<String>,
-    /// A global visible to the code, as NAME=JSON (repeatable).
+    /// A global visible to the code, as NAME=JSON, or NAME=@ARTIFACT_ID to pass a stored artifact by
+    /// reference (parsed as JSON or CSV where it can be) (repeatable).
     #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
-    inputs: Vec<(String, Value)>,
+    inputs: Vec<(String, Input)>,
     /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
     /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
     #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
@@ -145,7 +146,13 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s}: {e}"))
 }
 
-fn parse_input(s: &str) -> Result<(String, Value), String> {
+#[derive(Debug, Clone)]
+enum Input {
+    Json(Value),
+    Artifact(String),
+}
+
+fn parse_input(s: &str) -> Result<(String, Input), String> {
     let (name, json) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=JSON (for example --input n=42)"))?;
@@ -157,10 +164,16 @@ fn parse_input(s: &str) -> Result<(String, Value), String> {
     if !valid {
         return Err(format!("{name:?} is not a Python identifier"));
     }
+    if let Some(id) = json.strip_prefix('@') {
+        if id.is_empty() {
+            return Err(format!("{name}=@ needs an artifact id after the @"));
+        }
+        return Ok((name.to_owned(), Input::Artifact(id.to_owned())));
+    }
     let value = serde_json::from_str(json).map_err(|e| {
         format!("the value of {name} is not JSON ({e}); quote strings, e.g. {name}='\"text\"'")
     })?;
-    Ok((name.to_owned(), value))
+    Ok((name.to_owned(), Input::Json(value)))
 }
 
 fn parse_tool(s: &str) -> Result<(String, String), String> {
@@ -267,8 +280,11 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     for spec in &args.deps {
         request = request.dependency(spec);
     }
-    for (name, value) in args.inputs {
-        request = request.input(name, value);
+    for (name, input) in args.inputs {
+        request = match input {
+            Input::Json(value) => request.input(name, value),
+            Input::Artifact(id) => request.input_artifact(name, id),
+        };
     }
 
     let envelope = if args.json {

@@ -45,6 +45,11 @@ pub struct Envelope {
     pub duration_ms: u64,
     /// `null`, or what a suspended run waits for.
     pub suspension: Option<Value>,
+    /// `null`, or a bounded structured summary of the return value (shape, columns, first items) when
+    /// its JSON is over the inline limit; `return_value` is then `null` and the full value is kept as
+    /// the `return_value` artifact.
+    #[serde(default)]
+    pub return_preview: Option<Value>,
 }
 
 /// Per-stream truncation counts.
@@ -56,6 +61,25 @@ pub struct Truncated {
     /// Present when stderr was truncated.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub stderr: Option<StreamTruncation>,
+    /// Present when the artifact list was cut to fit the envelope's budget.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub artifacts: Option<ListTruncation>,
+}
+
+impl Truncated {
+    /// True when nothing was truncated.
+    pub fn is_empty(&self) -> bool {
+        self.stdout.is_none() && self.stderr.is_none() && self.artifacts.is_none()
+    }
+}
+
+/// How much of a list was left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListTruncation {
+    /// Entries in all.
+    pub total: usize,
+    /// Entries left out of the envelope.
+    pub omitted: usize,
 }
 
 /// How much of one stream was dropped.
@@ -116,6 +140,7 @@ impl Envelope {
             cached: false,
             duration_ms: 0,
             suspension: None,
+            return_preview: None,
         }
     }
 
@@ -146,6 +171,7 @@ mod tests {
                 "cached",
                 "duration_ms",
                 "error",
+                "return_preview",
                 "return_type",
                 "return_value",
                 "run_id",

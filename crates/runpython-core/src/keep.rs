@@ -103,6 +103,35 @@ fn redact_envelope(mut envelope: Envelope, redactor: &Redactor) -> Envelope {
 }
 
 impl RunPython {
+    /// The bytes of each input artifact, base64 for the runner's request.
+    pub(crate) async fn fetch_input_artifacts(
+        &self,
+        request: &RunRequest,
+    ) -> Result<serde_json::Map<String, Value>, Error> {
+        use base64::Engine;
+        let mut out = serde_json::Map::new();
+        if request.input_artifacts.is_empty() {
+            return Ok(out);
+        }
+        let store = self.store().ok_or_else(|| {
+            Error::InvalidInput("artifact inputs need an engine with a store (store())".into())
+        })?;
+        for (name, id) in &request.input_artifacts {
+            let bytes = store.get_run_artifact(id).await.map_err(|e| match e {
+                runpython_store::Error::NotFound { .. } => Error::InvalidInput(format!(
+                    "input {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
+                    store.url()
+                )),
+                other => Error::Store(other),
+            })?;
+            out.insert(
+                name.clone(),
+                Value::String(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+            );
+        }
+        Ok(out)
+    }
+
     /// The artifact `id` of a kept run (its bytes), from this engine's store.
     pub async fn get_run_artifact(&self, id: &str) -> Result<Vec<u8>, Error> {
         let store = self.store().ok_or_else(|| {
@@ -148,6 +177,8 @@ impl RunPython {
                 limits.max_output_chars
             ),
             passthrough.join("\u{0}"),
+            // Artifacts are content-addressed: their ids stand for their bytes.
+            format!("{:?}", request.input_artifacts),
         ]);
         let memo = keep
             .store

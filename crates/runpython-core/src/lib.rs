@@ -22,6 +22,8 @@
 //! # Ok(()) }
 //! ```
 
+mod artifact_tools;
+mod budget;
 mod command_tool;
 mod deps;
 mod envelope;
@@ -31,8 +33,8 @@ mod process;
 mod run;
 
 pub use command_tool::CommandTool;
-pub use envelope::{Envelope, ErrorInfo, Status, StreamTruncation, Truncated};
-pub use output::HeadTail;
+pub use envelope::{Envelope, ErrorInfo, ListTruncation, Status, StreamTruncation, Truncated};
+pub use output::{Captured, HeadTail};
 pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
 pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};

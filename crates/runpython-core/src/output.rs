@@ -112,23 +112,51 @@ impl HeadTail {
     }
 
     /// The kept text (with an explicit marker where the middle was left out) and the truncation counts.
-    pub fn finish(mut self) -> (String, Option<StreamTruncation>) {
+    pub fn finish(self) -> (String, Option<StreamTruncation>) {
+        let max = self.head_cap + self.tail_cap;
+        self.into_captured().render(max)
+    }
+
+    /// What was kept, to render at this size or smaller.
+    pub fn into_captured(mut self) -> Captured {
         if !self.pending.is_empty() {
             self.pending.clear();
             self.push_str("\u{FFFD}");
         }
         self.trim_tail();
-        let omitted = self.total_chars - (self.head_chars + self.tail_chars) as u64;
-        if omitted == 0 {
-            self.head.push_str(&self.tail);
-            return (self.head, None);
+        Captured {
+            head: self.head,
+            tail: self.tail,
+            total_chars: self.total_chars,
         }
-        let text = format!(
-            "{}\n…[{omitted} characters omitted]…\n{}",
-            self.head, self.tail
-        );
+    }
+}
+
+/// The head and tail of a finished stream.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    head: String,
+    tail: String,
+    total_chars: u64,
+}
+
+impl Captured {
+    /// At most `max_chars` characters of the stream (half head, half tail) with an explicit marker
+    /// where the middle was left out, and the counts. `max_chars` may be at most the capture's size.
+    pub fn render(&self, max_chars: usize) -> (String, Option<StreamTruncation>) {
+        let head_chars = self.head.chars().count();
+        let tail_chars = self.tail.chars().count();
+        let kept = (head_chars + tail_chars) as u64;
+        if self.total_chars == kept && kept <= max_chars as u64 {
+            return (format!("{}{}", self.head, self.tail), None);
+        }
+        let head_cap = (max_chars / 2).min(head_chars);
+        let tail_cap = (max_chars - max_chars / 2).min(tail_chars);
+        let head = &self.head[..byte_index_of_char(&self.head, head_cap)];
+        let tail = &self.tail[byte_index_of_char(&self.tail, tail_chars - tail_cap)..];
+        let omitted = self.total_chars - (head_cap + tail_cap) as u64;
         (
-            text,
+            format!("{head}\n…[{omitted} characters omitted]…\n{tail}"),
             Some(StreamTruncation {
                 total_chars: self.total_chars,
                 omitted_chars: omitted,
@@ -185,6 +213,25 @@ mod tests {
         let mut c = HeadTail::new(100);
         c.push_bytes(b"a\xffb");
         assert_eq!(c.finish().0, "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn a_capture_renders_smaller_with_consistent_counts() {
+        let mut c = HeadTail::new(100);
+        c.push_str(&"a".repeat(1000));
+        c.push_str(&"z".repeat(1000));
+        let captured = c.into_captured();
+        let (text, t) = captured.render(10);
+        assert!(
+            text.starts_with("aaaaa\n") && text.ends_with("\nzzzzz"),
+            "{text}"
+        );
+        assert_eq!(
+            t.map(|t| (t.total_chars, t.omitted_chars)),
+            Some((2000, 1990))
+        );
+        let (_, t) = captured.render(100);
+        assert_eq!(t.map(|t| t.omitted_chars), Some(1900));
     }
 
     #[test]

@@ -10,10 +10,11 @@ use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::artifact_tools::{ReadArtifact, SaveArtifact};
 use crate::deps::{Deps, DepsConfig};
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::keep::{collect_run_files, Keeping};
-use crate::output::HeadTail;
+use crate::output::{Captured, HeadTail};
 use crate::process::{child_env, code_dir, spawn_runner};
 use crate::Error;
 use runpython_deps::{EnvProvider, Progress as DepsProgress};
@@ -40,6 +41,11 @@ pub struct Limits {
     pub max_return_bytes: usize,
     /// Characters kept per output stream, head and tail (default 10,000).
     pub max_output_chars: usize,
+    /// Largest return value carried inline, in bytes of JSON (default 4 KiB); a larger one is
+    /// replaced by a preview and kept whole as an artifact.
+    pub inline_return_bytes: usize,
+    /// Largest envelope, in bytes of JSON (default 8 KiB), met by shrinking output and previews.
+    pub envelope_budget: usize,
 }
 
 impl Default for Limits {
@@ -49,6 +55,8 @@ impl Default for Limits {
             max_code_chars: 200_000,
             max_return_bytes: 1_000_000,
             max_output_chars: 10_000,
+            inline_return_bytes: 4096,
+            envelope_budget: 8192,
         }
     }
 }
@@ -72,6 +80,8 @@ pub struct RunRequest {
     pub code: String,
     /// JSON values bound as globals before the code runs.
     pub inputs: Map<String, Value>,
+    /// Globals bound to stored artifacts, by id: parsed as JSON or CSV where they can be, else bytes.
+    pub input_artifacts: Vec<(String, String)>,
     /// Requirement specs for this run (`six==1.15.0`, `pkg[extra]>=2`, `name @ URL`), merged with the
     /// engine's defaults, the code's PEP 723 block and its detected imports.
     pub dependencies: Vec<String>,
@@ -85,9 +95,17 @@ impl RunRequest {
         Self {
             code: code.into(),
             inputs: Map::new(),
+            input_artifacts: Vec::new(),
             dependencies: Vec::new(),
             use_memo: true,
         }
+    }
+
+    /// Binds `name` to the stored artifact `id` (pass by reference: the data never goes through the
+    /// model). Needs an engine with a store.
+    pub fn input_artifact(mut self, name: impl Into<String>, id: impl Into<String>) -> Self {
+        self.input_artifacts.push((name.into(), id.into()));
+        self
     }
 
     /// Adds a requirement spec for this run.
@@ -154,6 +172,16 @@ impl RunPythonBuilder {
     /// Characters kept per output stream.
     pub fn max_output_chars(mut self, n: usize) -> Self {
         self.limits.max_output_chars = n;
+        self
+    }
+    /// Largest return value carried inline in the envelope, in bytes of JSON.
+    pub fn inline_return_bytes(mut self, n: usize) -> Self {
+        self.limits.inline_return_bytes = n;
+        self
+    }
+    /// Largest envelope, in bytes of JSON.
+    pub fn envelope_budget(mut self, n: usize) -> Self {
+        self.limits.envelope_budget = n;
         self
     }
     /// Lets the host's environment variable `name` through to the code (everything not on the
@@ -444,7 +472,11 @@ impl RunPython {
     ) -> Result<Envelope, Error> {
         let started = Instant::now();
         let limits = &self.inner.limits;
-        for name in request.inputs.keys() {
+        for name in request
+            .inputs
+            .keys()
+            .chain(request.input_artifacts.iter().map(|(name, _)| name))
+        {
             if !is_identifier(name) {
                 return Err(Error::InvalidInput(format!(
                     "input name {name:?} is not a Python identifier; use letters, digits and _"
@@ -526,12 +558,25 @@ impl RunPython {
             source,
         })?;
 
-        let (bridge_spec, bridge_future, bridge_stats) = if self.inner.tools.is_empty() {
+        // With a store, the code also reaches artifacts by reference (read/load/save_artifact).
+        let saved_artifacts = Arc::new(Mutex::new(Vec::new()));
+        let mut tools = self.inner.tools.clone();
+        if let Some(keep) = &self.inner.keep {
+            tools.insert(ReadArtifact {
+                store: keep.store.clone(),
+            })?;
+            tools.insert(SaveArtifact {
+                store: keep.store.clone(),
+                saved: Arc::clone(&saved_artifacts),
+            })?;
+        }
+        let input_artifacts = self.fetch_input_artifacts(request).await?;
+        let (bridge_spec, bridge_future, bridge_stats) = if tools.is_empty() {
             (Value::Null, None, None)
         } else {
             let bridge = Bridge::bind(
                 &run_dir.path().join("bridge.sock"),
-                self.inner.tools.clone(),
+                tools,
                 self.inner.bridge.clone(),
             )?;
             let stats = bridge.stats();
@@ -543,7 +588,10 @@ impl RunPython {
             "code_dir": code_dir,
             "code": &request.code,
             "inputs": &request.inputs,
+            "input_artifacts": input_artifacts,
+            "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
+            "inline_return_bytes": limits.inline_return_bytes,
             "site_dir": prepared.as_ref().and_then(|env| env.site_dir.as_ref()),
             "bridge": bridge_spec,
         });
@@ -641,17 +689,28 @@ impl RunPython {
             };
         let files = match (&self.inner.keep, &ending) {
             (Some(keep), Ending::Exited(_) | Ending::TimedOut | Ending::Bridge(_)) => {
-                Some(collect_run_files(work_dir.clone(), keep.collect.clone()).await?)
+                let mut files = collect_run_files(work_dir.clone(), keep.collect.clone()).await?;
+                // What the code saved with save_artifact() is kept beside the files it wrote.
+                let saved =
+                    std::mem::take(&mut *saved_artifacts.lock().unwrap_or_else(|p| p.into_inner()));
+                files
+                    .files
+                    .retain(|f| !saved.iter().any(|s| s.name == f.name));
+                files.files.extend(saved);
+                Some(files)
             }
             _ => None,
         };
         drop(run_dir);
 
-        let (stdout, stdout_trunc) = take_capture(&stdout_capture);
-        let (stderr, stderr_trunc) = take_capture(&stderr_capture);
+        let stdout_captured = take_capture(&stdout_capture);
+        let stderr_captured = take_capture(&stderr_capture);
+        let (stdout, stdout_trunc) = stdout_captured.render(limits.max_output_chars);
+        let (stderr, stderr_trunc) = stderr_captured.render(limits.max_output_chars);
         let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then_some(Truncated {
             stdout: stdout_trunc,
             stderr: stderr_trunc,
+            artifacts: None,
         });
         let mut envelope = Envelope {
             status: Status::Success,
@@ -666,6 +725,7 @@ impl RunPython {
             cached: false,
             duration_ms: 0,
             suspension: None,
+            return_preview: None,
         };
         match ending {
             Ending::Cancelled => return Err(Error::Cancelled),
@@ -722,6 +782,17 @@ impl RunPython {
             )
             .await?;
         }
+        if envelope.return_preview.is_some() {
+            // The full value went to the store (when there is one); the envelope carries the preview.
+            envelope.return_value = Value::Null;
+        }
+        crate::budget::fit(
+            &mut envelope,
+            limits.envelope_budget,
+            &stdout_captured,
+            &stderr_captured,
+            limits.max_output_chars,
+        );
         Ok((envelope, memoizable))
     }
 }
@@ -751,14 +822,12 @@ async fn capture<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
-fn take_capture(
-    capture: &Arc<Mutex<HeadTail>>,
-) -> (String, Option<crate::envelope::StreamTruncation>) {
+fn take_capture(capture: &Arc<Mutex<HeadTail>>) -> Captured {
     let mut guard = match capture.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
     };
-    std::mem::replace(&mut *guard, HeadTail::new(2)).finish()
+    std::mem::replace(&mut *guard, HeadTail::new(2)).into_captured()
 }
 
 /// Fills the envelope from the runner's result record, or explains why there is none.
@@ -810,13 +879,17 @@ fn apply_result(
         return_type: Option<String>,
         #[serde(default)]
         error: Option<ErrorInfo>,
+        #[serde(default)]
+        return_preview: Option<Value>,
     }
     match serde_json::from_slice::<RunnerResult>(bytes) {
         Ok(result) if result.status == "success" => {
             envelope.return_value = result.return_value;
             envelope.return_type = result.return_type;
+            envelope.return_preview = result.return_preview;
         }
         Ok(result) => {
+            envelope.return_preview = result.return_preview;
             envelope.status = Status::Error;
             envelope.error = Some(result.error.unwrap_or_else(|| {
                 ErrorInfo::new(

@@ -3,8 +3,9 @@
 Stdlib only. The host imports this module (as `runpython_runner`, from runpython's code directory, so its
 bytecode is cached) and writes one JSON request on stdin:
 
-    {"code": str, "inputs": {name: json}, "max_return_bytes": int, "code_dir": str | null,
-     "site_dir": str | null,
+    {"code": str, "inputs": {name: json}, "max_return_bytes": int, "inline_return_bytes": int,
+     "code_dir": str | null, "site_dir": str | null,
+     "input_artifacts": {name: base64}, "artifact_helpers": bool,
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
 
 The result goes back as one JSON object on file descriptor 3, a pipe that only the host reads, so nothing the
@@ -92,12 +93,19 @@ def _is_private(filename):
 
 
 def _json_or_repr(value, limit):
-    """The value as JSON text, or its repr as a JSON string when it is not JSON."""
+    """The value as JSON text: plain JSON when it is JSON; tables and arrays the code's own libraries know
+    (pandas, numpy, polars) in their JSON form; else its repr as a JSON string."""
     try:
         _check_json_keys(value, 0)
         return json_dumps(value)
     except (TypeError, ValueError, RecursionError):
         pass
+    try:
+        tabular = _library_json(value)
+        if tabular is not None:
+            return tabular
+    except Exception:
+        pass  # a library's own serialisation failed: fall back to repr
     try:
         shown = repr(value)
     except BaseException as exc:  # a broken __repr__ is the code's bug: say so instead of failing the run
@@ -106,6 +114,143 @@ def _json_or_repr(value, limit):
     if len(shown) > limit:
         shown = shown[: limit + 1]
     return json_dumps(shown)
+
+
+def _module_of(value, module):
+    """The module `module` if the code imported it and `value` comes from it; never imports anything."""
+    lib = sys.modules.get(module)
+    if lib is None or not type(value).__module__.startswith(module):
+        return None
+    return lib
+
+
+def _library_json(value):
+    pd = _module_of(value, "pandas")
+    if pd is not None and isinstance(value, (pd.DataFrame, pd.Series)):
+        return value.to_json(orient="split", date_format="iso", default_handler=str)
+    np = _module_of(value, "numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        return json_dumps(_finite(value.tolist()))
+    if np is not None and isinstance(value, np.generic):
+        return json_dumps(_finite(value.item()))
+    pl = _module_of(value, "polars")
+    if pl is not None and isinstance(value, pl.DataFrame):
+        return json_dumps({"columns": value.columns, "data": [list(r) for r in value.rows()]})
+    return None
+
+
+def _finite(value):
+    # NaN and infinities are not JSON; numpy data is full of them. They become null.
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+PREVIEW_ITEMS = 10
+PREVIEW_CHARS = 200
+PREVIEW_COLUMNS = 20
+PREVIEW_ROWS = 5
+
+
+def _clip(text, n=PREVIEW_CHARS):
+    return text if len(text) <= n else text[:n] + "…"
+
+
+def _scalar(value, n):
+    """A JSON scalar for a preview: numbers, bools and None as they are, text clipped, anything else a
+    short repr."""
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, str):
+        return _clip(value, n)
+    try:
+        return _clip(repr(value), n)
+    except BaseException:
+        return "<%s>" % type(value).__name__
+
+
+def preview(value, depth=0):
+    """A bounded, plain-JSON summary of `value`, computed where its type is known."""
+    name = type(value).__name__
+    pd = _module_of(value, "pandas")
+    if pd is not None and isinstance(value, pd.DataFrame):
+        rows, cols = value.shape
+        head = value.iloc[:PREVIEW_ROWS, :PREVIEW_COLUMNS]
+        return {
+            "type": "DataFrame",
+            "shape": [rows, cols],
+            "columns": [{"name": _clip(str(c), 60), "dtype": str(t)} for c, t in head.dtypes.items()],
+            "columns_omitted": max(0, cols - PREVIEW_COLUMNS),
+            "head": [[_scalar(v, 60) for v in row] for row in head.itertuples(index=False, name=None)],
+        }
+    if pd is not None and isinstance(value, pd.Series):
+        return {
+            "type": "Series",
+            "name": _scalar(value.name, 60),
+            "length": len(value),
+            "dtype": str(value.dtype),
+            "head": [_scalar(v, 60) for v in value.iloc[:PREVIEW_ITEMS].tolist()],
+        }
+    np = _module_of(value, "numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        out = {
+            "type": "ndarray",
+            "shape": list(value.shape),
+            "dtype": str(value.dtype),
+            "head": [_scalar(v, 60) for v in value.ravel()[:PREVIEW_ITEMS].tolist()],
+        }
+        if value.size and value.dtype.kind in "biuf":
+            with np.errstate(all="ignore"):
+                out["min"] = _scalar(np.nanmin(value).item(), 60)
+                out["max"] = _scalar(np.nanmax(value).item(), 60)
+        return out
+    pl = _module_of(value, "polars")
+    if pl is not None and isinstance(value, pl.DataFrame):
+        rows, cols = value.shape
+        return {
+            "type": "DataFrame",
+            "library": "polars",
+            "shape": [rows, cols],
+            "columns": [{"name": _clip(c, 60), "dtype": str(t)} for c, t in list(value.schema.items())[:PREVIEW_COLUMNS]],
+            "columns_omitted": max(0, cols - PREVIEW_COLUMNS),
+            "head": [[_scalar(v, 60) for v in row[:PREVIEW_COLUMNS]] for row in value.head(PREVIEW_ROWS).rows()],
+        }
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = []
+        for i, item in enumerate(value):
+            if i == PREVIEW_ITEMS:
+                break
+            items.append(_item(item, depth))
+        return {"type": name, "length": len(value), "items": items}
+    if isinstance(value, dict):
+        items = {}
+        for i, (k, v) in enumerate(value.items()):
+            if i == PREVIEW_ITEMS:
+                break
+            items[_clip(k if isinstance(k, str) else repr(k), 60)] = _item(v, depth)
+        return {"type": name, "size": len(value), "items": items}
+    if isinstance(value, str):
+        return {"type": name, "length": len(value), "head": value[:PREVIEW_CHARS], "tail": value[-PREVIEW_CHARS:]}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value[:32])
+        return {"type": name, "length": len(value), "hex_head": data.hex()}
+    return {"type": name, "repr": _scalar(value, PREVIEW_CHARS)}
+
+
+def _item(value, depth):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return _scalar(value, 100)
+    if depth >= 1:
+        try:
+            size = len(value)
+        except Exception:
+            return {"type": type(value).__name__}
+        return {"type": type(value).__name__, "length": size}
+    return preview(value, depth + 1)
 
 
 def _check_json_keys(value, depth):
@@ -223,12 +368,82 @@ def _too_large(size, limit):
     }
 
 
+def _parse_artifact(data):
+    """Artifact bytes as the code most likely wants them: JSON parsed, CSV as a list of row dicts, other
+    text as str, anything else as bytes."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+    try:
+        return json_loads(text)
+    except ValueError:
+        pass
+    first = text.split("\n", 1)[0]
+    if "\n" in text.strip() and ("," in first or "\t" in first):
+        import csv
+        import io
+
+        return list(csv.DictReader(io.StringIO(text), delimiter="\t" if "\t" in first else ","))
+    return text
+
+
+def _artifact_helpers(namespace):
+    """read_artifact / load_artifact / save_artifact: data by reference through the host's store."""
+    import binascii
+
+    import runpython_tools
+
+    def read_artifact(id, offset=0, length=None):
+        """The bytes of artifact `id` (or `length` bytes from `offset`)."""
+        encoded = runpython_tools.call("runpython_read_artifact", id=id, offset=offset, length=length)
+        return binascii.a2b_base64(encoded)
+
+    def load_artifact(id):
+        """Artifact `id` parsed: JSON as values, CSV as a list of row dicts, text as str, else bytes."""
+        return _parse_artifact(read_artifact(id))
+
+    def save_artifact(name, data):
+        """Keeps `data` (bytes, str, or a JSON value) as an artifact of this run; returns its id."""
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            payload = bytes(data)
+        elif isinstance(data, str):
+            payload = data.encode("utf-8")
+        else:
+            payload = json_dumps(data).encode("utf-8")
+        encoded = binascii.b2a_base64(payload, newline=False).decode("ascii")
+        return runpython_tools.call("runpython_save_artifact", name=name, data_b64=encoded)
+
+    for helper in (read_artifact, load_artifact, save_artifact):
+        namespace[helper.__name__] = helper
+
+
+def _save_open_figures():
+    """Figures the code drew but did not close become PNG files in the run directory (and so artifacts)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    for number in plt.get_fignums():
+        try:
+            plt.figure(number).savefig("figure_%d.png" % number)
+        except Exception:
+            pass  # a figure that cannot be drawn is the code's problem, not the run's
+
+
+def _safe_preview(value):
+    try:
+        return preview(value)
+    except Exception as exc:  # a preview is a courtesy: its failure must not fail the run
+        return {"type": type(value).__name__, "preview_error": "%s: %s" % (type(exc).__name__, _clip(str(exc)))}
+
+
 def main():
     global _code_dir
     posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
     request = _read_request()
     source = request["code"]
     limit = int(request.get("max_return_bytes", 1_000_000))
+    inline_limit = int(request.get("inline_return_bytes", 4096))
     code_dir = request.get("code_dir")
     if code_dir:
         _code_dir = code_dir.rstrip("/") + "/"
@@ -246,10 +461,17 @@ def main():
     sys.modules["__main__"] = main_module
     for name, value in (request.get("inputs") or {}).items():
         namespace[name] = value
+    if request.get("input_artifacts"):
+        import binascii
 
-    status, result = "success", None
+        for name, encoded in request["input_artifacts"].items():
+            namespace[name] = _parse_artifact(binascii.a2b_base64(encoded))
+
+    status, result, summary = "success", None, None
     try:
         bridge = _install_bridge(request["bridge"], namespace) if request.get("bridge") else None
+        if request.get("artifact_helpers") and bridge is not None:
+            _artifact_helpers(namespace)
         if code_dir in sys.path:
             sys.path.remove(code_dir)  # it was only needed to import runpython's own modules
         body_code, last_code = _compile(source, bridge)
@@ -257,28 +479,35 @@ def main():
         if has_value and value is not None:
             encoded = _json_or_repr(value, limit)
             size = len(encoded.encode("utf-8", "surrogatepass"))
+            # Over the inline limit, the envelope carries a preview and the full value is kept aside.
+            summary = _safe_preview(value) if size > inline_limit else None
             if size > limit:
                 status, result = "error", _too_large(size, limit)
             else:
-                result = (type(value).__name__, encoded)
+                result = (type(value).__name__, encoded, summary)
     except SystemExit as exc:
         if exc.code is not None and exc.code != 0:  # sys.exit() and sys.exit(0) are a normal end
             status, result = "error", _format_error(exc, source)
     except BaseException as exc:
         status, result = "error", _format_error(exc, source)
 
+    _save_open_figures()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
         pass  # the code may have closed them; the result still matters
     if status == "success" and result is not None:
-        type_name, encoded = result
-        text = '{"status":"success","return_type":%s,"return_value":%s}' % (json_dumps(type_name), encoded)
+        type_name, encoded, summary = result
+        text = '{"status":"success","return_type":%s,"return_preview":%s,"return_value":%s}' % (
+            json_dumps(type_name),
+            json_dumps(summary),
+            encoded,
+        )
     elif status == "success":
         text = '{"status":"success","return_type":null,"return_value":null}'
     else:
-        text = json_dumps({"status": "error", "error": result})
+        text = json_dumps({"status": "error", "error": result, "return_preview": summary})
     _write_result(RESULT_FD, text)
 
 

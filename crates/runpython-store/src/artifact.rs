@@ -55,7 +55,7 @@ pub struct ListedArtifact {
 }
 
 /// A short text head for text, else `"<n> bytes, <type>"`.
-pub(crate) fn preview(bytes: &[u8]) -> String {
+pub(crate) fn text_preview(bytes: &[u8]) -> String {
     // Text is valid UTF-8 without NULs; a cut inside a multi-byte character is tolerated at the end.
     let head = &bytes[..bytes.len().min(PREVIEW_CHARS * 4)];
     let text = match std::str::from_utf8(head) {
@@ -80,7 +80,7 @@ pub(crate) fn preview(bytes: &[u8]) -> String {
 }
 
 /// A media type from magic bytes, for previews of binary content.
-fn sniff(bytes: &[u8]) -> &'static str {
+pub(crate) fn sniff(bytes: &[u8]) -> &'static str {
     const MAGIC: &[(&[u8], &str)] = &[
         (b"\x89PNG\r\n\x1a\n", "image/png"),
         (b"\xff\xd8\xff", "image/jpeg"),
@@ -155,13 +155,13 @@ mod tests {
 
     #[test]
     fn short_text_previews_are_the_text_itself() {
-        assert_eq!(preview(b"hello\n"), "hello\n");
+        assert_eq!(text_preview(b"hello\n"), "hello\n");
     }
 
     #[test]
     fn long_text_previews_stop_at_200_characters_with_an_ellipsis() {
         let text = "é".repeat(1000);
-        let p = preview(text.as_bytes());
+        let p = text_preview(text.as_bytes());
         assert_eq!(p.chars().count(), PREVIEW_CHARS);
         assert!(p.ends_with('…'));
     }
@@ -169,9 +169,9 @@ mod tests {
     #[test]
     fn binary_previews_give_size_and_type() {
         let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
-        assert_eq!(preview(png), "16 bytes, image/png");
+        assert_eq!(text_preview(png), "16 bytes, image/png");
         assert_eq!(
-            preview(&[0xff, 0x00, 0x80]),
+            text_preview(&[0xff, 0x00, 0x80]),
             "3 bytes, application/octet-stream"
         );
     }

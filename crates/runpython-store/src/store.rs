@@ -10,12 +10,13 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use crate::artifact::{preview, Artifact, ArtifactKind, ListedArtifact};
+use crate::artifact::{Artifact, ArtifactKind, ListedArtifact};
 use crate::backend::{self, StoreOptions};
 use crate::collect::{RunFile, SkippedFile};
 use crate::error::{Error, Result};
 use crate::layout;
 use crate::memo::MemoCache;
+use crate::preview::preview;
 use crate::record::{self, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
 
 /// How long a run is kept.
@@ -391,7 +392,7 @@ impl Store {
         }
         let artifacts: Vec<Artifact> = futures_util::stream::iter(items)
             .map(|(kind, name, bytes)| async move {
-                let preview = preview(&bytes);
+                let preview = preview(&name, &bytes);
                 let len = bytes.len() as u64;
                 let id = self.put_blob(bytes).await?;
                 Ok::<_, Error>(Artifact {

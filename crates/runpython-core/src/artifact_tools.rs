@@ -1,0 +1,126 @@
+//! The host side of `read_artifact`, `load_artifact` and `save_artifact` in the code: hidden tools that
+//! reach the run's store through the bridge, so data moves by reference instead of through the envelope.
+
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError};
+use runpython_store::{RunFile, Store};
+use serde_json::{json, Value};
+
+/// Name of the hidden tool behind `read_artifact(id, offset=0, length=None)`.
+pub(crate) const READ: &str = "runpython_read_artifact";
+/// Name of the hidden tool behind `save_artifact(name, data)`.
+pub(crate) const SAVE: &str = "runpython_save_artifact";
+
+/// Largest slice one `read_artifact` call returns (the bridge frame must hold it as base64).
+const MAX_READ: u64 = 8 << 20;
+
+fn arg<'a>(args: &'a ToolArgs, name: &str) -> Option<&'a Value> {
+    args.get(name).filter(|v| !v.is_null())
+}
+
+#[derive(Debug)]
+pub(crate) struct ReadArtifact {
+    pub store: Store,
+}
+
+impl Tool for ReadArtifact {
+    fn name(&self) -> &str {
+        READ
+    }
+    fn is_hidden(&self) -> bool {
+        true
+    }
+    fn is_pure(&self) -> bool {
+        true // artifacts are content-addressed: an id always names the same bytes
+    }
+    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let id = arg(&args, "id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ToolError::new("TypeError", "read_artifact needs an artifact id (a string)")
+                })?
+                .to_owned();
+            let offset = arg(&args, "offset").and_then(Value::as_u64).unwrap_or(0);
+            let length = arg(&args, "length").and_then(Value::as_u64);
+            let bytes = store.get_run_artifact(&id).await.map_err(|e| match e {
+                runpython_store::Error::NotFound { .. } => {
+                    ToolError::new("KeyError", format!("no artifact {id:?} in the store"))
+                }
+                other => ToolError::new("OSError", other.to_string()),
+            })?;
+            let total = bytes.len() as u64;
+            let start = offset.min(total);
+            let end = length.map_or(total, |n| start.saturating_add(n).min(total));
+            if end - start > MAX_READ {
+                return Err(ToolError::value_error(format!(
+                    "artifact {id} slice is {} bytes, over the {MAX_READ}-byte limit of one read; pass offset and length",
+                    end - start
+                )));
+            }
+            let slice =
+                &bytes[usize::try_from(start).unwrap_or(0)..usize::try_from(end).unwrap_or(0)];
+            Ok(json!(
+                base64::engine::general_purpose::STANDARD.encode(slice)
+            ))
+        })
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct SaveArtifact {
+    pub store: Store,
+    /// What this run saved, to list with its other artifacts.
+    pub saved: Arc<Mutex<Vec<RunFile>>>,
+}
+
+impl Tool for SaveArtifact {
+    fn name(&self) -> &str {
+        SAVE
+    }
+    fn is_hidden(&self) -> bool {
+        true
+    }
+    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+        let store = self.store.clone();
+        let saved = Arc::clone(&self.saved);
+        Box::pin(async move {
+            let name = arg(&args, "name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ToolError::new("TypeError", "save_artifact needs a name (a string)")
+                })?
+                .to_owned();
+            if name.is_empty()
+                || name.len() > 200
+                || name.contains(['/', '\\', '\0'])
+                || name == "."
+                || name == ".."
+            {
+                return Err(ToolError::value_error(format!(
+                    "artifact name {name:?} must be 1-200 characters without slashes"
+                )));
+            }
+            let data = arg(&args, "data_b64")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|e| {
+                    ToolError::value_error(format!("save_artifact data is not base64: {e}"))
+                })?;
+            let id = store
+                .put_blob(bytes.clone())
+                .await
+                .map_err(|e| ToolError::new("OSError", e.to_string()))?;
+            if let Ok(mut saved) = saved.lock() {
+                saved.retain(|f| f.name != name);
+                saved.push(RunFile { name, bytes });
+            }
+            Ok(json!(id))
+        })
+    }
+}
