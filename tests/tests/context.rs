@@ -179,7 +179,7 @@ async fn an_artifact_passes_by_reference_into_a_second_run() {
         second.error
     );
     let missing = python
-        .run(RunRequest::new("1").input_artifact("x", "00"))
+        .run(RunRequest::new("1").input_artifact("x", "ab".repeat(32)))
         .await
         .unwrap_err();
     assert!(missing.to_string().contains("no artifact"), "{missing}");

@@ -168,6 +168,12 @@ def call(tool, /, **kwargs):
     return _bridge.call(tool, (), kwargs)
 
 
+def once(function):
+    """`function()`'s value, journaled: a run resumed after a suspension gets the value recorded the first
+    time instead of a new one (for time, randomness, anything that differs between runs)."""
+    return _bridge.call("runpython_once", (), {"value": function()})
+
+
 def _aio(function):
     """Used by rewritten call sites: the awaitable flavour of a tool, anything else unchanged."""
     return getattr(function, "_runpython_async", function)
@@ -187,6 +193,7 @@ def install(spec, namespace, loads, dumps):
             namespace[tool["name"]] = function
     namespace["tools"] = _Tools(registry)
     namespace[_AIO_NAME] = _aio
+    namespace["once"] = once
 
 
 def _is_keyword(name):

@@ -23,6 +23,7 @@
 //! ```
 
 mod frame;
+mod journal;
 mod server;
 mod stubs;
 mod tool;
@@ -30,9 +31,12 @@ mod tool;
 use std::path::PathBuf;
 
 pub use frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME, HEADER_LEN};
-pub use server::{Bridge, BridgeConfig, BridgeStats};
+pub use journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
+pub use server::{Bridge, BridgeConfig, BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
 pub use stubs::{python_literal, python_stubs, python_type};
-pub use tool::{params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet};
+pub use tool::{
+    params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet, SUSPEND_KIND,
+};
 
 /// Version of the wire protocol, sent in the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -1,8 +1,9 @@
 //! The host side: a listener on a path socket, the handshake, and concurrent dispatch of calls.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -12,9 +13,11 @@ use interprocess::local_socket::{GenericFilePath, ListenerOptions};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
 
 use crate::frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME};
-use crate::tool::{ToolArgs, ToolError, ToolSet};
+use crate::journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
+use crate::tool::{BoxFuture, ToolArgs, ToolError, ToolSet};
 use crate::{Error, PROTOCOL_VERSION};
 
 /// Limits of one run's bridge.
@@ -28,6 +31,8 @@ pub struct BridgeConfig {
     pub max_calls: u32,
     /// How long a new connection has to present the handshake.
     pub handshake_timeout: Duration,
+    /// Suspensions allowed over a run's life (default 10); past it, a suspending tool raises.
+    pub max_suspensions: usize,
 }
 
 impl Default for BridgeConfig {
@@ -37,6 +42,7 @@ impl Default for BridgeConfig {
             call_timeout: Duration::from_secs(60),
             max_calls: 1_000,
             handshake_timeout: Duration::from_secs(10),
+            max_suspensions: 10,
         }
     }
 }
@@ -73,6 +79,72 @@ pub struct Bridge {
     tools: ToolSet,
     config: BridgeConfig,
     stats: Arc<BridgeStats>,
+    journal: Arc<Mutex<Journal>>,
+    replay: Option<Mutex<Replay>>,
+    sink: Option<Arc<dyn JournalSink>>,
+    next_ordinal: AtomicU32,
+    stop: mpsc::Sender<Stop>,
+    stopped: tokio::sync::Mutex<mpsc::Receiver<Stop>>,
+}
+
+/// Persists the journal as calls start and finish (durable runs), so a host that dies mid-run can be
+/// resumed: a call logged `Executing` but never `Applied` is the only one that runs again.
+pub trait JournalSink: Send + Sync + std::fmt::Debug {
+    /// Writes the whole journal; the bridge waits for it before calling the tool.
+    fn persist(&self, journal: Journal) -> BoxFuture<Result<(), String>>;
+}
+
+/// What a resumed run replays: the previous attempt's journal and the decisions for its suspensions.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayPlan {
+    /// The journal of the previous attempt.
+    pub journal: Journal,
+    /// Decisions by suspension id.
+    pub decisions: HashMap<String, Value>,
+}
+
+#[derive(Debug)]
+struct Replay {
+    plan: ReplayPlan,
+    consumed: Vec<bool>,
+}
+
+/// A suspension: the run waits for a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suspension {
+    /// Unique within the run.
+    pub id: String,
+    /// The tool that asked.
+    pub tool: String,
+    /// Its arguments, as JSON.
+    pub args: Value,
+}
+
+/// Why a run's bridge stopped the run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Stop {
+    /// A tool asked for a decision.
+    Suspended(Suspension),
+    /// A resumed run called something other than what the journal recorded at this step.
+    Diverged {
+        /// The step (ordinal).
+        step: u32,
+        /// What the journal has there.
+        recorded: String,
+        /// What the code called.
+        called: String,
+    },
+    /// The protocol was broken.
+    Failed(Error),
+}
+
+enum Replayed {
+    Result(Result<String, ToolError>),
+    Decision(String, String),
+    Suspension(String),
+    Live,
+    Diverged(String),
 }
 
 #[derive(Deserialize)]
@@ -108,6 +180,7 @@ impl Bridge {
                 path: path.to_owned(),
                 source,
             })?;
+        let (stop, stopped) = mpsc::channel(1);
         Ok(Self {
             listener,
             path: path.to_owned(),
@@ -115,7 +188,31 @@ impl Bridge {
             tools,
             config,
             stats: Arc::default(),
+            journal: Arc::default(),
+            replay: None,
+            sink: None,
+            next_ordinal: AtomicU32::new(0),
+            stop,
+            stopped: tokio::sync::Mutex::new(stopped),
         })
+    }
+
+    /// Replays `plan` before calling tools for real (a resumed run).
+    pub fn with_replay(mut self, plan: ReplayPlan) -> Self {
+        let consumed = vec![false; plan.journal.entries.len()];
+        self.replay = Some(Mutex::new(Replay { plan, consumed }));
+        self
+    }
+
+    /// Persists the journal through `sink` around every call (durable runs).
+    pub fn with_sink(mut self, sink: Arc<dyn JournalSink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// This run's journal, readable while and after it serves.
+    pub fn journal(&self) -> Arc<Mutex<Journal>> {
+        Arc::clone(&self.journal)
     }
 
     /// The per-run secret the child must present.
@@ -139,18 +236,25 @@ impl Bridge {
         })
     }
 
-    /// Serves until a connection breaks the protocol (`Err`: the run must end) or the future is dropped
-    /// (the run ended). Connections without the right handshake are dropped and do not end the run.
-    pub async fn serve(self) -> Result<(), Error> {
+    /// Serves until the run must stop: a suspension, a replay divergence, or a broken protocol.
+    /// Connections without the right handshake are dropped and do not stop the run. Dropping the future
+    /// (the run ended) is the normal end.
+    pub async fn serve(self) -> Stop {
         let shared = Arc::new(self);
+        let mut stopped = shared.stopped.lock().await;
         let mut connections = FuturesUnordered::new();
         loop {
             tokio::select! {
-                accepted = shared.listener.accept() => {
-                    let stream = accepted.map_err(Error::Io)?;
-                    connections.push(serve_connection(Arc::clone(&shared), stream));
+                accepted = shared.listener.accept() => match accepted {
+                    Ok(stream) => connections.push(serve_connection(Arc::clone(&shared), stream)),
+                    Err(e) => return Stop::Failed(Error::Io(e)),
+                },
+                Some(done) = connections.next(), if !connections.is_empty() => {
+                    if let Err(e) = done {
+                        return Stop::Failed(e);
+                    }
                 }
-                Some(done) = connections.next(), if !connections.is_empty() => done?,
+                Some(stop) = stopped.recv() => return stop,
             }
         }
     }
@@ -192,10 +296,13 @@ async fn serve_connection(bridge: Arc<Bridge>, stream: Stream) -> Result<(), Err
                 if !ids_in_flight.insert(id) {
                     return Err(Error::Malformed(format!("call id {id} reused while still in flight")));
                 }
-                in_flight.push(dispatch(Arc::clone(&bridge), id, tool, ToolArgs { args, kwargs }));
+                // Ordinals follow arrival order, assigned here rather than when the call is first polled.
+                let ordinal = bridge.next_ordinal.fetch_add(1, Ordering::Relaxed);
+                in_flight.push(dispatch(Arc::clone(&bridge), id, ordinal, tool, ToolArgs { args, kwargs }));
             }
             Some((id, reply)) = in_flight.next(), if !in_flight.is_empty() => {
                 ids_in_flight.remove(&id);
+                let Some(reply) = reply else { continue }; // the run is stopping: no answer
                 let payload = serde_json::to_vec(&reply).map_err(|e| Error::Malformed(e.to_string()))?;
                 let frame = match encode(&payload, bridge.config.max_frame) {
                     Ok(frame) => frame,
@@ -240,7 +347,13 @@ async fn read_frame(
     }
 }
 
-async fn dispatch(bridge: Arc<Bridge>, id: u64, name: String, args: ToolArgs) -> (u64, Value) {
+async fn dispatch(
+    bridge: Arc<Bridge>,
+    id: u64,
+    ordinal: u32,
+    name: String,
+    args: ToolArgs,
+) -> (u64, Option<Value>) {
     let n = bridge.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
     if n > bridge.config.max_calls {
         bridge.stats.limit_exceeded.store(true, Ordering::Relaxed);
@@ -251,16 +364,92 @@ async fn dispatch(bridge: Arc<Bridge>, id: u64, name: String, args: ToolArgs) ->
                 bridge.config.max_calls
             ),
         );
-        return (id, error_reply(id, &error));
+        return (id, Some(error_reply(id, &error)));
     }
+    let (args_text, args_hash) = canonical_args(&args);
+    let entry = |state| JournalEntry {
+        ordinal,
+        tool: name.clone(),
+        args_hash: args_hash.clone(),
+        args: args_text.clone(),
+        state,
+    };
+    match bridge.replayed(ordinal, &name, &args_hash) {
+        Replayed::Result(result) => {
+            // Already applied in an earlier attempt: re-recording it cannot lose anything.
+            let _ = bridge
+                .record(entry(CallState::Applied(result.clone())))
+                .await;
+            return (id, Some(reply_of(id, result)));
+        }
+        Replayed::Decision(suspension_id, decision) => {
+            let _ = bridge
+                .record(entry(CallState::Decided {
+                    id: suspension_id,
+                    decision: decision.clone(),
+                }))
+                .await;
+            return (id, Some(reply_of(id, Ok(decision))));
+        }
+        Replayed::Suspension(suspension_id) => {
+            let _ = bridge
+                .record(entry(CallState::Suspended {
+                    id: suspension_id.clone(),
+                    request: args_text.clone(),
+                }))
+                .await;
+            let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
+                id: suspension_id,
+                tool: name.clone(),
+                args: serde_json::from_str(&args_text).unwrap_or(Value::Null),
+            }));
+            return (id, None);
+        }
+        Replayed::Diverged(recorded) => {
+            let _ = bridge.stop.try_send(Stop::Diverged {
+                step: ordinal,
+                recorded,
+                called: format!("{name}({args_text})"),
+            });
+            return (id, None);
+        }
+        Replayed::Live => {}
+    }
+
     let tool = bridge.tools.get(&name).cloned();
-    if !tool.as_ref().is_some_and(|t| t.is_pure()) {
+    if !tool.as_ref().is_some_and(|t| t.is_pure()) && name != ONCE_TOOL {
         bridge.stats.impure_calls.fetch_add(1, Ordering::Relaxed);
+    }
+    if name == ONCE_TOOL {
+        // The value the code computed, journaled: a resumed run gets this one back.
+        let value = args
+            .get("value")
+            .cloned()
+            .unwrap_or(Value::Null)
+            .to_string();
+        if let Err(e) = bridge
+            .record(entry(CallState::Applied(Ok(value.clone()))))
+            .await
+        {
+            let error = ToolError::new(
+                "OSError",
+                format!("once(): the value could not be journaled: {e}"),
+            );
+            return (id, Some(error_reply(id, &error)));
+        }
+        return (id, Some(reply_of(id, Ok(value))));
     }
     let Some(tool) = tool else {
         let error = ToolError::new("NameError", format!("no tool named {name:?} on the host"));
-        return (id, error_reply(id, &error));
+        return (id, Some(error_reply(id, &error)));
     };
+    if let Err(e) = bridge.record(entry(CallState::Executing)).await {
+        let error = ToolError::new(
+            "OSError",
+            format!("the call was not made: its journal entry could not be kept: {e}"),
+        );
+        return (id, Some(error_reply(id, &error)));
+    }
     let timeout = bridge.config.call_timeout;
     let call = std::panic::AssertUnwindSafe(tool.call(args)).catch_unwind();
     let outcome = match tokio::time::timeout(timeout, call).await {
@@ -275,11 +464,135 @@ async fn dispatch(bridge: Arc<Bridge>, id: u64, name: String, args: ToolArgs) ->
             format!("tool {name:?} did not answer within {timeout:?}"),
         )),
     };
-    let reply = match outcome {
-        Ok(value) => json!({"type": "result", "id": id, "result": value}),
+    match outcome {
+        Err(error) if error.is_suspension() => {
+            let previous = bridge.journal.lock().map_or(0, |j| j.suspension_count());
+            if previous + 1 > bridge.config.max_suspensions {
+                let error = ToolError::new(
+                    "RuntimeError",
+                    format!(
+                        "the run reached its limit of {} suspensions; ask for fewer decisions",
+                        bridge.config.max_suspensions
+                    ),
+                );
+                let _ = bridge
+                    .record(entry(CallState::Applied(Err(error.clone()))))
+                    .await;
+                return (id, Some(error_reply(id, &error)));
+            }
+            let suspension_id = format!("s{ordinal}");
+            let _ = bridge
+                .record(entry(CallState::Suspended {
+                    id: suspension_id.clone(),
+                    request: args_text.clone(),
+                }))
+                .await;
+            let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
+                id: suspension_id,
+                tool: name.clone(),
+                args: serde_json::from_str(&args_text).unwrap_or(Value::Null),
+            }));
+            (id, None)
+        }
+        outcome => {
+            let result = outcome.map(|v| v.to_string());
+            let _ = bridge
+                .record(entry(CallState::Applied(result.clone())))
+                .await;
+            (id, Some(reply_of(id, result)))
+        }
+    }
+}
+
+impl Bridge {
+    /// What the previous attempt's journal says about this call, if this is a resumed run.
+    fn replayed(&self, ordinal: u32, tool: &str, hash: &str) -> Replayed {
+        let Some(replay) = &self.replay else {
+            return Replayed::Live;
+        };
+        let Ok(mut replay) = replay.lock() else {
+            return Replayed::Live;
+        };
+        let Replay { plan, consumed } = &mut *replay;
+        let matches =
+            |e: &JournalEntry| e.tool == tool && (tool == ONCE_TOOL || e.args_hash == hash);
+        // The entry at this step; else, for calls made concurrently (gather) whose arrival order changed,
+        // an unconsumed identical call elsewhere in the journal.
+        let at_step = match plan.journal.entries.get(ordinal as usize) {
+            Some(e) if e.ordinal == ordinal => Some(ordinal as usize),
+            _ => plan
+                .journal
+                .entries
+                .iter()
+                .position(|e| e.ordinal == ordinal),
+        };
+        let index = match at_step {
+            Some(i) if !consumed[i] && matches(&plan.journal.entries[i]) => Some(i),
+            _ => plan
+                .journal
+                .entries
+                .iter()
+                .enumerate()
+                .position(|(i, e)| !consumed[i] && matches(e)),
+        };
+        let Some(index) = index else {
+            return match at_step {
+                Some(i) if !consumed[i] => {
+                    let e = &plan.journal.entries[i];
+                    Replayed::Diverged(format!("{}({})", e.tool, e.args))
+                }
+                _ => Replayed::Live,
+            };
+        };
+        consumed[index] = true;
+        match &plan.journal.entries[index].state {
+            CallState::Applied(result) => Replayed::Result(result.clone()),
+            CallState::Decided { id, decision } => Replayed::Decision(id.clone(), decision.clone()),
+            CallState::Suspended { id, .. } => match plan.decisions.get(id) {
+                Some(decision) => Replayed::Decision(id.clone(), decision.to_string()),
+                None => Replayed::Suspension(id.clone()),
+            },
+            // Started but never finished: the host died during it. It is the one call made again.
+            CallState::Executing => Replayed::Live,
+        }
+    }
+
+    /// Adds or updates this call's entry and, for durable runs, persists the journal. Ordinals are
+    /// dense from 0, so an entry lives at its ordinal's index: O(1) per call.
+    async fn record(&self, entry: JournalEntry) -> Result<(), String> {
+        let snapshot = {
+            let Ok(mut journal) = self.journal.lock() else {
+                return Err("the journal lock is poisoned".into());
+            };
+            let index = entry.ordinal as usize;
+            let entries = &mut journal.entries;
+            if entries.len() <= index {
+                // Concurrent calls may finish out of order: placeholders keep indexes equal to ordinals.
+                entries.resize_with(index + 1, || JournalEntry {
+                    ordinal: u32::MAX,
+                    tool: String::new(),
+                    args_hash: String::new(),
+                    args: String::new(),
+                    state: CallState::Executing,
+                });
+            }
+            entries[index] = entry;
+            self.sink.as_ref().map(|_| journal.clone())
+        };
+        match (&self.sink, snapshot) {
+            (Some(sink), Some(journal)) => sink.persist(journal).await,
+            _ => Ok(()),
+        }
+    }
+}
+
+fn reply_of(id: u64, result: Result<String, ToolError>) -> Value {
+    match result {
+        Ok(text) => {
+            json!({"type": "result", "id": id, "result": serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)})
+        }
         Err(error) => error_reply(id, &error),
-    };
-    (id, reply)
+    }
 }
 
 fn error_reply(id: u64, error: &ToolError) -> Value {

@@ -39,6 +39,9 @@ impl ToolArgs {
     }
 }
 
+/// The `kind` of [`ToolError::suspend`].
+pub const SUSPEND_KIND: &str = "runpython.Suspend";
+
 /// A tool's failure, raised in the code as an exception. `kind` names the exception class: a Python
 /// built-in (`ValueError`, `KeyError`, `TimeoutError`) keeps its type; anything else becomes a
 /// `ToolError` subclass of that name whose message carries the kind and the message.
@@ -59,6 +62,17 @@ impl ToolError {
             kind: kind.into(),
             message: message.into(),
         }
+    }
+
+    /// Not a failure: the tool asks for a human decision about `request`. The run stops (the child is
+    /// killed, the journal kept) and is resumed later with the decision as this call's result.
+    pub fn suspend(request: Value) -> Self {
+        Self::new(SUSPEND_KIND, request.to_string())
+    }
+
+    /// True for [`ToolError::suspend`].
+    pub fn is_suspension(&self) -> bool {
+        self.kind == SUSPEND_KIND
     }
 
     /// A `ValueError`: the arguments were wrong.

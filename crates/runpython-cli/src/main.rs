@@ -28,6 +28,8 @@ struct Cli {
 enum Command {
     /// Run Python code from a file, from -c, or from stdin (`-`).
     Run(RunArgs),
+    /// Continue a suspended run with a decision.
+    Resume(ResumeArgs),
     /// List or fetch what kept runs produced.
     Artifacts {
         #[command(subcommand)]
@@ -89,6 +91,24 @@ struct RunArgs {
     /// Print the JSON envelope instead of the code's output.
     #[arg(long)]
     json: bool,
+    /// A global visible to the code, as NAME=JSON, or NAME=@ARTIFACT_ID to pass a stored artifact by
+    /// reference (parsed as JSON or CSV where it can be) (repeatable).
+    #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
+    inputs: Vec<(String, Input)>,
+    /// A dependency to install before the run, as a requirement spec (`six==1.15.0`, `pkg[extra]>=2`,
+    /// `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
+    #[arg(long = "dep", value_name = "SPEC")]
+    deps: Vec<String>,
+    /// Neither serve this run from the memo nor record it there.
+    #[arg(long)]
+    no_cache: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// How runs are made: limits, tools, store. Shared by `run` and `resume`.
+#[derive(Debug, Args)]
+struct EngineArgs {
     /// Wall-clock limit in seconds.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
     timeout: Option<Duration>,
@@ -98,18 +118,14 @@ struct RunArgs {
     /// Let this environment variable through to the code (repeatable).
     #[arg(long = "env-passthrough", value_name = "NAME")]
     env_passthrough: Vec<String>,
-    /// A global visible to the code, as NAME=JSON, or NAME=@ARTIFACT_ID to pass a stored artifact by
-    /// reference (parsed as JSON or CSV where it can be) (repeatable).
-    #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
-    inputs: Vec<(String, Input)>,
     /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
     /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
     #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
     tools: Vec<(String, String)>,
-    /// A dependency to install before the run, as a requirement spec (`six==1.15.0`, `pkg[extra]>=2`,
-    /// `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
-    #[arg(long = "dep", value_name = "SPEC")]
-    deps: Vec<String>,
+    /// A human-approval tool under NAME (e.g. request_approval): calling it suspends the run until
+    /// `runpython resume RUN_ID --decision JSON` (repeatable).
+    #[arg(long = "approval", value_name = "NAME")]
+    approvals: Vec<String>,
     /// Do not install what the code imports; only --dep specs and a PEP 723 `# /// script` block count.
     #[arg(long)]
     no_auto_deps: bool,
@@ -119,7 +135,7 @@ struct RunArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
-    #[arg(long, conflicts_with_all = ["store", "persistent", "memo"])]
+    #[arg(long, conflicts_with_all = ["store", "persistent", "memo", "approvals"])]
     no_store: bool,
     /// Keep the run until deleted instead of for 24 hours.
     #[arg(long)]
@@ -131,9 +147,21 @@ struct RunArgs {
     /// How long a memoized envelope stays valid.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "86400", requires = "memo")]
     memo_ttl: Duration,
-    /// Neither serve this run from the memo nor record it there.
+}
+
+#[derive(Debug, Args)]
+struct ResumeArgs {
+    /// The suspended run (the envelope's `run_id`).
+    run_id: String,
+    /// The decision, as JSON, for the suspension the run waits on; or ID=JSON for a given suspension
+    /// (repeatable).
+    #[arg(long = "decision", value_name = "JSON")]
+    decisions: Vec<String>,
+    /// Print the JSON envelope.
     #[arg(long)]
-    no_cache: bool,
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -210,6 +238,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
+            Command::Resume(args) => resume(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
         }
@@ -237,42 +266,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot read {}", path.display()))?,
         (None, None) => bail!("no code given: pass a FILE, -c CODE, or - to read stdin"),
     };
-    let mut builder = RunPython::builder();
-    if let Some(timeout) = args.timeout {
-        builder = builder.timeout(timeout);
-    }
-    if let Some(n) = args.max_output_chars {
-        builder = builder.max_output_chars(usize::try_from(n).unwrap_or(usize::MAX));
-    }
-    for name in &args.env_passthrough {
-        builder = builder.env_passthrough(name);
-    }
-    if let Some(python) = &args.python {
-        builder = builder.python(python);
-    }
-    if args.no_auto_deps {
-        builder = builder.auto_deps(false);
-    }
-    for (name, command) in &args.tools {
-        builder = builder.tool(CommandTool::new(name, command));
-    }
-    if !args.no_store {
-        match args.store.open() {
-            Ok(store) => {
-                builder = builder.store(store);
-                if args.persistent {
-                    builder = builder.tier(Tier::Persistent);
-                }
-            }
-            // An explicit store must work; the default one is a convenience and may be unavailable.
-            Err(e) if args.store.store.is_some() => return Err(e),
-            Err(e) => eprintln!("runpython: not keeping this run: {e:#}"),
-        }
-    }
-    if args.memo {
-        builder = builder.memoize(args.memo_ttl);
-    }
-    let python = builder.build()?;
+    let python = args.engine.build()?;
     let mut request = RunRequest::new(code);
     if args.no_cache {
         request = request.no_memo();
@@ -287,7 +281,8 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         };
     }
 
-    let envelope = if args.json {
+    let json = args.json;
+    let envelope = if json {
         python.run(request).await?
     } else {
         let mut handle = python.start(request);
@@ -311,16 +306,101 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         handle.wait().await?
     };
-    if args.json {
-        println!("{}", serde_json::to_string(&envelope)?);
+    finish(&envelope, args.json)
+}
+
+fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string(envelope)?);
     } else {
-        print_human(&envelope);
+        print_human(envelope);
     }
     Ok(if envelope.status == Status::Success {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+impl EngineArgs {
+    fn build(&self) -> anyhow::Result<RunPython> {
+        let mut builder = RunPython::builder();
+        if let Some(timeout) = self.timeout {
+            builder = builder.timeout(timeout);
+        }
+        if let Some(n) = self.max_output_chars {
+            builder = builder.max_output_chars(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        for name in &self.env_passthrough {
+            builder = builder.env_passthrough(name);
+        }
+        if let Some(python) = &self.python {
+            builder = builder.python(python);
+        }
+        if self.no_auto_deps {
+            builder = builder.auto_deps(false);
+        }
+        for (name, command) in &self.tools {
+            builder = builder.tool(CommandTool::new(name, command));
+        }
+        if !self.no_store {
+            match self.store.open() {
+                Ok(store) => {
+                    builder = builder.store(store);
+                    if self.persistent {
+                        builder = builder.tier(Tier::Persistent);
+                    }
+                }
+                // An explicit store must work; the default one is a convenience and may be unavailable,
+                // unless an approval tool needs it.
+                Err(e) if self.store.store.is_some() || !self.approvals.is_empty() => {
+                    return Err(e)
+                }
+                Err(e) => eprintln!("runpython: not keeping this run: {e:#}"),
+            }
+        }
+        for name in &self.approvals {
+            builder = builder.approval(name);
+        }
+        if self.memo {
+            builder = builder.memoize(self.memo_ttl);
+        }
+        Ok(builder.build()?)
+    }
+}
+
+async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let python = args.engine.build()?;
+    let pending = python.pending_suspensions(&args.run_id).await?;
+    let mut decisions = std::collections::HashMap::new();
+    for text in &args.decisions {
+        // ID=JSON names the suspension; a bare JSON value answers the one the run waits on.
+        let (id, json) = match text.split_once('=') {
+            Some((id, json))
+                if id.starts_with('s') && id[1..].chars().all(|c| c.is_ascii_digit()) =>
+            {
+                (id.to_owned(), json)
+            }
+            _ => match pending.as_slice() {
+                [only] => (only.clone(), text.as_str()),
+                [] => bail!(
+                    "run {} waits on no suspension; pass no --decision, or check the run id",
+                    args.run_id
+                ),
+                many => bail!(
+                    "run {} waits on several suspensions ({}); pass --decision ID=JSON",
+                    args.run_id,
+                    many.join(", ")
+                ),
+            },
+        };
+        let value: Value = serde_json::from_str(json).with_context(|| {
+            format!("the decision {json:?} is not JSON; quote strings, e.g. '\"yes\"'")
+        })?;
+        decisions.insert(id, value);
+    }
+    let envelope = python.resume(&args.run_id, decisions).await?;
+    finish(&envelope, args.json)
 }
 
 async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {

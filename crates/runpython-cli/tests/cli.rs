@@ -230,3 +230,119 @@ fn store_errors_exit_2_with_the_url() {
     let out = runpython(&["gc", "--store", &store]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+#[test]
+fn run_then_resume_in_fresh_processes_calls_the_side_effect_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let log = dir.path().join("pay.log");
+    let tool = format!("pay=cat >> {}; echo '\"paid\"'", log.display());
+    let code = "r = pay(10)\nok = request_approval('more?')\n[r, ok, pay(20) if ok else None]";
+    let engine = [
+        "--store",
+        &store,
+        "--tool",
+        &tool,
+        "--approval",
+        "request_approval",
+    ];
+    let mut args = vec!["run", "--json", "-c", code];
+    args.extend(engine);
+    let out = runpython(&args);
+    assert_eq!(out.status.code(), Some(1), "suspended is not success");
+    let e = envelope(&out);
+    assert_eq!(e["status"], "suspended");
+    let run_id = e["run_id"].as_str().unwrap().to_owned();
+    let mut args = vec!["resume", &run_id, "--decision", "true", "--json"];
+    args.extend(engine);
+    let out = runpython(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        envelope(&out)["return_value"],
+        serde_json::json!(["paid", true, "paid"])
+    );
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.matches("\"args\"").count(),
+        2,
+        "each payment exactly once: {calls}"
+    );
+    let out = runpython(&args);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("already finished"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_host_killed_mid_call_is_resumed_and_only_that_call_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let log = dir.path().join("calls.log");
+    let step = format!("step=echo step >> {}; echo 1", log.display());
+    let slow = format!(
+        "slow=echo slow-start >> {0}; sleep 2; echo slow-end >> {0}; echo 2",
+        log.display()
+    );
+    let code = "a = step()\nb = slow()\nok = request_approval('done?')\n[a, b, ok]";
+    let engine = [
+        "--store",
+        &store,
+        "--tool",
+        &step,
+        "--tool",
+        &slow,
+        "--approval",
+        "request_approval",
+    ];
+    let mut args = vec!["run", "--json", "-c", code];
+    args.extend(engine);
+    let mut host = Command::new(env!("CARGO_BIN_EXE_runpython"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("slow-start")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow tool never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    host.kill().unwrap(); // SIGKILL: the host dies between `executing` and `applied`
+    host.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500)); // the orphaned tool finishes
+                                                                // The run id is in the store's checkpoints: the one run there.
+    let checkpoints = dir.path().join("v1/checkpoints");
+    let run_id = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find(|n| !n.contains('#'))
+        .unwrap();
+    let mut resume = vec!["resume", &run_id, "--json"];
+    resume.extend(engine);
+    let e = envelope(&runpython(&resume));
+    assert_eq!(e["status"], "suspended", "{e}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls.matches("step").count(),
+        1,
+        "the applied call was replayed: {calls}"
+    );
+    assert_eq!(
+        calls.matches("slow-start").count(),
+        2,
+        "the unfinished call ran again: {calls}"
+    );
+    let mut finish = vec!["resume", &run_id, "--decision", "\"ok\"", "--json"];
+    finish.extend(engine);
+    let e = envelope(&runpython(&finish));
+    assert_eq!(e["return_value"], serde_json::json!([1, 2, "ok"]), "{e}");
+}

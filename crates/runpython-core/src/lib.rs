@@ -27,6 +27,7 @@ mod budget;
 mod command_tool;
 mod deps;
 mod envelope;
+mod hitl;
 mod keep;
 mod output;
 mod process;

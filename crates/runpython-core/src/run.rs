@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use runpython_bridge::{Bridge, BridgeConfig, Tool, ToolSet};
+use runpython_bridge::{Bridge, BridgeConfig, ReplayPlan, Stop, Tool, ToolSet};
 use runpython_deps::Interpreter;
 use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -150,6 +150,7 @@ pub struct RunPythonBuilder {
     keep: Option<Keeping>,
     memo_ttl: Option<Duration>,
     deps: DepsConfig,
+    durable: bool,
     errors: Vec<String>,
 }
 
@@ -219,6 +220,27 @@ impl RunPythonBuilder {
     /// How long one tool call may take (default 60 s).
     pub fn tool_call_timeout(mut self, timeout: Duration) -> Self {
         self.bridge.call_timeout = timeout;
+        self
+    }
+    /// Exposes a human-approval tool under `name` (e.g. `request_approval`): calling it suspends the run
+    /// until [`RunPython::resume`] supplies the decision, which the call then returns. Needs a store.
+    pub fn approval(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.durable = true;
+        if let Err(e) = self.tools.insert(crate::hitl::ApprovalTool::new(name)) {
+            self.errors.push(e.to_string());
+        }
+        self
+    }
+    /// Suspensions allowed over a run's life (default 10).
+    pub fn max_suspensions(mut self, n: usize) -> Self {
+        self.bridge.max_suspensions = n;
+        self
+    }
+    /// Journals every tool call in the store before and after it runs, so a run whose host died can
+    /// be resumed without repeating finished calls (on by default with an approval tool). Needs a store.
+    pub fn durable(mut self, on: bool) -> Self {
+        self.durable = on;
         self
     }
     /// Largest bridge frame either side may send (default 16 MiB).
@@ -310,6 +332,12 @@ impl RunPythonBuilder {
                 keep.memo_ttl = Some(ttl);
             }
         }
+        if self.durable && keep.is_none() {
+            errors.push(
+                "approval tools and durable runs need a store to keep their journal: call store() first"
+                    .into(),
+            );
+        }
         if !errors.is_empty() {
             return Err(Error::Config(errors.join("; ")));
         }
@@ -322,6 +350,7 @@ impl RunPythonBuilder {
                 bridge: self.bridge,
                 keep,
                 deps: self.deps.build()?,
+                durable: self.durable,
                 interpreter: tokio::sync::OnceCell::new(),
             }),
         })
@@ -345,6 +374,7 @@ struct Inner {
     bridge: BridgeConfig,
     keep: Option<Keeping>,
     deps: Deps,
+    durable: bool,
     interpreter: tokio::sync::OnceCell<Interpreter>,
 }
 
@@ -397,7 +427,7 @@ enum Ending {
     Exited(std::process::ExitStatus),
     TimedOut,
     Cancelled,
-    Bridge(runpython_bridge::Error),
+    Bridge(Stop),
 }
 
 impl RunPython {
@@ -427,6 +457,14 @@ impl RunPython {
 
     pub(crate) fn deps(&self) -> &Deps {
         &self.inner.deps
+    }
+
+    pub(crate) fn is_durable(&self) -> bool {
+        self.inner.durable
+    }
+
+    pub(crate) fn keeping(&self) -> Option<&Keeping> {
+        self.inner.keep.as_ref()
     }
 
     /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
@@ -519,7 +557,24 @@ impl RunPython {
         cancel: Option<oneshot::Receiver<()>>,
         started: Instant,
     ) -> Result<(Envelope, bool), Error> {
-        let run_id = new_run_id();
+        self.execute_attempt(request, events, cancel, started, None)
+            .await
+    }
+
+    /// One attempt at a run: a fresh one, or a resumed one replaying its journal under its old id.
+    pub(crate) async fn execute_attempt(
+        &self,
+        request: &RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        started: Instant,
+        resume: Option<(String, ReplayPlan)>,
+    ) -> Result<(Envelope, bool), Error> {
+        let resumed = resume.is_some();
+        let (run_id, replay) = match resume {
+            Some((run_id, plan)) => (run_id, Some(plan)),
+            None => (new_run_id(), None),
+        };
         let limits = &self.inner.limits;
         let interpreter = self.interpreter().await?.clone();
         let prepared = match self
@@ -571,16 +626,29 @@ impl RunPython {
             })?;
         }
         let input_artifacts = self.fetch_input_artifacts(request).await?;
-        let (bridge_spec, bridge_future, bridge_stats) = if tools.is_empty() {
-            (Value::Null, None, None)
+        let durable = self.durable_sink(&run_id, request, &replay).await?;
+        let (bridge_spec, bridge_future, bridge_stats, journal) = if tools.is_empty() {
+            (Value::Null, None, None, None)
         } else {
-            let bridge = Bridge::bind(
+            let mut bridge = Bridge::bind(
                 &run_dir.path().join("bridge.sock"),
                 tools,
                 self.inner.bridge.clone(),
             )?;
+            if let Some(plan) = replay {
+                bridge = bridge.with_replay(plan);
+            }
+            if let Some(sink) = durable {
+                bridge = bridge.with_sink(sink);
+            }
             let stats = bridge.stats();
-            (bridge.client_spec(), Some(bridge.serve()), Some(stats))
+            let journal = bridge.journal();
+            (
+                bridge.client_spec(),
+                Some(bridge.serve()),
+                Some(stats),
+                Some(journal),
+            )
         };
 
         let code_dir = code_dir()?;
@@ -654,10 +722,7 @@ impl RunPython {
         };
         let bridge_failed = async {
             match bridge_future {
-                Some(serve) => match serve.await {
-                    Err(e) => e,
-                    Ok(()) => std::future::pending().await,
-                },
+                Some(serve) => serve.await,
                 None => std::future::pending().await,
             }
         };
@@ -739,12 +804,40 @@ impl RunPython {
                     ),
                 ));
             }
-            Ending::Bridge(e) => {
+            Ending::Bridge(Stop::Suspended(suspension)) => {
+                envelope.status = Status::Suspended;
+                envelope.suspension = Some(serde_json::json!({
+                    "id": suspension.id,
+                    "tool": suspension.tool,
+                    "args": suspension.args,
+                    "run_id": envelope.run_id,
+                }));
+            }
+            Ending::Bridge(Stop::Diverged {
+                step,
+                recorded,
+                called,
+            }) => {
+                envelope.status = Status::Error;
+                envelope.error = Some(ErrorInfo::new(
+                    "ReplayDiverged",
+                    format!(
+                        "at step {step} the resumed code called {called}, but the journal recorded \
+                         {recorded}; a resumed script must make the same tool calls in the same order up \
+                         to its suspension (wrap values that change between runs in once(...))"
+                    ),
+                ));
+            }
+            Ending::Bridge(stop) => {
+                let why = match stop {
+                    Stop::Failed(e) => e.to_string(),
+                    other => format!("{other:?}"),
+                };
                 envelope.status = Status::Error;
                 envelope.error = Some(ErrorInfo::new(
                     "SandboxError",
                     format!(
-                        "the code broke the tool bridge's protocol and the run was stopped: {e}"
+                        "the code broke the tool bridge's protocol and the run was stopped: {why}"
                     ),
                 ));
             }
@@ -770,7 +863,17 @@ impl RunPython {
         }
         envelope.duration_ms = elapsed_ms(started);
         let memoizable = envelope.status == Status::Success
+            && !resumed
             && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);
+        let journal = journal.and_then(|j| j.lock().ok().map(|j| j.clone()));
+        self.checkpoint(
+            &envelope.run_id.clone(),
+            request,
+            &envelope,
+            journal,
+            resumed,
+        )
+        .await?;
         if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
             self.keep_run(
                 keep,

@@ -11,6 +11,8 @@ pub const LAYOUT_VERSION: &str = "v1";
 pub(crate) const BLOBS: &str = "v1/blobs";
 pub(crate) const RUNS: &str = "v1/runs";
 pub(crate) const MEMO: &str = "v1/memo";
+/// Checkpoints of resumable runs (request, journal, state), opaque to the store.
+pub(crate) const CHECKPOINTS: &str = "v1/checkpoints";
 /// Streamed uploads land here before their hash is known; gc removes leftovers past the grace period.
 pub(crate) const STAGING: &str = "v1/staging";
 
@@ -22,6 +24,11 @@ pub(crate) fn blob(hash: &str) -> Result<Path> {
 pub(crate) fn run(run_id: &str) -> Result<Path> {
     check_run_id(run_id)?;
     Ok(Path::from(format!("{RUNS}/{run_id}")))
+}
+
+pub(crate) fn checkpoint(run_id: &str) -> Result<Path> {
+    check_run_id(run_id)?;
+    Ok(Path::from(format!("{CHECKPOINTS}/{run_id}")))
 }
 
 pub(crate) fn memo(key: &str) -> Result<Path> {

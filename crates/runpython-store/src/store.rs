@@ -361,6 +361,21 @@ impl Store {
             .boxed())
     }
 
+    // ---- checkpoints ----
+
+    /// Keeps the checkpoint of a resumable run (the caller's own versioned record), replacing any
+    /// earlier one atomically.
+    pub async fn put_checkpoint(&self, run_id: &str, bytes: impl Into<Bytes>) -> Result<()> {
+        let key = layout::checkpoint(run_id)?;
+        self.write(&key, bytes.into()).await
+    }
+
+    /// The checkpoint of `run_id`, or `None` when the run has none.
+    pub async fn get_checkpoint(&self, run_id: &str) -> Result<Option<Bytes>> {
+        let key = layout::checkpoint(run_id)?;
+        self.read(&key).await
+    }
+
     // ---- runs ----
 
     /// Keeps a run: every item becomes a blob, then the manifest is written (in that order, so a

@@ -255,6 +255,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         json!(round3(bridge_rate / ceiling)),
     );
 
+    // Human in the loop: a resumed run replaying 100 journaled calls vs. the original run making them.
+    let hitl_dir = tempfile::tempdir()?;
+    let hitl = RunPython::builder()
+        .store(Store::open(&format!(
+            "file://{}",
+            hitl_dir.path().display()
+        ))?)
+        .approval("request_approval")
+        .tool(tool_fn("inc", "x + 1", None, |a| async move {
+            Ok(json!(
+                a.arg(0, "x").and_then(Value::as_i64).unwrap_or(0) + 1
+            ))
+        }))
+        .build()?;
+    let code = "s = sum(inc(i) for i in range(100))\nok = request_approval(s)\n[s, ok]";
+    let (mut original, mut resumed) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        let t = Instant::now();
+        let e = hitl.run(code).await?;
+        original.push(t.elapsed().as_secs_f64() * 1e3);
+        let id = e
+            .suspension
+            .as_ref()
+            .and_then(|s| s["id"].as_str())
+            .ok_or("no suspension")?
+            .to_owned();
+        let t = Instant::now();
+        let done = hitl.resume(&e.run_id, [(id, json!(true))].into()).await?;
+        resumed.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(done.return_value, json!([5050, true]));
+    }
+    let (original, resumed) = (p50(original), p50(resumed));
+    m.insert("hitl_original_run_ms".into(), json!(round3(original)));
+    m.insert("hitl_resumed_run_ms".into(), json!(round3(resumed)));
+    m.insert(
+        "replay_overhead_ratio".into(),
+        json!(round3(resumed / original)),
+    );
+
     println!("{}", serde_json::to_string(&Value::Object(m))?);
     Ok(())
 }
