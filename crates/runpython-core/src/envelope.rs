@@ -44,6 +44,9 @@ pub struct Envelope {
     pub duration_ms: u64,
     /// `null`, or what a suspended run waits for.
     pub suspension: Option<Value>,
+    /// Which isolation layers were in force; `null` when no process was started.
+    #[serde(default)]
+    pub isolation: Option<crate::sandbox::Isolation>,
 }
 
 /// Per-stream truncation counts.
@@ -115,6 +118,7 @@ impl Envelope {
             cached: false,
             duration_ms: 0,
             suspension: None,
+            isolation: None,
         }
     }
 
@@ -145,6 +149,7 @@ mod tests {
                 "cached",
                 "duration_ms",
                 "error",
+                "isolation",
                 "return_type",
                 "return_value",
                 "run_id",

@@ -27,6 +27,7 @@ mod envelope;
 mod output;
 mod process;
 mod run;
+mod sandbox;
 
 pub use command_tool::CommandTool;
 pub use envelope::{Envelope, ErrorInfo, Status, StreamTruncation, Truncated};
@@ -34,6 +35,7 @@ pub use output::HeadTail;
 pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
 pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};
+pub use sandbox::{Isolation, RlimitReport, Sandbox};
 
 /// runpython's own failures. What the user's code does is never an `Error`.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +72,9 @@ pub enum Error {
     /// The run was cancelled through its handle.
     #[error("the run was cancelled")]
     Cancelled,
+    /// The sandbox requires an isolation layer this machine does not provide.
+    #[error("isolation required but unavailable: {0}; run where the kernel allows it, or stop requiring it")]
+    IsolationUnavailable(String),
     /// A bug in runpython.
     #[error("internal error: {0}")]
     Internal(String),

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::output::HeadTail;
 use crate::process::{child_env, code_dir, spawn_runner};
+use crate::sandbox::{Isolation, Sandbox};
 use crate::Error;
 
 /// The runner that executes the code in the child (`runner.py`).
@@ -104,6 +105,7 @@ pub struct RunPythonBuilder {
     python: Option<PathBuf>,
     tools: ToolSet,
     bridge: BridgeConfig,
+    sandbox: Sandbox,
     errors: Vec<String>,
 }
 
@@ -171,6 +173,17 @@ impl RunPythonBuilder {
         self
     }
 
+    /// The sandbox's layers and limits (default: every layer the kernel allows, network off).
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+    /// Shares the host's network with the code (default: an empty network namespace).
+    pub fn allow_network(mut self, allow: bool) -> Self {
+        self.sandbox.allow_network = allow;
+        self
+    }
+
     /// Checks the configuration.
     pub fn build(self) -> Result<RunPython, Error> {
         let mut errors = self.errors;
@@ -190,6 +203,7 @@ impl RunPythonBuilder {
                 python: self.python,
                 tools: self.tools,
                 bridge: self.bridge,
+                sandbox: self.sandbox,
                 interpreter: tokio::sync::OnceCell::new(),
             }),
         })
@@ -211,6 +225,7 @@ struct Inner {
     python: Option<PathBuf>,
     tools: ToolSet,
     bridge: BridgeConfig,
+    sandbox: Sandbox,
     interpreter: tokio::sync::OnceCell<Interpreter>,
 }
 
@@ -275,6 +290,17 @@ impl RunPython {
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// The sandbox configuration.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
+    /// Which isolation layers runs get on this machine (probed once per process), without running
+    /// anything. `Err` when the sandbox requires a layer that is missing.
+    pub fn isolation_report(&self) -> Result<Isolation, Error> {
+        crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout)
     }
 
     /// The tools exposed to the code.
@@ -388,8 +414,16 @@ impl RunPython {
         let runner_request =
             serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
 
+        let plan = crate::sandbox::prepare(
+            &self.inner.sandbox,
+            &python,
+            code_dir,
+            run_dir.path(),
+            limits.timeout,
+        )?;
+        let isolation = plan.report.clone();
         let env = child_env(&self.inner.env_passthrough);
-        let spawned = spawn_runner(&python, code_dir, &work_dir, &env)?;
+        let spawned = spawn_runner(&python, code_dir, &work_dir, &env, plan)?;
         let mut child = spawned.child;
         let guard = spawned.guard;
 
@@ -498,6 +532,7 @@ impl RunPython {
             cached: false,
             duration_ms: 0,
             suspension: None,
+            isolation: Some(isolation),
         };
         match ending {
             Ending::Cancelled => return Err(Error::Cancelled),
