@@ -33,7 +33,6 @@ use crate::Error;
 /// turned off (to measure it, or where a host provides its own); [`Sandbox::require`] refuses to run
 /// when a requested layer is unavailable instead of degrading.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Sandbox {
     /// User, PID, mount, IPC, UTS (and network, unless allowed) namespaces (default on).
     pub namespaces: bool,
