@@ -401,13 +401,12 @@ pub(crate) fn prepare(
     let mut missing = Vec::new();
     let root = geteuid() == 0;
 
-    let drop_to = (root && config.drop_privileges).then(|| {
+    let mut drop_to = (root && config.drop_privileges).then(|| {
         let mut random = [0u8; 4];
         let _ = getrandom::fill(&mut random);
         let uid = RUN_UID_BASE + (u32::from_le_bytes(random) & 0x00ff_ffff);
         (uid, uid)
     });
-    let (uid, gid) = drop_to.unwrap_or_else(|| (geteuid(), getegid()));
 
     let mut unshare = 0;
     if config.namespaces {
@@ -443,6 +442,18 @@ pub(crate) fn prepare(
     let run_dir = canonical(run_dir);
     let mut read_dirs: Vec<PathBuf> = vec![prefix, canonical(code_dir)];
     read_dirs.extend(config.read_paths.iter().map(|p| canonical(p)));
+
+    // Without a mount namespace a dropped uid can only use what others may traverse.
+    if drop_to.is_some() && unshare & libc::CLONE_NEWNS == 0 {
+        if let Some(closed) = read_dirs.iter().find_map(|d| first_untraversable(d)) {
+            missing.push(format!(
+                "dropped uid: {} is closed to other users and there is no mount namespace to bind it",
+                closed.display()
+            ));
+            drop_to = None;
+        }
+    }
+    let (uid, gid) = drop_to.unwrap_or_else(|| (geteuid(), getegid()));
 
     // The filesystem view: a private /tmp and /dev/shm, and (root host) a tmpfs over every directory the
     // dropped uid cannot traverse (/root) with the directories the code needs bound back in place.
@@ -729,7 +740,15 @@ fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<O
     let r = rule(run_dir, AccessFs::from_all(abi)).ok_or("the run directory cannot be opened")?;
     ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
     let fd: Option<OwnedFd> = ruleset.into();
-    fd.ok_or_else(|| "the kernel refused the ruleset".into())
+    let fd = fd.ok_or("the kernel refused the ruleset")?;
+    // The child dup2s its pipes onto 0..=3: keep the ruleset out of their way.
+    // SAFETY: F_DUPFD_CLOEXEC on a live descriptor; the duplicate is owned by the returned OwnedFd.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if high < 0 {
+        return Err(io::Error::last_os_error().to_string());
+    }
+    // SAFETY: `high` is a fresh descriptor nobody else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) })
 }
 
 // ---------------------------------------------------------------------------------------------------
