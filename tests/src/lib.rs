@@ -200,3 +200,22 @@ fn find_moto() -> Option<PathBuf> {
         .map(|d| d.join("moto_server"));
     from_tools.into_iter().chain(on_path).find(|p| p.is_file())
 }
+
+/// Python that leaves three long-lived processes carrying `marker` — one in a new session, one
+/// double-forked daemon, one ignoring every catchable signal — then prints `ready` and sleeps.
+pub fn hostile_code(marker: &str) -> String {
+    format!(
+        r#"import os, subprocess, sys, time
+subprocess.Popen(['{marker}', '300'], executable='sleep', start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp('sleep', ['{marker}', '301'])
+    os._exit(0)
+os.wait()
+subprocess.Popen([sys.executable, '-c', 'import signal, time\nfor s in (1, 2, 15): signal.signal(s, signal.SIG_IGN)\ntime.sleep(300)', '{marker}'], start_new_session=True)
+print('ready', flush=True)
+time.sleep(300)
+"#
+    )
+}

@@ -207,7 +207,7 @@ async fn code_too_large_is_refused_before_anything_is_spawned() {
     let marker = unique_marker("toolarge");
     let python = RunPython::builder().max_code_chars(50).build().unwrap();
     let code = format!(
-        "import subprocess\nsubprocess.Popen(['sleep', '30', '{marker}'])\n# {}",
+        "import subprocess\nsubprocess.Popen(['{marker}', '30'], executable='sleep')\n# {}",
         "x".repeat(100)
     );
     let e = python.run(code).await.unwrap();
@@ -257,7 +257,7 @@ async fn timeout_keeps_partial_output_and_kills_a_grandchild() {
         .build()
         .unwrap();
     let code = format!(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\nprint('started', flush=True)\ntime.sleep(300)"
+        "import subprocess, time\nsubprocess.Popen(['{marker}', '300'], executable='sleep')\nprint('started', flush=True)\ntime.sleep(300)"
     );
     let e = python.run(code).await.unwrap();
     assert_eq!(e.status, Status::Timeout);
@@ -275,7 +275,9 @@ async fn timeout_keeps_partial_output_and_kills_a_grandchild() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_background_process_left_by_finished_code_is_killed() {
     let marker = unique_marker("leftover");
-    let code = format!("import subprocess\nsubprocess.Popen(['sleep', '300', '{marker}'])\n'done'");
+    let code = format!(
+        "import subprocess\nsubprocess.Popen(['{marker}', '300'], executable='sleep')\n'done'"
+    );
     let e = run(&code).await;
     assert_eq!(e.return_value, json!("done"));
     assert!(survivors_after(&marker, 2.0).is_empty());
@@ -285,7 +287,7 @@ async fn a_background_process_left_by_finished_code_is_killed() {
 async fn dropping_the_run_future_kills_the_process_group() {
     let marker = unique_marker("dropped");
     let code = format!(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\ntime.sleep(300)"
+        "import subprocess, time\nsubprocess.Popen(['{marker}', '300'], executable='sleep')\ntime.sleep(300)"
     );
     let python = python();
     let dropped = tokio::time::timeout(Duration::from_millis(1500), python.run(code)).await;
@@ -300,7 +302,7 @@ async fn dropping_the_run_future_kills_the_process_group() {
 async fn events_stream_output_live_and_cancel_kills_the_run() {
     let marker = unique_marker("cancel");
     let code = format!(
-        "import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\nprint('one', flush=True)\ntime.sleep(300)"
+        "import subprocess, time\nsubprocess.Popen(['{marker}', '300'], executable='sleep')\nprint('one', flush=True)\ntime.sleep(300)"
     );
     let mut handle = python().start(code);
     let first = tokio::time::timeout(Duration::from_secs(10), handle.next_event())
@@ -315,7 +317,7 @@ async fn events_stream_output_live_and_cancel_kills_the_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn dropping_the_handle_kills_the_run() {
     let marker = unique_marker("handle");
-    let code = format!("import subprocess, time\nsubprocess.Popen(['sleep', '300', '{marker}'])\nprint('up', flush=True)\ntime.sleep(300)");
+    let code = format!("import subprocess, time\nsubprocess.Popen(['{marker}', '300'], executable='sleep')\nprint('up', flush=True)\ntime.sleep(300)");
     let mut handle = python().start(code);
     let _ = handle.next_event().await;
     drop(handle);

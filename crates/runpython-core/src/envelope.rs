@@ -50,6 +50,9 @@ pub struct Envelope {
     /// the `return_value` artifact.
     #[serde(default)]
     pub return_preview: Option<Value>,
+    /// Which isolation layers were in force; `null` when no process was started.
+    #[serde(default)]
+    pub isolation: Option<crate::sandbox::Isolation>,
 }
 
 /// Per-stream truncation counts.
@@ -141,6 +144,7 @@ impl Envelope {
             duration_ms: 0,
             suspension: None,
             return_preview: None,
+            isolation: None,
         }
     }
 
@@ -171,6 +175,7 @@ mod tests {
                 "cached",
                 "duration_ms",
                 "error",
+                "isolation",
                 "return_preview",
                 "return_type",
                 "return_value",

@@ -32,6 +32,7 @@ mod keep;
 mod output;
 mod process;
 mod run;
+mod sandbox;
 
 pub use command_tool::CommandTool;
 pub use envelope::{Envelope, ErrorInfo, ListTruncation, Status, StreamTruncation, Truncated};
@@ -41,6 +42,7 @@ pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest,
 pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};
 pub use runpython_deps::{EnvProvider, PipProvider, Progress as DepsProgress, UvProvider};
 pub use runpython_store::{default_local_url, Artifact, ArtifactKind, CollectLimits, Store, Tier};
+pub use sandbox::{Isolation, RlimitReport, Sandbox};
 
 /// runpython's own failures. What the user's code does is never an `Error`.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,9 @@ pub enum Error {
     /// The run was cancelled through its handle.
     #[error("the run was cancelled")]
     Cancelled,
+    /// The sandbox requires an isolation layer this machine does not provide.
+    #[error("isolation required but unavailable: {0}; run where the kernel allows it, or stop requiring it")]
+    IsolationUnavailable(String),
     /// A bug in runpython.
     #[error("internal error: {0}")]
     Internal(String),

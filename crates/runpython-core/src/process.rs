@@ -31,6 +31,30 @@ pub(crate) fn code_dir() -> Result<&'static Path, Error> {
         })
 }
 
+/// Compiles the code directory's modules for `python` once (the sandboxed child may not write
+/// `__pycache__` there, and compiling the runner on every run would cost ~1 ms). Best effort.
+pub(crate) fn ensure_bytecode(python: &Path, version: (u32, u32, u32), dir: &Path) {
+    let tag = format!("cpython-{}{}", version.0, version.1);
+    let pyc = dir
+        .join("__pycache__")
+        .join(format!("runpython_runner.{tag}.pyc"));
+    if pyc.is_file() {
+        return;
+    }
+    let _ = std::process::Command::new(python)
+        .args([
+            "-I",
+            "-S",
+            "-c",
+            "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=1)",
+        ])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
 fn write_code_dir() -> std::io::Result<PathBuf> {
     let mut hasher = std::hash::DefaultHasher::new();
     (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
@@ -102,15 +126,21 @@ pub(crate) fn child_env(passthrough: &[String]) -> Vec<(String, String)> {
 
 /// Kills the child's whole process group when dropped, so a timeout, a cancellation or a dropped future
 /// leaves no survivor behind (children that stay in the group included).
+/// Without a PID namespace but with a run uid, every process of that uid is killed too (a `setsid`
+/// daemon leaves the group, not the uid).
 #[derive(Debug)]
 pub(crate) struct GroupGuard {
     pgid: Pid,
+    sweep_uid: Option<u32>,
 }
 
 impl GroupGuard {
     pub(crate) fn kill(&self) {
         // ESRCH (nobody left in the group) is the normal case after a clean exit.
         let _ = killpg(self.pgid, Signal::SIGKILL);
+        if let Some(uid) = self.sweep_uid {
+            crate::sandbox::kill_all_of_uid(uid);
+        }
     }
 }
 
@@ -129,13 +159,15 @@ pub(crate) struct Spawned {
 }
 
 /// Starts `python -I -S -X utf8 -c BOOTSTRAP CODE_DIR` in `cwd`, in a new process group, with a scrubbed
-/// environment, piped stdio, and the result pipe as descriptor 3.
+/// environment, piped stdio, the result pipe as descriptor 3, inside the sandbox `plan` describes.
 pub(crate) fn spawn_runner(
     python: &Path,
     code_dir: &Path,
     cwd: &Path,
     env: &[(String, String)],
+    plan: crate::sandbox::Plan,
 ) -> Result<Spawned, Error> {
+    let sweep_uid = plan.sweep_uid;
     let (result_read, result_write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Io {
             what: "creating the result pipe",
@@ -156,7 +188,7 @@ pub(crate) fn spawn_runner(
         .process_group(0)
         .kill_on_drop(true);
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls
-    // (prctl, dup2, fcntl) on descriptors that are open in the child.
+    // (prctl, dup2, fcntl, and the sandbox's, see `sandbox::enter`) on descriptors open in the child.
     unsafe {
         command.pre_exec(move || {
             // If the host dies, even by SIGKILL, the child dies with it.
@@ -173,7 +205,7 @@ pub(crate) fn spawn_runner(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            Ok(())
+            crate::sandbox::enter(&plan)
         });
     }
     let child = command.spawn().map_err(|source| Error::Spawn {
@@ -187,6 +219,7 @@ pub(crate) fn spawn_runner(
     })?;
     let guard = GroupGuard {
         pgid: Pid::from_raw(pid as i32),
+        sweep_uid,
     };
     let result =
         tokio::net::unix::pipe::Receiver::from_owned_fd(result_read).map_err(|e| Error::Io {

@@ -16,6 +16,7 @@ use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::keep::{collect_run_files, Keeping};
 use crate::output::{Captured, HeadTail};
 use crate::process::{child_env, code_dir, spawn_runner};
+use crate::sandbox::{Isolation, Sandbox};
 use crate::Error;
 use runpython_deps::{EnvProvider, Progress as DepsProgress};
 use runpython_store::{CollectLimits, Store, Tier};
@@ -151,6 +152,7 @@ pub struct RunPythonBuilder {
     memo_ttl: Option<Duration>,
     deps: DepsConfig,
     durable: bool,
+    sandbox: Sandbox,
     errors: Vec<String>,
 }
 
@@ -313,6 +315,16 @@ impl RunPythonBuilder {
         self.deps.timeout = Some(timeout);
         self
     }
+    /// The sandbox's layers and limits (default: every layer the kernel allows, network off).
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+    /// Shares the host's network with the code (default: an empty network namespace).
+    pub fn allow_network(mut self, allow: bool) -> Self {
+        self.sandbox.allow_network = allow;
+        self
+    }
 
     /// Checks the configuration.
     pub fn build(self) -> Result<RunPython, Error> {
@@ -351,6 +363,7 @@ impl RunPythonBuilder {
                 keep,
                 deps: self.deps.build()?,
                 durable: self.durable,
+                sandbox: self.sandbox,
                 interpreter: tokio::sync::OnceCell::new(),
             }),
         })
@@ -375,6 +388,7 @@ struct Inner {
     keep: Option<Keeping>,
     deps: Deps,
     durable: bool,
+    sandbox: Sandbox,
     interpreter: tokio::sync::OnceCell<Interpreter>,
 }
 
@@ -439,6 +453,17 @@ impl RunPython {
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.inner.limits
+    }
+
+    /// The sandbox configuration.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
+    /// Which isolation layers runs get on this machine (probed once per process), without running
+    /// anything. `Err` when the sandbox requires a layer that is missing.
+    pub fn isolation_report(&self) -> Result<Isolation, Error> {
+        crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout)
     }
 
     /// The tools exposed to the code.
@@ -652,6 +677,13 @@ impl RunPython {
         };
 
         let code_dir = code_dir()?;
+        {
+            let (python, version) = (python.clone(), interpreter.version);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::process::ensure_bytecode(&python, version, code_dir)
+            })
+            .await;
+        }
         let runner_request = serde_json::json!({
             "code_dir": code_dir,
             "code": &request.code,
@@ -666,8 +698,23 @@ impl RunPython {
         let runner_request =
             serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
 
+        // The prepared environment is read by the code: the sandbox must let it through.
+        let env_reads: Vec<&std::path::Path> = prepared
+            .as_ref()
+            .and_then(|env| env.site_dir.as_deref())
+            .into_iter()
+            .collect();
+        let plan = crate::sandbox::prepare(
+            &self.inner.sandbox,
+            &python,
+            code_dir,
+            &env_reads,
+            run_dir.path(),
+            limits.timeout,
+        )?;
+        let isolation = plan.report.clone();
         let env = child_env(&self.inner.env_passthrough);
-        let spawned = spawn_runner(&python, code_dir, &work_dir, &env)?;
+        let spawned = spawn_runner(&python, code_dir, &work_dir, &env, plan)?;
         let mut child = spawned.child;
         let guard = spawned.guard;
 
@@ -791,6 +838,7 @@ impl RunPython {
             duration_ms: 0,
             suspension: None,
             return_preview: None,
+            isolation: Some(isolation),
         };
         match ending {
             Ending::Cancelled => return Err(Error::Cancelled),

@@ -440,6 +440,7 @@ def _safe_preview(value):
 def main():
     global _code_dir
     posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
+    pid = posix.getpid()
     request = _read_request()
     source = request["code"]
     limit = int(request.get("max_return_bytes", 1_000_000))
@@ -497,6 +498,8 @@ def main():
         sys.stderr.flush()
     except BaseException:
         pass  # the code may have closed them; the result still matters
+    if posix.getpid() != pid:  # a process the code forked: only the runner itself reports
+        posix._exit(0 if status == "success" else 1)
     if status == "success" and result is not None:
         type_name, encoded, summary = result
         text = '{"status":"success","return_type":%s,"return_preview":%s,"return_value":%s}' % (

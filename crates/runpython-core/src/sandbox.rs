@@ -1,0 +1,1113 @@
+//! The sandbox around the child: a PID namespace whose init is the run (nothing the code starts
+//! outlives it), user/mount/network/IPC/UTS namespaces, a dropped uid (so `RLIMIT_NPROC` holds even
+//! when the host is root), Landlock, `PR_SET_NO_NEW_PRIVS` and rlimits.
+//!
+//! Everything that allocates or can fail slowly is prepared in the host ([`prepare`] → [`Plan`]); the
+//! code that runs between fork and exec ([`enter`]) makes plain system calls on precomputed C strings.
+//!
+//! The processes of one run, with namespaces:
+//!
+//! ```text
+//! host ── S (tokio's child: host PID ns, own process group; waits, replicates the status)
+//!          └─ G (PID 1 of the run's PID ns: mounts /proc, reaps orphans, reports H's status)
+//!               └─ H (the Python interpreter)
+//! ```
+//!
+//! S dies with the host (`PR_SET_PDEATHSIG`) or the run's group kill; G dies with S (PDEATHSIG set
+//! again after every fork and credential change); when G dies the kernel kills the whole namespace,
+//! `setsid` daemons and double forks included.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// The sandbox layers a [`crate::RunPython`] asks for, and the limits it sets. Every layer can be
+/// turned off (to measure it, or where a host provides its own); [`Sandbox::require`] refuses to run
+/// when a requested layer is unavailable instead of degrading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    /// User, PID, mount, IPC, UTS (and network, unless allowed) namespaces (default on).
+    pub namespaces: bool,
+    /// Share the host's network instead of an empty network namespace (default off).
+    pub allow_network: bool,
+    /// Landlock: writes only in the run directory and the private tmp, reads of the system, the
+    /// interpreter and runpython's code only (default on).
+    pub landlock: bool,
+    /// Resource limits (default on).
+    pub rlimits: bool,
+    /// When the host is root: run the code as a fresh unprivileged uid per run (default on). Without it
+    /// `RLIMIT_NPROC` is not enforced and a fork bomb is only stopped by the timeout.
+    pub drop_privileges: bool,
+    /// Refuse to run (an `Err`) when a requested layer is unavailable (default off: degrade and report).
+    pub require: bool,
+    /// `RLIMIT_AS` of the interpreter (default 4 GiB).
+    pub memory_bytes: u64,
+    /// `RLIMIT_FSIZE`: the largest file the code may write (default 1 GiB).
+    pub file_size_bytes: u64,
+    /// `RLIMIT_NOFILE` (default 1024).
+    pub open_files: u64,
+    /// `RLIMIT_NPROC`: processes and threads inside the run (default 256).
+    pub processes: u64,
+    /// Size of the private `/tmp` and `/dev/shm` (default 256 MiB each).
+    pub tmp_bytes: u64,
+    /// More directories the code may read (a prepared environment, data).
+    pub read_paths: Vec<PathBuf>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self {
+            namespaces: true,
+            allow_network: false,
+            landlock: true,
+            rlimits: true,
+            drop_privileges: true,
+            require: false,
+            memory_bytes: 4 << 30,
+            file_size_bytes: 1 << 30,
+            open_files: 1024,
+            processes: 256,
+            tmp_bytes: 256 << 20,
+            read_paths: Vec::new(),
+        }
+    }
+}
+
+impl Sandbox {
+    /// Every layer off: the child only gets its process group, PDEATHSIG and a scrubbed environment.
+    pub fn off() -> Self {
+        Self {
+            namespaces: false,
+            landlock: false,
+            rlimits: false,
+            drop_privileges: false,
+            ..Self::default()
+        }
+    }
+}
+
+/// Which isolation layers were in force for a run (the envelope's `isolation`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// Namespaces the code runs in: any of `user`, `pid`, `mount`, `ipc`, `uts`, `net`.
+    pub namespaces: Vec<String>,
+    /// `"abi-N"` when Landlock restricts the code, `"off"` when not asked for, `"unavailable"`.
+    pub landlock: String,
+    /// Limits set on the interpreter; `null` fields are not enforced.
+    pub rlimits: RlimitReport,
+    /// `"off"` (an empty network namespace) or `"host"`.
+    pub network: String,
+    /// The host uid the code runs as.
+    pub uid: u32,
+    /// How the run's processes are ended: `"pid-namespace"` or `"process-group"`.
+    pub kill: String,
+    /// Requested layers that were not available, each with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// The rlimits in force; `null` when not enforced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RlimitReport {
+    /// `RLIMIT_AS`.
+    pub address_space_bytes: Option<u64>,
+    /// `RLIMIT_CPU` (soft limit; the code gets SIGXCPU there, SIGKILL a second later).
+    pub cpu_seconds: Option<u64>,
+    /// `RLIMIT_FSIZE`.
+    pub file_size_bytes: Option<u64>,
+    /// `RLIMIT_NOFILE`.
+    pub open_files: Option<u64>,
+    /// `RLIMIT_NPROC` (counted inside the run's user namespace, or for its own uid).
+    pub processes: Option<u64>,
+}
+
+/// What the kernel allows, probed once per process.
+#[derive(Debug)]
+struct Probe {
+    /// Namespace flags that work (including `CLONE_NEWUSER`), 0 when user namespaces do not.
+    ns_flags: libc::c_int,
+    /// A fresh `/proc` can be mounted in a new PID + mount namespace.
+    proc_mount: bool,
+    /// Landlock ABI version, 0 when unavailable.
+    landlock_abi: i32,
+}
+
+const ALL_NS: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// First uid of the range runs are given when the host is root: above the subordinate ranges that
+/// `useradd` hands out (100000 + 65536 per user) so no real user or container owns it.
+const RUN_UID_BASE: u32 = 0x4000_0000;
+
+fn probe() -> &'static Probe {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        let probe_uid = (geteuid() == 0).then_some(RUN_UID_BASE - 1);
+        let try_flags = |flags| probe_namespaces(flags, probe_uid, false);
+        let ns_flags = if probe_namespaces(ALL_NS, probe_uid, true) {
+            ALL_NS
+        } else if !try_flags(libc::CLONE_NEWUSER) {
+            0
+        } else {
+            [
+                libc::CLONE_NEWPID | libc::CLONE_NEWNS,
+                libc::CLONE_NEWNS,
+                libc::CLONE_NEWNET,
+                libc::CLONE_NEWIPC,
+                libc::CLONE_NEWUTS,
+            ]
+            .into_iter()
+            .filter(|&f| try_flags(libc::CLONE_NEWUSER | f))
+            .fold(libc::CLONE_NEWUSER, |acc, f| acc | f)
+        };
+        let proc_mount = ns_flags == ALL_NS
+            || (ns_flags & (libc::CLONE_NEWPID | libc::CLONE_NEWNS)
+                == (libc::CLONE_NEWPID | libc::CLONE_NEWNS)
+                && probe_namespaces(
+                    libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS,
+                    probe_uid,
+                    true,
+                ));
+        Probe {
+            ns_flags,
+            proc_mount,
+            landlock_abi: landlock_abi(),
+        }
+    })
+}
+
+fn landlock_abi() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: the version query takes no attribute pointer and returns a number or -1.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    i32::try_from(v).unwrap_or(0).max(0)
+}
+
+fn geteuid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn getegid() -> u32 {
+    // SAFETY: getegid cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write
+/// the id maps, and with `proc` mount a fresh `/proc` from PID 1 of the new namespace.
+fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool) -> bool {
+    let ids = IdMaps::new(uid.unwrap_or_else(geteuid), uid.unwrap_or_else(getegid));
+    // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return false;
+        }
+        if pid == 0 {
+            let code = (|| -> io::Result<i32> {
+                if let Some(uid) = uid {
+                    drop_ids(uid, uid)?;
+                }
+                cvt(libc::unshare(flags))?;
+                ids.write()?;
+                if !proc {
+                    return Ok(0);
+                }
+                let init = cvt(libc::fork())?;
+                if init == 0 {
+                    let ok = libc::mount(
+                        c"proc".as_ptr(),
+                        c"/proc".as_ptr(),
+                        c"proc".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        std::ptr::null(),
+                    ) == 0;
+                    libc::_exit(if ok { 0 } else { 1 });
+                }
+                Ok(if wait_exit_code(init) == 0 { 0 } else { 3 })
+            })()
+            .unwrap_or(2);
+            libc::_exit(code);
+        }
+        wait_exit_code(pid) == 0
+    }
+}
+
+fn wait_exit_code(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                -1
+            };
+        }
+        if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return -1;
+        }
+    }
+}
+
+/// The `uid_map`/`gid_map` lines: inside 0 is the (possibly dropped) outside id.
+#[derive(Debug)]
+struct IdMaps {
+    uid_map: CString,
+    gid_map: CString,
+}
+
+impl IdMaps {
+    fn new(uid: u32, gid: u32) -> Self {
+        let line = |id: u32| CString::new(format!("0 {id} 1")).unwrap_or_default();
+        Self {
+            uid_map: line(uid),
+            gid_map: line(gid),
+        }
+    }
+
+    /// Writes the maps of the calling process (after `unshare(CLONE_NEWUSER)`). Async-signal-safe.
+    fn write(&self) -> io::Result<()> {
+        write_file(c"/proc/self/setgroups", b"deny")?;
+        write_file(c"/proc/self/uid_map", self.uid_map.as_bytes())?;
+        write_file(c"/proc/self/gid_map", self.gid_map.as_bytes())
+    }
+}
+
+fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
+    // SAFETY: plain open/write/close on a NUL-terminated path and a live buffer.
+    unsafe {
+        let fd = cvt(libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC))?;
+        let n = libc::write(fd, data.as_ptr().cast(), data.len());
+        libc::close(fd);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Drops every privilege of the calling thread to `uid`/`gid` with raw system calls (only this thread
+/// exists after fork; glibc's setxid broadcast is not wanted there).
+fn drop_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: raw credential system calls with plain integer arguments.
+    unsafe {
+        cvt_long(libc::syscall(
+            libc::SYS_setgroups,
+            0usize,
+            std::ptr::null::<libc::gid_t>(),
+        ))?;
+        cvt_long(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        cvt_long(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+        // A credential change makes the process undumpable, which would make /proc/self/uid_map
+        // root's; and it clears the parent-death signal.
+        cvt(libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0))?;
+    }
+    set_pdeathsig()
+}
+
+fn set_pdeathsig() -> io::Result<()> {
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn cvt_long(rc: libc::c_long) -> io::Result<libc::c_long> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// One step of building the run's view of the filesystem, in order.
+#[derive(Debug)]
+enum MountOp {
+    /// A fresh tmpfs over `target` (hides what was there).
+    Tmpfs { target: CString, data: CString },
+    /// A directory inside a tmpfs laid over an ancestor (an existing one is fine).
+    Mkdir(CString),
+    /// The host directory `sources[source]` (opened before the first tmpfs) bound onto `target`.
+    Bind { source: usize, target: CString },
+}
+
+/// Everything the child needs, prepared in the host. Used between fork and exec by [`enter`].
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// Mount operations run as root before dropping privileges (root host) instead of after entering
+    /// the user namespace.
+    mounts_as_root: bool,
+    bind_sources: Vec<CString>,
+    mount_ops: Vec<MountOp>,
+    drop_to: Option<(u32, u32)>,
+    unshare: libc::c_int,
+    ids: IdMaps,
+    nproc: Option<u64>,
+    /// Limits set in the interpreter just before exec.
+    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    landlock: Option<OwnedFd>,
+    /// Landlock rules on directories that only exist inside the run (its tmpfs, its `/proc`).
+    landlock_inner: Vec<(CString, u64)>,
+    work_dir: CString,
+    /// The uid whose every process is killed at the end when there is no PID namespace.
+    pub(crate) sweep_uid: Option<u32>,
+    /// What is in force, for the envelope.
+    pub(crate) report: Isolation,
+}
+
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: RawFd,
+}
+
+/// Decides the run's layers from the configuration and what the kernel allows, and prepares them:
+/// the uid, the mount plan, the Landlock ruleset, the rlimits; hands the run directory to the uid.
+pub(crate) fn prepare(
+    config: &Sandbox,
+    python: &Path,
+    code_dir: &Path,
+    extra_reads: &[&Path],
+    run_dir: &Path,
+    timeout: Duration,
+) -> Result<Plan, Error> {
+    let probe = probe();
+    let mut missing = Vec::new();
+    let root = geteuid() == 0;
+
+    let mut drop_to = (root && config.drop_privileges).then(|| {
+        let mut random = [0u8; 4];
+        let _ = getrandom::fill(&mut random);
+        let uid = RUN_UID_BASE + (u32::from_le_bytes(random) & 0x00ff_ffff);
+        (uid, uid)
+    });
+
+    let mut unshare = 0;
+    if config.namespaces {
+        if probe.ns_flags == 0 {
+            missing.push("namespaces: user namespaces are not available to this user".into());
+        } else {
+            unshare = probe.ns_flags;
+            if config.allow_network {
+                unshare &= !libc::CLONE_NEWNET;
+            }
+            for (flag, name) in NS_NAMES {
+                if probe.ns_flags & flag == 0
+                    && (flag != libc::CLONE_NEWNET || !config.allow_network)
+                {
+                    missing.push(format!("{name} namespace: refused by the kernel"));
+                }
+            }
+        }
+    }
+    let pid_ns =
+        unshare & libc::CLONE_NEWPID != 0 && unshare & libc::CLONE_NEWNS != 0 && probe.proc_mount;
+    if unshare & libc::CLONE_NEWPID != 0 && !pid_ns {
+        missing.push("pid namespace: a fresh /proc cannot be mounted".into());
+        unshare &= !libc::CLONE_NEWPID;
+    }
+
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .map(canonical)
+        .unwrap_or_else(|| PathBuf::from("/usr"));
+    let run_dir = canonical(run_dir);
+    let mut read_dirs: Vec<PathBuf> = vec![prefix, canonical(code_dir)];
+    read_dirs.extend(config.read_paths.iter().map(|p| canonical(p)));
+    read_dirs.extend(extra_reads.iter().map(|p| canonical(p)));
+
+    // Without a mount namespace a dropped uid can only use what others may traverse.
+    if drop_to.is_some() && unshare & libc::CLONE_NEWNS == 0 {
+        if let Some(closed) = read_dirs.iter().find_map(|d| first_untraversable(d)) {
+            missing.push(format!(
+                "dropped uid: {} is closed to other users and there is no mount namespace to bind it",
+                closed.display()
+            ));
+            drop_to = None;
+        }
+    }
+    let (uid, gid) = drop_to.unwrap_or_else(|| (geteuid(), getegid()));
+
+    // The filesystem view: a private /tmp and /dev/shm, and (root host) a tmpfs over every directory the
+    // dropped uid cannot traverse (/root) with the directories the code needs bound back in place.
+    let mut mount_ops = Vec::new();
+    let mut bind_sources = Vec::new();
+    if unshare & libc::CLONE_NEWNS != 0 {
+        let mut overlays: Vec<(PathBuf, String)> = Vec::new();
+        let tmp_data = format!("mode=1777,size={}", config.tmp_bytes);
+        overlays.push(("/tmp".into(), tmp_data.clone()));
+        if Path::new("/dev/shm").is_dir() {
+            overlays.push(("/dev/shm".into(), tmp_data));
+        }
+        let mut exposed: Vec<PathBuf> = read_dirs.clone();
+        exposed.push(run_dir.clone());
+        if drop_to.is_some() {
+            // The run directory is handed to the uid; the others must stay as they are.
+            for dir in &read_dirs {
+                if let Some(hidden) = first_untraversable(dir) {
+                    if !overlays.iter().any(|(o, _)| hidden.starts_with(o)) {
+                        overlays.push((hidden, "mode=0755,size=1m".into()));
+                    }
+                }
+            }
+        }
+        overlays.sort_by_key(|(p, _)| p.as_os_str().len());
+        overlays.dedup_by(|a, b| a.0 == b.0);
+        for (target, data) in &overlays {
+            mount_ops.push(MountOp::Tmpfs {
+                target: cstring(target)?,
+                data: CString::new(data.as_str()).map_err(|e| Error::Internal(e.to_string()))?,
+            });
+        }
+        exposed.sort_by_key(|p| p.as_os_str().len());
+        let mut bound: Vec<PathBuf> = Vec::new();
+        for dir in exposed {
+            if bound.iter().any(|b| dir.starts_with(b)) {
+                continue;
+            }
+            let Some((overlay, _)) = overlays
+                .iter()
+                .filter(|(o, _)| dir.starts_with(o) && dir != *o)
+                .max_by_key(|(o, _)| o.as_os_str().len())
+            else {
+                continue;
+            };
+            let mut path = overlay.clone();
+            for part in dir.strip_prefix(overlay).unwrap_or(&dir).components() {
+                path.push(part);
+                mount_ops.push(MountOp::Mkdir(cstring(&path)?));
+            }
+            mount_ops.push(MountOp::Bind {
+                source: bind_sources.len(),
+                target: cstring(&dir)?,
+            });
+            bind_sources.push(cstring(&dir)?);
+            bound.push(dir);
+        }
+    }
+
+    // Landlock.
+    let mut landlock_inner = Vec::new();
+    let landlock = if !config.landlock {
+        None
+    } else if probe.landlock_abi == 0 {
+        missing.push("landlock: not supported or not enabled by the kernel".into());
+        None
+    } else {
+        match landlock_ruleset(probe.landlock_abi, &read_dirs, &run_dir) {
+            Ok(fd) => {
+                let abi = landlock::ABI::from(probe.landlock_abi);
+                use landlock::Access;
+                let all = landlock::AccessFs::from_all(abi).bits();
+                let read =
+                    (landlock::AccessFs::from_read(abi) | landlock::AccessFs::Execute).bits();
+                if unshare & libc::CLONE_NEWNS != 0 {
+                    landlock_inner.push((c"/tmp".to_owned(), all));
+                    if Path::new("/dev/shm").is_dir() {
+                        landlock_inner.push((c"/dev/shm".to_owned(), all));
+                    }
+                }
+                if pid_ns {
+                    landlock_inner.push((c"/proc".to_owned(), read));
+                }
+                Some(fd)
+            }
+            Err(e) => {
+                missing.push(format!("landlock: {e}"));
+                None
+            }
+        }
+    };
+
+    let cpu = timeout.as_secs() + 1;
+    let mut rlimits = Vec::new();
+    let mut report_limits = RlimitReport::default();
+    let mut nproc = None;
+    if config.rlimits {
+        rlimits = vec![
+            (libc::RLIMIT_AS, config.memory_bytes),
+            (libc::RLIMIT_CPU, cpu),
+            (libc::RLIMIT_FSIZE, config.file_size_bytes),
+            (libc::RLIMIT_NOFILE, config.open_files),
+        ];
+        report_limits = RlimitReport {
+            address_space_bytes: Some(config.memory_bytes),
+            cpu_seconds: Some(cpu),
+            file_size_bytes: Some(config.file_size_bytes),
+            open_files: Some(config.open_files),
+            processes: None,
+        };
+        // The count is per user namespace (or per uid): enforceable for a run's own user namespace or
+        // its own uid, never for root (exempt) nor for a shared uid without a namespace.
+        if uid != 0 && (unshare & libc::CLONE_NEWUSER != 0 || drop_to.is_some()) {
+            nproc = Some(config.processes);
+            report_limits.processes = nproc;
+        } else {
+            missing.push(if uid == 0 {
+                "processes limit: not enforced for root (enable drop_privileges)".into()
+            } else {
+                "processes limit: needs a user namespace or a dropped uid".into()
+            });
+        }
+    }
+
+    if config.require && !missing.is_empty() {
+        return Err(Error::IsolationUnavailable(missing.join("; ")));
+    }
+
+    if let Some((uid, gid)) = drop_to {
+        let work = run_dir.join("work");
+        for path in [
+            run_dir.as_path(),
+            work.as_path(),
+            &run_dir.join("bridge.sock"),
+        ] {
+            match std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && path != run_dir => {}
+                r => r.map_err(|source| Error::Io {
+                    what: "handing the run directory to the run's uid",
+                    source,
+                })?,
+            }
+        }
+    }
+
+    let namespaces = NS_NAMES
+        .iter()
+        .filter(|(flag, _)| unshare & flag != 0)
+        .map(|(_, name)| (*name).to_owned())
+        .collect();
+    let report = Isolation {
+        namespaces,
+        landlock: match (&landlock, config.landlock) {
+            (Some(_), _) => format!("abi-{}", probe.landlock_abi),
+            (None, false) => "off".into(),
+            (None, true) => "unavailable".into(),
+        },
+        rlimits: report_limits,
+        network: if unshare & libc::CLONE_NEWNET != 0 {
+            "off".into()
+        } else {
+            "host".into()
+        },
+        uid,
+        kill: if pid_ns {
+            "pid-namespace"
+        } else {
+            "process-group"
+        }
+        .into(),
+        missing,
+    };
+    Ok(Plan {
+        mounts_as_root: drop_to.is_some(),
+        bind_sources,
+        mount_ops,
+        drop_to,
+        unshare,
+        ids: IdMaps::new(uid, gid),
+        nproc,
+        rlimits,
+        landlock,
+        landlock_inner,
+        work_dir: cstring(&run_dir.join("work"))?,
+        sweep_uid: drop_to.filter(|_| !pid_ns).map(|(uid, _)| uid),
+        report,
+    })
+}
+
+const NS_NAMES: [(libc::c_int, &str); 6] = [
+    (libc::CLONE_NEWUSER, "user"),
+    (libc::CLONE_NEWPID, "pid"),
+    (libc::CLONE_NEWNS, "mount"),
+    (libc::CLONE_NEWNET, "net"),
+    (libc::CLONE_NEWIPC, "ipc"),
+    (libc::CLONE_NEWUTS, "uts"),
+];
+
+/// What [`prepare`] would decide for `config`, without a run (for `RunPython::isolation_report`).
+pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, Error> {
+    let dir = tempfile::Builder::new()
+        .prefix("runpython-probe-")
+        .tempdir()
+        .map_err(|source| Error::Io {
+            what: "creating a directory to probe the sandbox",
+            source,
+        })?;
+    let _ = std::fs::create_dir(dir.path().join("work"));
+    let plan = prepare(
+        config,
+        Path::new("/usr/bin/python3"),
+        dir.path(),
+        &[],
+        dir.path(),
+        timeout,
+    )?;
+    Ok(plan.report)
+}
+
+fn cstring(path: &Path) -> Result<CString, Error> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::Internal(format!("{} contains a NUL byte", path.display())))
+}
+
+/// The outermost ancestor of `dir` (or `dir` itself) that others cannot search.
+fn first_untraversable(dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    dir.ancestors()
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .find(|a| {
+            std::fs::metadata(a)
+                .map(|m| m.permissions().mode() & 0o001 == 0)
+                .unwrap_or(false)
+        })
+        .map(Path::to_owned)
+}
+
+/// The host-side rules: system directories, the interpreter, runpython's code and `read_dirs` readable
+/// and executable; the run directory fully usable; a few devices writable. Signals and abstract Unix
+/// sockets are scoped to the run (ABI 6+).
+fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<OwnedFd, String> {
+    use landlock::{
+        Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+        RulesetCreatedAttr, Scope, ABI,
+    };
+    let abi = ABI::from(abi);
+    let read = AccessFs::from_read(abi) | AccessFs::Execute;
+    let system = [
+        "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/dev", "/sys",
+        "/proc",
+    ];
+    let devices = [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/urandom",
+        "/dev/random",
+    ];
+    let rule = |path: &Path, access| {
+        PathFd::new(path)
+            .ok()
+            .map(|fd| PathBeneath::new(fd, access))
+    };
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(|e| e.to_string())?
+        .scope(Scope::from_all(abi))
+        .map_err(|e| e.to_string())?
+        .create()
+        .map_err(|e| e.to_string())?;
+    let system = system.iter().map(Path::new);
+    for dir in system.chain(read_dirs.iter().map(PathBuf::as_path)) {
+        if let Some(r) = rule(dir, read) {
+            ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
+        }
+    }
+    for dev in devices {
+        if let Some(r) = rule(Path::new(dev), AccessFs::from_file(abi)) {
+            ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
+        }
+    }
+    let r = rule(run_dir, AccessFs::from_all(abi)).ok_or("the run directory cannot be opened")?;
+    ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
+    let fd: Option<OwnedFd> = ruleset.into();
+    let fd = fd.ok_or("the kernel refused the ruleset")?;
+    // The child dup2s its pipes onto 0..=3: keep the ruleset out of their way.
+    // SAFETY: F_DUPFD_CLOEXEC on a live descriptor; the duplicate is owned by the returned OwnedFd.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if high < 0 {
+        return Err(io::Error::last_os_error().to_string());
+    }
+    // SAFETY: `high` is a fresh descriptor nobody else owns.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) })
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Between fork and exec: plain system calls only.
+
+/// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
+/// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
+pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
+    set_rlimit(libc::RLIMIT_CORE, 0)?; // replicating a crash signal must not write a core file
+    if plan.mounts_as_root {
+        // SAFETY: unshare with a constant flag.
+        cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+        run_mount_ops(plan)?;
+    }
+    if let Some((uid, gid)) = plan.drop_to {
+        drop_ids(uid, gid)?;
+    }
+    if plan.unshare != 0 {
+        // SAFETY: unshare with flags the probe found to work.
+        cvt(unsafe { libc::unshare(plan.unshare) })?;
+        if plan.unshare & libc::CLONE_NEWUSER != 0 {
+            plan.ids.write()?;
+            set_pdeathsig()?; // entering a user namespace changed the credentials
+        }
+        if plan.unshare & libc::CLONE_NEWUTS != 0 {
+            let name = b"runpython";
+            // SAFETY: a live buffer and its length.
+            cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+        }
+        if !plan.mounts_as_root {
+            run_mount_ops(plan)?;
+        }
+    }
+    if let Some(n) = plan.nproc {
+        // Set after entering the user namespace: the limit then counts the run's own processes.
+        set_rlimit(libc::RLIMIT_NPROC, n)?;
+    }
+    if plan.unshare & libc::CLONE_NEWPID != 0 {
+        let page = SharedStatus::new()?;
+        // SAFETY: fork in the single-threaded child; both sides continue with system calls only.
+        let init = cvt(unsafe { libc::fork() })?;
+        if init > 0 {
+            supervise(init, &page);
+        }
+        // G: PID 1 of the run.
+        set_pdeathsig()?;
+        // SAFETY: mount with constant strings.
+        cvt(unsafe {
+            libc::mount(
+                c"proc".as_ptr(),
+                c"/proc".as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            )
+        })?;
+        inner_setup(plan)?;
+        // SAFETY: as above.
+        let python = cvt(unsafe { libc::fork() })?;
+        if python > 0 {
+            reap(python, &page);
+        }
+    } else {
+        inner_setup(plan)?;
+    }
+    // H: the interpreter.
+    set_pdeathsig()?;
+    for &(resource, value) in &plan.rlimits {
+        let hard = if resource == libc::RLIMIT_CPU {
+            value + 1 // SIGXCPU at the soft limit, SIGKILL a second later
+        } else {
+            value
+        };
+        set_rlimit2(resource, value, hard)?;
+    }
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
+    if let Some(ruleset) = &plan.landlock {
+        // SAFETY: restrict_self on our ruleset descriptor; flags 0.
+        cvt_long(unsafe {
+            libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32)
+        })?;
+    }
+    Ok(())
+}
+
+/// In the innermost namespace, after `/proc` is mounted: Landlock rules on the run's own tmpfs and
+/// `/proc`, and the working directory again (the /tmp it was in is now the private one).
+fn inner_setup(plan: &Plan) -> io::Result<()> {
+    if let Some(ruleset) = &plan.landlock {
+        for (path, access) in &plan.landlock_inner {
+            // SAFETY: open/close and the landlock_add_rule system call on a packed attribute.
+            unsafe {
+                let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fd < 0 {
+                    continue;
+                }
+                let attr = PathBeneathAttr {
+                    allowed_access: *access,
+                    parent_fd: fd,
+                };
+                let rc = libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    ruleset.as_raw_fd(),
+                    1u32, // LANDLOCK_RULE_PATH_BENEATH
+                    &attr as *const PathBeneathAttr,
+                    0u32,
+                );
+                libc::close(fd);
+                cvt_long(rc)?;
+            }
+        }
+    }
+    if !plan.mount_ops.is_empty() {
+        // SAFETY: chdir to a NUL-terminated path.
+        cvt(unsafe { libc::chdir(plan.work_dir.as_ptr()) })?;
+    }
+    Ok(())
+}
+
+fn run_mount_ops(plan: &Plan) -> io::Result<()> {
+    const MAX_SOURCES: usize = 16;
+    if plan.mount_ops.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: mount/open/mkdir/close with NUL-terminated paths prepared in the host.
+    unsafe {
+        // Nothing done here may propagate back to the host.
+        cvt(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        let mut fds = [-1; MAX_SOURCES];
+        for (i, source) in plan.bind_sources.iter().take(MAX_SOURCES).enumerate() {
+            fds[i] = cvt(libc::open(
+                source.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            ))?;
+        }
+        for op in &plan.mount_ops {
+            match op {
+                MountOp::Tmpfs { target, data } => {
+                    cvt(libc::mount(
+                        c"tmpfs".as_ptr(),
+                        target.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV,
+                        data.as_ptr().cast(),
+                    ))?;
+                }
+                MountOp::Mkdir(path) => {
+                    if libc::mkdir(path.as_ptr(), 0o755) < 0
+                        && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                MountOp::Bind { source, target } => {
+                    let fd = *fds.get(*source).ok_or(io::ErrorKind::InvalidInput)?;
+                    let mut link = [0u8; 32];
+                    fd_link(fd, &mut link);
+                    cvt(libc::mount(
+                        link.as_ptr().cast(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ))?;
+                }
+            }
+        }
+        for fd in fds.into_iter().filter(|&fd| fd >= 0) {
+            libc::close(fd);
+        }
+    }
+    Ok(())
+}
+
+/// Writes `/proc/self/fd/<fd>\0` into `buf` without allocating.
+fn fd_link(fd: RawFd, buf: &mut [u8; 32]) {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut digits = [0u8; 10];
+    let mut n = fd.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[prefix.len() + i] = digits[len - 1 - i];
+    }
+    buf[prefix.len() + len] = 0;
+}
+
+fn set_rlimit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    set_rlimit2(resource, value, value)
+}
+
+fn set_rlimit2(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io::Result<()> {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: setrlimit with a live struct.
+    cvt(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
+}
+
+/// A page shared between S and G through which G reports the interpreter's wait status.
+struct SharedStatus(*mut libc::c_int);
+
+impl SharedStatus {
+    fn new() -> io::Result<Self> {
+        // SAFETY: an anonymous shared mapping; never unmapped (the processes _exit).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self(ptr.cast()))
+    }
+
+    fn set(&self, status: libc::c_int) {
+        // SAFETY: the mapping is live and holds two ints.
+        unsafe {
+            self.0.add(1).write_volatile(status);
+            self.0.write_volatile(1);
+        }
+    }
+
+    fn get(&self) -> Option<libc::c_int> {
+        // SAFETY: as above.
+        unsafe { (self.0.read_volatile() == 1).then(|| self.0.add(1).read_volatile()) }
+    }
+}
+
+/// Closes every descriptor: S and G must hold none of the run's pipes (nor std's exec-error pipe).
+fn close_all() {
+    // SAFETY: close_range on the whole table; the fallback closes one by one.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+            for fd in 0..4096 {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// S: waits for G and leaves with the interpreter's status (same exit code, or the same signal).
+fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
+    close_all();
+    let mut status = 0;
+    // SAFETY: waitpid/kill/signal/_exit on our own processes.
+    unsafe {
+        loop {
+            let r = libc::waitpid(init, &mut status, 0);
+            if r == init {
+                break;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                libc::_exit(1);
+            }
+        }
+        let status = page.get().unwrap_or(status);
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            1
+        })
+    }
+}
+
+/// G: reaps every process of the run (orphans are re-parented to it) until the interpreter ends, then
+/// reports its status and exits, which makes the kernel kill whatever is left in the namespace.
+fn reap(python: libc::pid_t, page: &SharedStatus) -> ! {
+    close_all();
+    let mut status = 0;
+    // SAFETY: waitpid and _exit.
+    unsafe {
+        loop {
+            let r = libc::waitpid(-1, &mut status, 0);
+            if r == python {
+                page.set(status);
+                break;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+        libc::_exit(0)
+    }
+}
+
+/// Kills every process of `uid` (the fallback sweep when there is no PID namespace): a forked helper
+/// takes the uid and sends SIGKILL to everything it may signal.
+pub(crate) fn kill_all_of_uid(uid: u32) {
+    // SAFETY: the child makes raw system calls only and _exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            let ok = libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0;
+            if ok {
+                libc::kill(-1, libc::SIGKILL);
+            }
+            libc::_exit(0);
+        }
+        if pid > 0 {
+            wait_exit_code(pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_link_is_a_nul_terminated_proc_path() {
+        let mut buf = [0u8; 32];
+        fd_link(1234, &mut buf);
+        assert_eq!(&buf[..19], b"/proc/self/fd/1234\0");
+    }
+
+    #[test]
+    fn first_untraversable_finds_the_outermost_closed_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let closed = dir.path().join("closed");
+        std::fs::create_dir_all(closed.join("inner")).unwrap();
+        std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(first_untraversable(&closed.join("inner")), Some(closed));
+    }
+}

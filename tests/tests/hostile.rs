@@ -1,0 +1,321 @@
+//! Hostile code against the sandbox: one test per attack, each named for the behaviour it pins. A test
+//! that needs a kernel feature the machine lacks prints why and passes without asserting.
+
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use runpython_core::{Isolation, RunPython, Sandbox, Status};
+use runpython_tests::{hostile_code, processes_with_marker, survivors_after, unique_marker};
+use serde_json::json;
+
+fn builder() -> runpython_core::RunPythonBuilder {
+    RunPython::builder().timeout(Duration::from_secs(30))
+}
+
+fn isolation() -> Isolation {
+    builder().build().unwrap().isolation_report().unwrap()
+}
+
+/// True when `layer` (a namespace name, `landlock`, or `processes`) is in force; prints why not.
+fn has(layer: &str) -> bool {
+    let report = isolation();
+    let ok = match layer {
+        "landlock" => report.landlock.starts_with("abi-"),
+        "processes" => report.rlimits.processes.is_some(),
+        ns => report.namespaces.iter().any(|n| n == ns),
+    };
+    if !ok {
+        eprintln!(
+            "skipped: the {layer} layer is not available here: {:?}",
+            report.missing
+        );
+    }
+    ok
+}
+
+fn wait_for_markers(marker: &str, count: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while processes_with_marker(marker).len() < count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hostile processes never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_kills_setsid_double_forked_and_signal_ignoring_processes() {
+    let marker = unique_marker("hostile-timeout");
+    let python = builder().timeout(Duration::from_secs(3)).build().unwrap();
+    let e = python.run(hostile_code(&marker)).await.unwrap();
+    assert_eq!(e.status, Status::Timeout);
+    assert_eq!(e.stdout, "ready\n");
+    assert_eq!(survivors_after(&marker, 3.0), Vec::<u32>::new());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_run_leaves_no_double_forked_daemon() {
+    if !has("pid") {
+        return;
+    }
+    let marker = unique_marker("hostile-daemon");
+    let code = format!(
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['{marker}', '300'])\n    os._exit(0)\nos.wait()\n'done'"
+    );
+    let e = builder().build().unwrap().run(code).await.unwrap();
+    assert_eq!(e.return_value, json!("done"));
+    assert_eq!(survivors_after(&marker, 3.0), Vec::<u32>::new());
+}
+
+fn host_killed_by(signal: i32, tag: &str) {
+    let marker = unique_marker(tag);
+    let mut host = Command::new(env!("CARGO_BIN_EXE_runpython-host"))
+        .arg(&marker)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(host.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    wait_for_markers(&marker, 3);
+    // SAFETY: kill on the pid of the host this test started.
+    assert_eq!(unsafe { libc_kill(host.id() as i32, signal) }, 0);
+    let _ = host.wait();
+    assert_eq!(survivors_after(&marker, 5.0), Vec::<u32>::new());
+}
+
+unsafe fn libc_kill(pid: i32, signal: i32) -> i32 {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: the caller passes a pid it owns.
+    unsafe { kill(pid, signal) }
+}
+
+#[test]
+fn host_killed_with_sigint_leaves_no_survivor() {
+    host_killed_by(2, "host-int");
+}
+
+#[test]
+fn host_killed_with_sigterm_leaves_no_survivor() {
+    host_killed_by(15, "host-term");
+}
+
+#[test]
+fn host_killed_with_sigkill_leaves_no_survivor() {
+    host_killed_by(9, "host-kill");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_bomb_is_a_memory_error() {
+    let python = builder()
+        .sandbox(Sandbox {
+            memory_bytes: 1 << 30,
+            ..Sandbox::default()
+        })
+        .build()
+        .unwrap();
+    let e = python
+        .run("chunks = []\nwhile True:\n    chunks.append(bytearray(64 << 20))")
+        .await
+        .unwrap();
+    assert_eq!(e.error.unwrap().kind, "MemoryError");
+    let e = python.run("bytearray(8 << 30)").await.unwrap();
+    assert_eq!(e.error.unwrap().kind, "MemoryError");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_over_the_size_limit_cannot_be_written() {
+    let python = builder()
+        .sandbox(Sandbox {
+            file_size_bytes: 1 << 20,
+            ..Sandbox::default()
+        })
+        .build()
+        .unwrap();
+    let e = python
+        .run("with open('big', 'wb') as f:\n    f.write(b'x' * (2 << 20))")
+        .await
+        .unwrap();
+    let err = e.error.unwrap();
+    assert_eq!(err.kind, "OSError", "{}", err.message);
+    assert!(err.message.contains("File too large"), "{}", err.message);
+    let e = python
+        .run("with open('/tmp/big', 'wb') as f:\n    f.write(b'x' * (512 << 10))\n'ok'")
+        .await
+        .unwrap();
+    assert_eq!(e.return_value, json!("ok"), "{:?}", e.error);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_environment_cannot_be_read_through_proc() {
+    // SAFETY of set_var: only this test reads or writes this name.
+    std::env::set_var("RUNPYTHON_T_HOSTILE_SECRET", "s3cr3t-value");
+    let code = "import os\nfound = []\nfor pid in os.listdir('/proc'):\n    try:\n        if b's3cr3t-value' in open(f'/proc/{pid}/environ', 'rb').read():\n            found.append(pid)\n    except OSError:\n        pass\nfound";
+    let e = builder().build().unwrap().run(code).await.unwrap();
+    assert_eq!(e.return_value, json!([]), "{:?}", e.error);
+    if has("pid") {
+        let host_pid = std::process::id().to_string();
+        let e = builder()
+            .build()
+            .unwrap()
+            .run(format!(
+                "import os\nos.path.exists('/proc/{host_pid}/environ')"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(e.return_value, json!(false), "the host's pid is visible");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_outside_the_run_directory_do_not_reach_the_host() {
+    let marker = unique_marker("write");
+    let home = std::env::var("HOME").unwrap();
+    let host_tmp = std::path::Path::new("/tmp").join(&marker);
+    let host_home = std::path::Path::new(&home).join(&marker);
+    let code = format!(
+        "import os\nresult = {{}}\nfor p in ['/tmp/{marker}', '{home}/{marker}', '/var/tmp/{marker}']:\n    try:\n        open(p, 'w').write('x')\n        result[p] = 'written'\n    except OSError as e:\n        result[p] = type(e).__name__\nresult"
+    );
+    let e = builder().build().unwrap().run(code).await.unwrap();
+    assert!(!host_tmp.exists(), "the code wrote to the host's /tmp");
+    assert!(!host_home.exists(), "the code wrote to $HOME");
+    // A $HOME under /tmp is inside the run's private /tmp: writing there is allowed and stays there.
+    if has("landlock") && !home.starts_with("/tmp") {
+        assert_eq!(
+            e.return_value[format!("{home}/{marker}")],
+            json!("PermissionError")
+        );
+        assert_eq!(
+            e.return_value["/var/tmp/".to_owned() + &marker],
+            json!("PermissionError")
+        );
+    }
+    let _ = std::fs::remove_file(&host_tmp);
+    let _ = std::fs::remove_file(&host_home);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_in_home_cannot_be_read() {
+    if !has("landlock") && !has("mount") {
+        return;
+    }
+    let home = std::path::PathBuf::from(std::env::var("HOME").unwrap());
+    let secret = home.join(format!(".runpython-t-secret-{}", std::process::id()));
+    std::fs::write(&secret, "top secret").unwrap();
+    let code = format!(
+        "def attempt():\n    try:\n        return open({:?}).read()\n    except OSError as e:\n        return type(e).__name__\nattempt()",
+        secret.display().to_string()
+    );
+    let e = builder().build().unwrap().run(code).await.unwrap();
+    std::fs::remove_file(&secret).unwrap();
+    assert!(
+        matches!(
+            e.return_value.as_str(),
+            Some("PermissionError" | "FileNotFoundError")
+        ),
+        "{:?} {:?}",
+        e.return_value,
+        e.error
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn loopback_is_unreachable_with_network_off_and_reachable_when_allowed() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "import socket\ndef attempt():\n    try:\n        socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n        return 'connected'\n    except OSError as e:\n        return type(e).__name__\nattempt()"
+    );
+    let allowed = builder().allow_network(true).build().unwrap();
+    let e = allowed.run(code.as_str()).await.unwrap();
+    assert_eq!(e.return_value, json!("connected"), "{:?}", e.error);
+    assert_eq!(e.isolation.unwrap().network, "host");
+    if !has("net") {
+        return;
+    }
+    let e = builder().build().unwrap().run(code.as_str()).await.unwrap();
+    assert_ne!(e.return_value, json!("connected"));
+    assert_eq!(e.isolation.unwrap().network, "off");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sixteen_concurrent_runs_all_succeed() {
+    let python = builder().build().unwrap();
+    let runs = (0..16).map(|i| {
+        let python = python.clone();
+        tokio::spawn(async move { python.run(format!("import os\n({i}, os.getpid())")).await })
+    });
+    for (i, run) in runs.enumerate() {
+        let e = run.await.unwrap().unwrap();
+        assert_eq!(e.return_value[0], json!(i), "{:?}", e.error);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_envelope_reports_the_layers_in_force() {
+    let e = builder().build().unwrap().run("1").await.unwrap();
+    let isolation = e.isolation.unwrap();
+    assert_eq!(isolation, isolation_with_uid(isolation.uid));
+    let off = builder().sandbox(Sandbox::off()).build().unwrap();
+    let e = off.run("1").await.unwrap();
+    let isolation = e.isolation.unwrap();
+    assert!(isolation.namespaces.is_empty());
+    assert_eq!(isolation.landlock, "off");
+    assert_eq!(isolation.kill, "process-group");
+    assert_eq!(isolation.rlimits.processes, None);
+}
+
+fn isolation_with_uid(uid: u32) -> Isolation {
+    Isolation { uid, ..isolation() }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn requiring_isolation_refuses_to_run_without_it_or_runs_with_it() {
+    let python = builder()
+        .sandbox(Sandbox {
+            require: true,
+            ..Sandbox::default()
+        })
+        .build()
+        .unwrap();
+    match python.run("1").await {
+        Ok(e) => assert!(e.isolation.unwrap().missing.is_empty()),
+        Err(err) => assert!(matches!(
+            err,
+            runpython_core::Error::IsolationUnavailable(_)
+        )),
+    }
+}
+
+/// A fork bomb must end in an error for the code, never a stalled machine: the run's processes are
+/// capped by `RLIMIT_NPROC` in its own user namespace (as root, under its own uid).
+#[tokio::test(flavor = "multi_thread")]
+async fn fork_bomb_ends_in_an_error_not_a_stalled_machine() {
+    if !has("processes") {
+        return;
+    }
+    let marker = unique_marker("forkbomb");
+    let python = builder()
+        .timeout(Duration::from_secs(15))
+        .sandbox(Sandbox {
+            processes: 64,
+            ..Sandbox::default()
+        })
+        .build()
+        .unwrap();
+    let code = format!("import os\n# {marker}\nwhile True:\n    os.fork()");
+    let started = std::time::Instant::now();
+    let e = python.run(code).await.unwrap();
+    assert_eq!(e.status, Status::Error, "{:?}", e.error);
+    assert_eq!(e.error.unwrap().kind, "BlockingIOError");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert_eq!(survivors_after(&marker, 3.0), Vec::<u32>::new());
+}
