@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::deps::{Deps, DepsConfig};
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::keep::{collect_run_files, Keeping};
+use crate::nested::Nesting;
 use crate::output::HeadTail;
 use crate::process::{child_env, code_dir, spawn_runner};
 use crate::Error;
@@ -132,6 +133,7 @@ pub struct RunPythonBuilder {
     keep: Option<Keeping>,
     memo_ttl: Option<Duration>,
     deps: DepsConfig,
+    nested: Option<u32>,
     errors: Vec<String>,
 }
 
@@ -264,6 +266,15 @@ impl RunPythonBuilder {
         self
     }
 
+    /// Lets the code call `run_python(code, dependencies=None, inputs=None)`, which runs more code in
+    /// its own sandboxed child and returns that run's envelope as a dict, up to `depth` levels down.
+    /// The inner run's timeout and tool calls come out of the outer run's remaining budget; a call
+    /// from the deepest level raises `NestingLimit` in the code.
+    pub fn allow_nested(mut self, depth: u32) -> Self {
+        self.nested = Some(depth);
+        self
+    }
+
     /// Checks the configuration.
     pub fn build(self) -> Result<RunPython, Error> {
         let mut errors = self.errors;
@@ -272,6 +283,13 @@ impl RunPythonBuilder {
         }
         if self.limits.max_output_chars < 2 {
             errors.push("max_output_chars must be at least 2 (a head and a tail)".into());
+        }
+        if self.nested == Some(0) {
+            errors.push("allow_nested needs a depth of at least 1".into());
+        }
+        if self.nested.is_some() && self.tools.get(crate::tool_spec::RUN_PYTHON_TOOL).is_some() {
+            errors
+                .push("a host tool named run_python clashes with allow_nested's run_python".into());
         }
         let mut keep = self.keep;
         if let Some(ttl) = self.memo_ttl {
@@ -295,6 +313,7 @@ impl RunPythonBuilder {
                 keep,
                 deps: self.deps.build()?,
                 interpreter: tokio::sync::OnceCell::new(),
+                nesting: self.nested.map(Nesting::top),
             }),
         })
     }
@@ -308,7 +327,7 @@ pub struct RunPython {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     limits: Limits,
     env_passthrough: Vec<String>,
@@ -318,6 +337,7 @@ struct Inner {
     keep: Option<Keeping>,
     deps: Deps,
     interpreter: tokio::sync::OnceCell<Interpreter>,
+    nesting: Option<Nesting>,
 }
 
 /// A run in progress: its events as they happen, cancellation, and the envelope at the end.
@@ -399,6 +419,25 @@ impl RunPython {
 
     pub(crate) fn deps(&self) -> &Deps {
         &self.inner.deps
+    }
+
+    pub(crate) fn nesting(&self) -> Option<&Nesting> {
+        self.inner.nesting.as_ref()
+    }
+
+    pub(crate) fn max_tool_calls(&self) -> u32 {
+        self.inner.bridge.max_calls
+    }
+
+    /// A copy of this engine for a run nested in one of its runs.
+    pub(crate) fn nested(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> RunPython {
+        let mut inner = (*self.inner).clone();
+        inner.limits.timeout = timeout;
+        inner.bridge.max_calls = max_calls;
+        inner.nesting = Some(nesting);
+        RunPython {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
@@ -526,15 +565,19 @@ impl RunPython {
             source,
         })?;
 
-        let (bridge_spec, bridge_future, bridge_stats) = if self.inner.tools.is_empty() {
+        let (tools, nested_stats) = crate::nested::tools_for_run(self, Instant::now())?;
+        let (bridge_spec, bridge_future, bridge_stats) = if tools.is_empty() {
             (Value::Null, None, None)
         } else {
             let bridge = Bridge::bind(
                 &run_dir.path().join("bridge.sock"),
-                self.inner.tools.clone(),
+                tools,
                 self.inner.bridge.clone(),
             )?;
             let stats = bridge.stats();
+            if let Some(cell) = &nested_stats {
+                let _ = cell.set(Arc::clone(&stats));
+            }
             (bridge.client_spec(), Some(bridge.serve()), Some(stats))
         };
 
@@ -709,6 +752,7 @@ impl RunPython {
             ));
         }
         envelope.duration_ms = elapsed_ms(started);
+        crate::nested::report_calls(self, bridge_stats.as_deref());
         let memoizable = envelope.status == Status::Success
             && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);
         if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
