@@ -3,6 +3,8 @@
 //! Exit status: 0 when the envelope's status is `success`, 1 for any other status, 2 for usage or
 //! infrastructure errors (a one-line reason on stderr).
 
+mod mcp;
+
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,8 +13,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use runpython_core::{
-    default_local_url, CommandTool, DepsProgress, Envelope, Event, RunPython, RunRequest, Status,
-    Store, Tier,
+    default_local_url, CommandTool, DepsProgress, Envelope, Event, McpServer, RunPython,
+    RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -28,6 +30,10 @@ struct Cli {
 enum Command {
     /// Run Python code from a file, from -c, or from stdin (`-`).
     Run(RunArgs),
+    /// Print the tool definitions (run_python, get_run_artifact, resume) for a model provider.
+    ToolSpec(ToolSpecArgs),
+    /// Serve run_python, get_run_artifact and resume over MCP on stdio.
+    Mcp(McpArgs),
     /// List or fetch what kept runs produced.
     Artifacts {
         #[command(subcommand)]
@@ -89,32 +95,11 @@ struct RunArgs {
     /// Print the JSON envelope instead of the code's output.
     #[arg(long)]
     json: bool,
-    /// Wall-clock limit in seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
-    timeout: Option<Duration>,
-    /// Characters kept per output stream (head and tail).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
-    max_output_chars: Option<u64>,
-    /// Let this environment variable through to the code (repeatable).
-    #[arg(long = "env-passthrough", value_name = "NAME")]
-    env_passthrough: Vec<String>,
     /// A global visible to the code, as NAME=JSON (repeatable).
     #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
     inputs: Vec<(String, Value)>,
-    /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
-    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
-    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
-    tools: Vec<(String, String)>,
-    /// A dependency to install before the run, as a requirement spec (`six==1.15.0`, `pkg[extra]>=2`,
-    /// `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
-    #[arg(long = "dep", value_name = "SPEC")]
-    deps: Vec<String>,
-    /// Do not install what the code imports; only --dep specs and a PEP 723 `# /// script` block count.
-    #[arg(long)]
-    no_auto_deps: bool,
-    /// The Python interpreter to use (default: discovered; also RUNPYTHON_PYTHON).
-    #[arg(long, value_name = "PATH")]
-    python: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineArgs,
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
@@ -133,6 +118,109 @@ struct RunArgs {
     /// Neither serve this run from the memo nor record it there.
     #[arg(long)]
     no_cache: bool,
+}
+
+/// What configures the engine, shared by `run`, `mcp` and `tool-spec`.
+#[derive(Debug, Args)]
+struct EngineArgs {
+    /// Wall-clock limit in seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, allow_negative_numbers = true)]
+    timeout: Option<Duration>,
+    /// Characters kept per output stream (head and tail).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
+    max_output_chars: Option<u64>,
+    /// Let this environment variable through to the code (repeatable).
+    #[arg(long = "env-passthrough", value_name = "NAME")]
+    env_passthrough: Vec<String>,
+    /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
+    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
+    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
+    tools: Vec<(String, String)>,
+    /// A dependency to install before the run, as a requirement spec (`six==1.15.0`, `pkg[extra]>=2`,
+    /// `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
+    #[arg(long = "dep", value_name = "SPEC")]
+    deps: Vec<String>,
+    /// Do not install what the code imports; only --dep specs and a PEP 723 `# /// script` block count.
+    #[arg(long)]
+    no_auto_deps: bool,
+    /// The Python interpreter to use (default: discovered; also RUNPYTHON_PYTHON).
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// Another MCP server whose tools the code can call, as the command that starts it (stdio)
+    /// (repeatable).
+    #[arg(long = "mcp-server", value_name = "COMMAND")]
+    mcp_servers: Vec<String>,
+    /// Let the code call run_python(code, dependencies=None, inputs=None) for nested runs, up to
+    /// DEPTH levels down (default 2). Inner runs share the outer run's time and tool-call budget.
+    #[arg(long, value_name = "DEPTH", num_args = 0..=1, require_equals = true, default_missing_value = "2",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    allow_nested: Option<u32>,
+    /// Which tool calls need a human decision (accepted and kept for the coming suspend/resume
+    /// support; not enforced yet) (repeatable).
+    #[arg(long, value_name = "POLICY")]
+    approval: Vec<String>,
+}
+
+impl EngineArgs {
+    /// The builder these flags describe, with the MCP servers' tools connected.
+    async fn builder(&self) -> anyhow::Result<RunPythonBuilder> {
+        let mut builder = RunPython::builder();
+        if let Some(timeout) = self.timeout {
+            builder = builder.timeout(timeout);
+        }
+        if let Some(n) = self.max_output_chars {
+            builder = builder.max_output_chars(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        for name in &self.env_passthrough {
+            builder = builder.env_passthrough(name);
+        }
+        if let Some(python) = &self.python {
+            builder = builder.python(python);
+        }
+        if self.no_auto_deps {
+            builder = builder.auto_deps(false);
+        }
+        for (name, command) in &self.tools {
+            builder = builder.tool(CommandTool::new(name, command));
+        }
+        for command in &self.mcp_servers {
+            let server = McpServer::connect(command).await?;
+            builder = builder.tools(&server.tools());
+        }
+        if let Some(depth) = self.allow_nested {
+            builder = builder.allow_nested(depth);
+        }
+        if !self.approval.is_empty() {
+            eprintln!(
+                "runpython: --approval is accepted but not enforced yet (it takes effect with suspend and resume)"
+            );
+        }
+        Ok(builder)
+    }
+}
+
+#[derive(Debug, Args)]
+struct ToolSpecArgs {
+    /// The provider's shape: anthropic, openai or mcp.
+    #[arg(long, value_name = "FORMAT", default_value = "anthropic", value_parser = parse_format)]
+    format: ToolFormat,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+struct McpArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Do not keep runs (get_run_artifact then has nothing to read).
+    #[arg(long, conflicts_with = "store")]
+    no_store: bool,
+}
+
+fn parse_format(s: &str) -> Result<ToolFormat, String> {
+    s.parse().map_err(|e: runpython_core::Error| e.to_string())
 }
 
 fn parse_timeout(s: &str) -> Result<Duration, String> {
@@ -197,6 +285,8 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
+            Command::ToolSpec(args) => tool_spec(args).await,
+            Command::Mcp(args) => serve_mcp(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
         }
@@ -224,25 +314,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot read {}", path.display()))?,
         (None, None) => bail!("no code given: pass a FILE, -c CODE, or - to read stdin"),
     };
-    let mut builder = RunPython::builder();
-    if let Some(timeout) = args.timeout {
-        builder = builder.timeout(timeout);
-    }
-    if let Some(n) = args.max_output_chars {
-        builder = builder.max_output_chars(usize::try_from(n).unwrap_or(usize::MAX));
-    }
-    for name in &args.env_passthrough {
-        builder = builder.env_passthrough(name);
-    }
-    if let Some(python) = &args.python {
-        builder = builder.python(python);
-    }
-    if args.no_auto_deps {
-        builder = builder.auto_deps(false);
-    }
-    for (name, command) in &args.tools {
-        builder = builder.tool(CommandTool::new(name, command));
-    }
+    let mut builder = args.engine.builder().await?;
     if !args.no_store {
         match args.store.open() {
             Ok(store) => {
@@ -264,7 +336,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.no_cache {
         request = request.no_memo();
     }
-    for spec in &args.deps {
+    for spec in &args.engine.deps {
         request = request.dependency(spec);
     }
     for (name, value) in args.inputs {
@@ -305,6 +377,31 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+async fn tool_spec(args: ToolSpecArgs) -> anyhow::Result<ExitCode> {
+    let python = args.engine.builder().await?.build()?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&python.tool_spec(args.format))?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve_mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
+    let mut builder = args.engine.builder().await?;
+    for spec in &args.engine.deps {
+        builder = builder.dependency(spec);
+    }
+    if !args.no_store {
+        match args.store.open() {
+            Ok(store) => builder = builder.store(store),
+            Err(e) if args.store.store.is_some() => return Err(e),
+            Err(e) => eprintln!("runpython: not keeping runs: {e:#}"),
+        }
+    }
+    mcp::serve(builder.build()?).await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
