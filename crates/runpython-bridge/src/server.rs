@@ -68,6 +68,11 @@ impl BridgeStats {
     pub fn limit_exceeded(&self) -> bool {
         self.limit_exceeded.load(Ordering::Relaxed)
     }
+    /// Counts `n` calls made elsewhere on this run's behalf (by a run nested in it), so they come out
+    /// of its budget: later calls over the budget are refused as if the run had made them itself.
+    pub fn charge(&self, n: u32) {
+        self.calls.fetch_add(n, Ordering::Relaxed);
+    }
 }
 
 /// One run's bridge: bound to a path, serving a tool set to connections that know the token.

@@ -3,6 +3,8 @@
 //! Exit status: 0 when the envelope's status is `success`, 1 for any other status, 2 for usage or
 //! infrastructure errors (a one-line reason on stderr).
 
+mod mcp;
+
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,8 +13,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use runpython_core::{
-    default_local_url, CommandTool, DepsProgress, Envelope, Event, RunPython, RunRequest, Status,
-    Store, Tier,
+    default_local_url, CommandTool, DepsProgress, Envelope, Event, McpServer, RunPython,
+    RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -30,6 +32,10 @@ enum Command {
     Run(RunArgs),
     /// Continue a suspended run with a decision.
     Resume(ResumeArgs),
+    /// Print the tool definitions (run_python, get_run_artifact, resume) for a model provider.
+    ToolSpec(ToolSpecArgs),
+    /// Serve run_python, get_run_artifact and resume over MCP on stdio.
+    Mcp(McpArgs),
     /// List or fetch what kept runs produced.
     Artifacts {
         #[command(subcommand)]
@@ -95,10 +101,6 @@ struct RunArgs {
     /// reference (parsed as JSON or CSV where it can be) (repeatable).
     #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
     inputs: Vec<(String, Input)>,
-    /// A dependency to install before the run, as a requirement spec (`six==1.15.0`, `pkg[extra]>=2`,
-    /// `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
-    #[arg(long = "dep", value_name = "SPEC")]
-    deps: Vec<String>,
     /// Neither serve this run from the memo nor record it there.
     #[arg(long)]
     no_cache: bool,
@@ -126,12 +128,25 @@ struct EngineArgs {
     /// `runpython resume RUN_ID --decision JSON` (repeatable).
     #[arg(long = "approval", value_name = "NAME")]
     approvals: Vec<String>,
+    /// A dependency to install before each run, as a requirement spec (`six==1.15.0`,
+    /// `pkg[extra]>=2`, `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
+    #[arg(long = "dep", value_name = "SPEC")]
+    deps: Vec<String>,
     /// Do not install what the code imports; only --dep specs and a PEP 723 `# /// script` block count.
     #[arg(long)]
     no_auto_deps: bool,
     /// The Python interpreter to use (default: discovered; also RUNPYTHON_PYTHON).
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
+    /// Another MCP server whose tools the code can call, as the command that starts it (stdio)
+    /// (repeatable).
+    #[arg(long = "mcp-server", value_name = "COMMAND")]
+    mcp_servers: Vec<String>,
+    /// Let the code call run_python(code, dependencies=None, inputs=None) for nested runs, up to
+    /// DEPTH levels down (default 2). Inner runs share the outer run's time and tool-call budget.
+    #[arg(long, value_name = "DEPTH", num_args = 0..=1, require_equals = true, default_missing_value = "2",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    allow_nested: Option<u32>,
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
@@ -239,6 +254,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Resume(args) => resume(args).await,
+            Command::ToolSpec(args) => tool_spec(args).await,
+            Command::Mcp(args) => serve_mcp(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
         }
@@ -266,13 +283,10 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot read {}", path.display()))?,
         (None, None) => bail!("no code given: pass a FILE, -c CODE, or - to read stdin"),
     };
-    let python = args.engine.build()?;
+    let python = args.engine.build().await?;
     let mut request = RunRequest::new(code);
     if args.no_cache {
         request = request.no_memo();
-    }
-    for spec in &args.deps {
-        request = request.dependency(spec);
     }
     for (name, input) in args.inputs {
         request = match input {
@@ -323,7 +337,12 @@ fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 impl EngineArgs {
-    fn build(&self) -> anyhow::Result<RunPython> {
+    async fn build(&self) -> anyhow::Result<RunPython> {
+        Ok(self.builder().await?.build()?)
+    }
+
+    /// The builder these flags describe, with the MCP servers' tools connected.
+    async fn builder(&self) -> anyhow::Result<RunPythonBuilder> {
         let mut builder = RunPython::builder();
         if let Some(timeout) = self.timeout {
             builder = builder.timeout(timeout);
@@ -342,6 +361,16 @@ impl EngineArgs {
         }
         for (name, command) in &self.tools {
             builder = builder.tool(CommandTool::new(name, command));
+        }
+        for spec in &self.deps {
+            builder = builder.dependency(spec);
+        }
+        for command in &self.mcp_servers {
+            let server = McpServer::connect(command).await?;
+            builder = builder.tools(&server.tools());
+        }
+        if let Some(depth) = self.allow_nested {
+            builder = builder.allow_nested(depth);
         }
         if !self.no_store {
             match self.store.open() {
@@ -365,12 +394,45 @@ impl EngineArgs {
         if self.memo {
             builder = builder.memoize(self.memo_ttl);
         }
-        Ok(builder.build()?)
+        Ok(builder)
     }
 }
 
+#[derive(Debug, Args)]
+struct ToolSpecArgs {
+    /// The provider's shape: anthropic, openai or mcp.
+    #[arg(long, value_name = "FORMAT", default_value = "anthropic", value_parser = parse_format)]
+    format: ToolFormat,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+struct McpArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+fn parse_format(s: &str) -> Result<ToolFormat, String> {
+    s.parse().map_err(|e: runpython_core::Error| e.to_string())
+}
+
+async fn tool_spec(args: ToolSpecArgs) -> anyhow::Result<ExitCode> {
+    let python = args.engine.build().await?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&python.tool_spec(args.format))?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve_mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
+    mcp::serve(args.engine.build().await?).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
-    let python = args.engine.build()?;
+    let python = args.engine.build().await?;
     let pending = python.pending_suspensions(&args.run_id).await?;
     let mut decisions = std::collections::HashMap::new();
     for text in &args.decisions {

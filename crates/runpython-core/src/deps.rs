@@ -69,7 +69,7 @@ fn default_env_root() -> Option<PathBuf> {
 }
 
 /// Dependency policy of a [`crate::RunPython`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Deps {
     defaults: Vec<String>,
     auto: bool,

@@ -29,20 +29,29 @@ mod deps;
 mod envelope;
 mod hitl;
 mod keep;
+#[cfg(feature = "mcp")]
+mod mcp_tools;
+mod nested;
 mod output;
 mod process;
 mod run;
 mod sandbox;
+mod tool_spec;
 
 pub use command_tool::CommandTool;
 pub use envelope::{Envelope, ErrorInfo, ListTruncation, Status, StreamTruncation, Truncated};
+#[cfg(feature = "mcp")]
+pub use mcp_tools::McpServer;
 pub use output::{Captured, HeadTail};
 pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
-pub use runpython_bridge::{tool_fn, Tool, ToolArgs, ToolError, ToolSet};
+pub use runpython_bridge::{python_stubs, tool_fn, Tool, ToolArgs, ToolError, ToolSet};
 pub use runpython_deps::{EnvProvider, PipProvider, Progress as DepsProgress, UvProvider};
 pub use runpython_store::{default_local_url, Artifact, ArtifactKind, CollectLimits, Store, Tier};
 pub use sandbox::{Isolation, RlimitReport, Sandbox};
+pub use tool_spec::{
+    ToolDefinition, ToolFormat, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL, RUN_PYTHON_TOOL,
+};
 
 /// runpython's own failures. What the user's code does is never an `Error`.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +88,14 @@ pub enum Error {
     /// The request is malformed (for example an input name that is not an identifier).
     #[error("invalid request: {0}")]
     InvalidInput(String),
+    /// An MCP server used for tools failed (starting it, the handshake, listing its tools).
+    #[error("MCP server `{command}`: {message}")]
+    Mcp {
+        /// The command that starts the server.
+        command: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The run was cancelled through its handle.
     #[error("the run was cancelled")]
     Cancelled,

@@ -14,6 +14,7 @@ use crate::artifact_tools::{ReadArtifact, SaveArtifact};
 use crate::deps::{Deps, DepsConfig};
 use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::keep::{collect_run_files, Keeping};
+use crate::nested::Nesting;
 use crate::output::{Captured, HeadTail};
 use crate::process::{child_env, code_dir, spawn_runner};
 use crate::sandbox::{Isolation, Sandbox};
@@ -153,6 +154,7 @@ pub struct RunPythonBuilder {
     deps: DepsConfig,
     durable: bool,
     sandbox: Sandbox,
+    nested: Option<u32>,
     errors: Vec<String>,
 }
 
@@ -326,6 +328,15 @@ impl RunPythonBuilder {
         self
     }
 
+    /// Lets the code call `run_python(code, dependencies=None, inputs=None)`, which runs more code in
+    /// its own sandboxed child and returns that run's envelope as a dict, up to `depth` levels down.
+    /// The inner run's timeout and tool calls come out of the outer run's remaining budget; a call
+    /// from the deepest level raises `NestingLimit` in the code.
+    pub fn allow_nested(mut self, depth: u32) -> Self {
+        self.nested = Some(depth);
+        self
+    }
+
     /// Checks the configuration.
     pub fn build(self) -> Result<RunPython, Error> {
         let mut errors = self.errors;
@@ -334,6 +345,13 @@ impl RunPythonBuilder {
         }
         if self.limits.max_output_chars < 2 {
             errors.push("max_output_chars must be at least 2 (a head and a tail)".into());
+        }
+        if self.nested == Some(0) {
+            errors.push("allow_nested needs a depth of at least 1".into());
+        }
+        if self.nested.is_some() && self.tools.get(crate::tool_spec::RUN_PYTHON_TOOL).is_some() {
+            errors
+                .push("a host tool named run_python clashes with allow_nested's run_python".into());
         }
         let mut keep = self.keep;
         if let Some(ttl) = self.memo_ttl {
@@ -365,6 +383,7 @@ impl RunPythonBuilder {
                 durable: self.durable,
                 sandbox: self.sandbox,
                 interpreter: tokio::sync::OnceCell::new(),
+                nesting: self.nested.map(Nesting::top),
             }),
         })
     }
@@ -378,7 +397,7 @@ pub struct RunPython {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     limits: Limits,
     env_passthrough: Vec<String>,
@@ -390,6 +409,7 @@ struct Inner {
     durable: bool,
     sandbox: Sandbox,
     interpreter: tokio::sync::OnceCell<Interpreter>,
+    nesting: Option<Nesting>,
 }
 
 /// A run in progress: its events as they happen, cancellation, and the envelope at the end.
@@ -490,6 +510,25 @@ impl RunPython {
 
     pub(crate) fn keeping(&self) -> Option<&Keeping> {
         self.inner.keep.as_ref()
+    }
+
+    pub(crate) fn nesting(&self) -> Option<&Nesting> {
+        self.inner.nesting.as_ref()
+    }
+
+    pub(crate) fn max_tool_calls(&self) -> u32 {
+        self.inner.bridge.max_calls
+    }
+
+    /// A copy of this engine for a run nested in one of its runs.
+    pub(crate) fn nested(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> RunPython {
+        let mut inner = (*self.inner).clone();
+        inner.limits.timeout = timeout;
+        inner.bridge.max_calls = max_calls;
+        inner.nesting = Some(nesting);
+        RunPython {
+            inner: Arc::new(inner),
+        }
     }
 
     /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
@@ -638,9 +677,9 @@ impl RunPython {
             source,
         })?;
 
+        let (mut tools, nested_stats) = crate::nested::tools_for_run(self, Instant::now())?;
         // With a store, the code also reaches artifacts by reference (read/load/save_artifact).
         let saved_artifacts = Arc::new(Mutex::new(Vec::new()));
-        let mut tools = self.inner.tools.clone();
         if let Some(keep) = &self.inner.keep {
             tools.insert(ReadArtifact {
                 store: keep.store.clone(),
@@ -667,6 +706,9 @@ impl RunPython {
                 bridge = bridge.with_sink(sink);
             }
             let stats = bridge.stats();
+            if let Some(cell) = &nested_stats {
+                let _ = cell.set(Arc::clone(&stats));
+            }
             let journal = bridge.journal();
             (
                 bridge.client_spec(),
@@ -910,6 +952,7 @@ impl RunPython {
             ));
         }
         envelope.duration_ms = elapsed_ms(started);
+        crate::nested::report_calls(self, bridge_stats.as_deref());
         let memoizable = envelope.status == Status::Success
             && !resumed
             && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);

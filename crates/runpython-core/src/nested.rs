@@ -1,0 +1,182 @@
+//! Runs nested in runs ("agent in agent"): with [`crate::RunPythonBuilder::allow_nested`], the code can
+//! call `run_python(code, dependencies=None, inputs=None)` and gets the inner run's envelope as a dict.
+//!
+//! The inner run is a run of a copy of the outer engine (same tools, store, dependency policy), one level
+//! deeper, in its own sandboxed child. Budgets are shared downwards: the inner timeout is what remains of
+//! the outer run's time (less a margin so the outer code can still read the inner envelope), its tool-call
+//! budget is what remains of the outer's, and the calls it makes are charged to the outer run.
+//! The tool is offered at every level; a call from the deepest level raises `NestingLimit` in the code.
+//!
+//! Suspension does not propagate yet: when runs can suspend (human-in-the-loop), a suspended inner run
+//! must suspend the outer one and resume through it. Until then an inner envelope is always final.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use runpython_bridge::{BoxFuture, BridgeStats, Tool, ToolArgs, ToolError, ToolSet};
+use serde_json::Value;
+
+use crate::run::RunPython;
+use crate::tool_spec::{run_python_schema, run_request_from, RUN_PYTHON_TOOL};
+use crate::Error;
+
+/// The longest margin kept from the outer run's remaining time when sizing an inner run's timeout.
+const MAX_TIME_MARGIN: Duration = Duration::from_secs(2);
+
+/// Where an engine sits in a tree of nested runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Nesting {
+    /// The deepest level a run may reach (the outermost run is level 0).
+    pub max_depth: u32,
+    /// This engine's level.
+    pub level: u32,
+    /// Where a nested engine reports the tool calls its run made, to charge the outer run.
+    pub spent: Option<Arc<AtomicU32>>,
+}
+
+impl Nesting {
+    pub fn top(max_depth: u32) -> Self {
+        Self {
+            max_depth,
+            level: 0,
+            spent: None,
+        }
+    }
+}
+
+/// The outer run's side of the budget: filled in once its bridge is bound.
+pub(crate) type RunStats = Arc<OnceLock<Arc<BridgeStats>>>;
+
+/// The `run_python` tool offered inside one run (or, without a run, as a template for stubs).
+struct NestedRun {
+    engine: RunPython,
+    run: Option<(Instant, RunStats)>,
+}
+
+const DESCRIPTION: &str = "Run Python code in a fresh sandboxed process (its own dependencies and inputs) \
+and return its envelope as a dict: status, return_value, return_type, stdout, stderr, error, artifacts, \
+run_id. Its timeout and tool calls come out of this run's budget.";
+
+impl Tool for NestedRun {
+    fn name(&self) -> &str {
+        RUN_PYTHON_TOOL
+    }
+    fn description(&self) -> &str {
+        DESCRIPTION
+    }
+    fn input_schema(&self) -> Option<&Value> {
+        static SCHEMA: OnceLock<Value> = OnceLock::new();
+        Some(SCHEMA.get_or_init(run_python_schema))
+    }
+    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+        let engine = self.engine.clone();
+        let run = self.run.clone();
+        Box::pin(async move {
+            let Some((started, stats)) = run else {
+                return Err(ToolError::new(
+                    "RuntimeError",
+                    "this run_python is a description, not bound to a run",
+                ));
+            };
+            let Some(nesting) = engine.nesting().cloned() else {
+                return Err(ToolError::new("RuntimeError", "nesting is not enabled"));
+            };
+            if nesting.level >= nesting.max_depth {
+                return Err(ToolError::new(
+                    "NestingLimit",
+                    format!(
+                        "run_python cannot nest deeper: this run is {} level(s) down, the limit set with \
+                         allow_nested({}); do the work in this run instead",
+                        nesting.level, nesting.max_depth
+                    ),
+                ));
+            }
+            let request = run_request_from(&args.kwargs).map_err(|e| match e {
+                Error::InvalidInput(message) => ToolError::value_error(message),
+                other => ToolError::new("RunPythonError", other.to_string()),
+            })?;
+
+            let outer_timeout = engine.limits().timeout;
+            let remaining = (started + outer_timeout).saturating_duration_since(Instant::now());
+            let margin = (remaining / 4).min(MAX_TIME_MARGIN);
+            let timeout = remaining.saturating_sub(margin);
+            if timeout < Duration::from_millis(10) {
+                return Err(ToolError::new(
+                    "TimeoutError",
+                    "the run has no time left for a nested run_python",
+                ));
+            }
+            let max_calls = engine.max_tool_calls();
+            let used = stats.get().map_or(0, |s| s.calls());
+            let calls_left = max_calls.saturating_sub(used);
+            let spent = Arc::new(AtomicU32::new(0));
+            let inner = engine.nested(
+                timeout,
+                calls_left,
+                Nesting {
+                    max_depth: nesting.max_depth,
+                    level: nesting.level + 1,
+                    spent: Some(Arc::clone(&spent)),
+                },
+            );
+            let result = inner.run(request).await;
+            if let Some(stats) = stats.get() {
+                stats.charge(spent.load(Ordering::Relaxed).min(calls_left));
+            }
+            match result {
+                Ok(envelope) => serde_json::to_value(&envelope)
+                    .map_err(|e| ToolError::new("RunPythonError", e.to_string())),
+                Err(Error::InvalidInput(message)) => Err(ToolError::value_error(message)),
+                Err(e) => Err(ToolError::new("RunPythonError", e.to_string())),
+            }
+        })
+    }
+}
+
+/// The tools one run of `engine` exposes: the engine's, plus `run_python` bound to this run when
+/// nesting is allowed. `started` is when the run's clock starts (just before its child is spawned); the
+/// budget reads the run's bridge stats, set through the returned cell once the bridge is bound.
+pub(crate) fn tools_for_run(
+    engine: &RunPython,
+    started: Instant,
+) -> Result<(ToolSet, Option<RunStats>), Error> {
+    let mut tools = engine.tools().clone();
+    if engine.nesting().is_none() {
+        return Ok((tools, None));
+    }
+    let stats = RunStats::default();
+    tools
+        .insert(NestedRun {
+            engine: engine.clone(),
+            run: Some((started, Arc::clone(&stats))),
+        })
+        .map_err(|e| Error::Config(e.to_string()))?;
+    Ok((tools, Some(stats)))
+}
+
+/// The tools the code sees, for stubs and tool specs (with `run_python` when nesting is allowed).
+pub(crate) fn exposed_tools(engine: &RunPython) -> ToolSet {
+    let mut tools = engine.tools().clone();
+    if engine.nesting().is_some() {
+        // A clash with a host tool of the same name is refused by the builder.
+        let _ = tools.insert(NestedRun {
+            engine: engine.clone(),
+            run: None,
+        });
+    }
+    tools
+}
+
+/// After a nested engine's run: reports its tool calls to the outer run's `run_python` call.
+pub(crate) fn report_calls(engine: &RunPython, stats: Option<&BridgeStats>) {
+    if let (
+        Some(Nesting {
+            spent: Some(spent), ..
+        }),
+        Some(stats),
+    ) = (engine.nesting(), stats)
+    {
+        spent.fetch_add(stats.calls(), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,167 @@
+//! Tool definitions for models in each provider's shape, and the dispatcher behind them.
+
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
+
+use std::time::Duration;
+
+use runpython_core::{tool_fn, Error, RunPython, Store, ToolFormat};
+use serde_json::{json, Value};
+
+fn engine() -> RunPython {
+    RunPython::builder()
+        .timeout(Duration::from_secs(30))
+        .tool(tool_fn(
+            "search",
+            "Search the catalogue.",
+            Some(json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})),
+            |_| async { Ok(json!([])) },
+        ))
+        .allow_nested(1)
+        .store(Store::open("memory://").unwrap())
+        .build()
+        .unwrap()
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// The (name, description, schema) of each definition, whatever the shape.
+fn check_definitions(defs: &[(&Value, &Value, &Value)]) {
+    let names: Vec<&str> = defs.iter().map(|d| d.0.as_str().unwrap()).collect();
+    assert_eq!(names, ["run_python", "get_run_artifact", "resume"]);
+    for (_, description, schema) in defs {
+        assert!(!description.as_str().unwrap().is_empty());
+        assert_eq!(schema["type"], "object");
+    }
+    let (_, run_description, run_schema) = defs[0];
+    let description = run_description.as_str().unwrap();
+    assert!(description.contains("envelope"), "{description}");
+    assert!(
+        description.contains("def search(query: str) -> Any:"),
+        "{description}"
+    );
+    assert!(
+        description.contains(
+            "def run_python(code: str, dependencies: list[str] = None, inputs: dict = None)"
+        ),
+        "{description}"
+    );
+    assert_eq!(run_schema["required"], json!(["code"]));
+    assert_eq!(
+        run_schema["properties"]["dependencies"]["items"]["type"],
+        "string"
+    );
+    assert_eq!(run_schema["properties"]["inputs"]["type"], "object");
+    let artifact_schema = defs[1].2;
+    assert_eq!(artifact_schema["required"], json!(["id"]));
+    assert_eq!(artifact_schema["properties"]["offset"]["type"], "integer");
+    assert_eq!(artifact_schema["properties"]["length"]["type"], "integer");
+    assert_eq!(defs[2].2["required"], json!(["run_id", "decisions"]));
+    assert_eq!(defs[2].2["properties"]["decisions"]["type"], "object");
+}
+
+#[test]
+fn anthropic_definitions_have_name_description_and_input_schema() {
+    let spec = engine().tool_spec(ToolFormat::Anthropic);
+    let defs: Vec<_> = spec.as_array().unwrap().iter().collect();
+    for d in &defs {
+        assert_eq!(keys(d), ["description", "input_schema", "name"]);
+    }
+    check_definitions(
+        &defs
+            .iter()
+            .map(|d| (&d["name"], &d["description"], &d["input_schema"]))
+            .collect::<Vec<_>>(),
+    );
+}
+
+#[test]
+fn openai_definitions_are_functions_with_parameters() {
+    let spec = engine().tool_spec(ToolFormat::OpenAi);
+    let defs: Vec<_> = spec.as_array().unwrap().iter().collect();
+    for d in &defs {
+        assert_eq!(keys(d), ["function", "type"]);
+        assert_eq!(d["type"], "function");
+        assert_eq!(keys(&d["function"]), ["description", "name", "parameters"]);
+    }
+    check_definitions(
+        &defs
+            .iter()
+            .map(|d| {
+                let f = &d["function"];
+                (&f["name"], &f["description"], &f["parameters"])
+            })
+            .collect::<Vec<_>>(),
+    );
+}
+
+#[test]
+fn mcp_definitions_have_an_input_schema_in_camel_case() {
+    let spec = engine().tool_spec(ToolFormat::Mcp);
+    let defs: Vec<_> = spec.as_array().unwrap().iter().collect();
+    for d in &defs {
+        assert_eq!(keys(d), ["description", "inputSchema", "name"]);
+    }
+    check_definitions(
+        &defs
+            .iter()
+            .map(|d| (&d["name"], &d["description"], &d["inputSchema"]))
+            .collect::<Vec<_>>(),
+    );
+}
+
+#[test]
+fn formats_parse_by_name() {
+    assert_eq!("OpenAI".parse::<ToolFormat>().unwrap(), ToolFormat::OpenAi);
+    assert!(matches!(
+        "gemini".parse::<ToolFormat>(),
+        Err(Error::InvalidInput(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_calls_run_code_read_artifact_slices_and_refuse_resume() {
+    let python = engine();
+    let envelope = python
+        .handle_tool_call(
+            "run_python",
+            &json!({"code": "print('hello')\nn + 1", "inputs": {"n": 1}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(envelope["return_value"], 2);
+    let stdout = envelope["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "stdout")
+        .unwrap_or_else(|| panic!("no stdout artifact in {envelope}"));
+    let slice = python
+        .handle_tool_call(
+            "get_run_artifact",
+            &json!({"id": stdout["id"], "offset": 1, "length": 3}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(slice["text"], "ell");
+    assert_eq!(slice["total_bytes"], 6);
+
+    let failed = python
+        .handle_tool_call("run_python", &json!({"code": "1/0"}))
+        .await
+        .unwrap();
+    assert_eq!(failed["status"], "error", "an outcome, not an Err");
+
+    let resume = python
+        .handle_tool_call("resume", &json!({"run_id": "x", "decisions": {}}))
+        .await;
+    let err = resume.unwrap_err().to_string();
+    assert!(err.contains("store") || err.contains("checkpoint"), "{err}");
+    let bad = python
+        .handle_tool_call("run_python", &json!({"code": 3}))
+        .await;
+    assert!(matches!(bad, Err(Error::InvalidInput(_))), "{bad:?}");
+}
