@@ -147,6 +147,9 @@ struct EngineArgs {
     #[arg(long, value_name = "DEPTH", num_args = 0..=1, require_equals = true, default_missing_value = "2",
           value_parser = clap::value_parser!(u32).range(1..))]
     allow_nested: Option<u32>,
+    /// Share the host's network with the code (default: none, an empty network namespace).
+    #[arg(long)]
+    allow_network: bool,
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
@@ -371,6 +374,9 @@ impl EngineArgs {
         }
         if let Some(depth) = self.allow_nested {
             builder = builder.allow_nested(depth);
+        }
+        if self.allow_network {
+            builder = builder.allow_network(true);
         }
         if !self.no_store {
             match self.store.open() {

@@ -346,3 +346,24 @@ fn a_host_killed_mid_call_is_resumed_and_only_that_call_runs_again() {
     let e = envelope(&runpython(&finish));
     assert_eq!(e["return_value"], serde_json::json!([1, 2, "ok"]), "{e}");
 }
+
+#[test]
+fn network_is_off_unless_allowed() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n    r = 'connected'\nexcept OSError as e:\n    r = type(e).__name__\nr"
+    );
+    let off = envelope(&runpython(&["run", "--json", "--no-store", "-c", &code]));
+    assert_ne!(off["return_value"], "connected", "{off}");
+    let on = envelope(&runpython(&[
+        "run",
+        "--json",
+        "--no-store",
+        "--allow-network",
+        "-c",
+        &code,
+    ]));
+    assert_eq!(on["return_value"], "connected", "{on}");
+    assert_eq!(on["isolation"]["network"], "host");
+}
