@@ -227,3 +227,29 @@ async fn approval_without_a_store_is_a_configuration_error() {
     let err = RunPython::builder().approval("ask").build().unwrap_err();
     assert!(err.to_string().contains("need a store"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inner_suspension_suspends_the_outer_run_and_resumes_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+    let python = RunPython::builder()
+        .store(store)
+        .approval("request_approval")
+        .allow_nested(2)
+        .build()
+        .unwrap();
+    let code = "inner = run_python(code=\"ok = request_approval('deploy?')\\n'deployed' if ok else 'held'\")\n\
+                [inner['status'], inner['return_value']]";
+    let e = python.run(code).await.unwrap();
+    assert_eq!(e.status, Status::Suspended, "{:?}", e.error);
+    let s = e.suspension.clone().unwrap();
+    assert_eq!(s["tool"], "run_python");
+    assert_eq!(s["args"]["suspension"]["tool"], "request_approval", "{s}");
+    assert_eq!(s["args"]["suspension"]["args"]["args"], json!(["deploy?"]));
+    let done = python
+        .resume(&e.run_id, decision(&suspension_id(&e), json!(true)))
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Success, "{:?}", done.error);
+    assert_eq!(done.return_value, json!(["success", "deployed"]));
+}

@@ -146,8 +146,10 @@ pub enum Stop {
 
 enum Replayed {
     Result(Result<String, ToolError>),
-    Decision(String, String),
-    Suspension(String),
+    /// The suspension's id, the decision (JSON text), and the suspended call's request when the call
+    /// has not been resumed yet (a `Decided` entry already holds its result).
+    Decision(String, String, Option<String>),
+    Suspension(String, String),
     Live,
     Diverged(String),
 }
@@ -387,26 +389,57 @@ async fn dispatch(
                 .await;
             return (id, Some(reply_of(id, result)));
         }
-        Replayed::Decision(suspension_id, decision) => {
-            let _ = bridge
-                .record(entry(CallState::Decided {
+        Replayed::Decision(suspension_id, decision, request) => {
+            // A tool that ran something suspendable continues it with the decision; for the others
+            // (approvals) the decision is the result.
+            let resumed = request.and_then(|request| {
+                let tool = bridge.tools.get(&name)?;
+                let request = serde_json::from_str(&request).unwrap_or(Value::Null);
+                let decision = serde_json::from_str(&decision).unwrap_or(Value::Null);
+                tool.resume(request, decision)
+            });
+            let result = match resumed {
+                None => Ok(decision),
+                Some(call) => match call.await {
+                    Ok(value) => Ok(value.to_string()),
+                    Err(error) if error.is_suspension() => {
+                        let _ = bridge
+                            .record(entry(CallState::Suspended {
+                                id: suspension_id.clone(),
+                                request: error.message.clone(),
+                            }))
+                            .await;
+                        let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
+                            id: suspension_id,
+                            tool: name.clone(),
+                            args: serde_json::from_str(&error.message).unwrap_or(Value::Null),
+                        }));
+                        return (id, None);
+                    }
+                    Err(error) => Err(error),
+                },
+            };
+            let state = match &result {
+                Ok(text) => CallState::Decided {
                     id: suspension_id,
-                    decision: decision.clone(),
-                }))
-                .await;
-            return (id, Some(reply_of(id, Ok(decision))));
+                    decision: text.clone(),
+                },
+                Err(_) => CallState::Applied(result.clone()),
+            };
+            let _ = bridge.record(entry(state)).await;
+            return (id, Some(reply_of(id, result)));
         }
-        Replayed::Suspension(suspension_id) => {
+        Replayed::Suspension(suspension_id, request) => {
             let _ = bridge
                 .record(entry(CallState::Suspended {
                     id: suspension_id.clone(),
-                    request: args_text.clone(),
+                    request: request.clone(),
                 }))
                 .await;
             let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
                 id: suspension_id,
                 tool: name.clone(),
-                args: serde_json::from_str(&args_text).unwrap_or(Value::Null),
+                args: serde_json::from_str(&request).unwrap_or(Value::Null),
             }));
             return (id, None);
         }
@@ -486,16 +519,17 @@ async fn dispatch(
                 return (id, Some(error_reply(id, &error)));
             }
             let suspension_id = format!("s{ordinal}");
+            // What the tool asked (its suspend payload) is what the person sees and what resume gets.
             let _ = bridge
                 .record(entry(CallState::Suspended {
                     id: suspension_id.clone(),
-                    request: args_text.clone(),
+                    request: error.message.clone(),
                 }))
                 .await;
             let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
                 id: suspension_id,
                 tool: name.clone(),
-                args: serde_json::from_str(&args_text).unwrap_or(Value::Null),
+                args: serde_json::from_str(&error.message).unwrap_or(Value::Null),
             }));
             (id, None)
         }
@@ -552,10 +586,14 @@ impl Bridge {
         consumed[index] = true;
         match &plan.journal.entries[index].state {
             CallState::Applied(result) => Replayed::Result(result.clone()),
-            CallState::Decided { id, decision } => Replayed::Decision(id.clone(), decision.clone()),
-            CallState::Suspended { id, .. } => match plan.decisions.get(id) {
-                Some(decision) => Replayed::Decision(id.clone(), decision.to_string()),
-                None => Replayed::Suspension(id.clone()),
+            CallState::Decided { id, decision } => {
+                Replayed::Decision(id.clone(), decision.clone(), None)
+            }
+            CallState::Suspended { id, request } => match plan.decisions.get(id) {
+                Some(decision) => {
+                    Replayed::Decision(id.clone(), decision.to_string(), Some(request.clone()))
+                }
+                None => Replayed::Suspension(id.clone(), request.clone()),
             },
             // Started but never finished: the host died during it. It is the one call made again.
             CallState::Executing => Replayed::Live,

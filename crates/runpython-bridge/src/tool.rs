@@ -106,6 +106,17 @@ pub trait Tool: Send + Sync {
     }
     /// Run the call. An `Err` reaches the code as an exception.
     fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>>;
+    /// Continue a call that suspended with `request` (the payload of its [`ToolError::suspend`]), now
+    /// that `decision` is known. `None` (the default): the decision itself is the call's result. A tool
+    /// that runs something suspendable (a nested run) resumes it here, and may suspend again.
+    fn resume(
+        &self,
+        request: Value,
+        decision: Value,
+    ) -> Option<BoxFuture<Result<Value, ToolError>>> {
+        let _ = (request, decision);
+        None
+    }
 }
 
 /// A tool made from a closure or an async function; see [`tool_fn`].

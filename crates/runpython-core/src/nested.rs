@@ -49,6 +49,7 @@ impl Nesting {
 pub(crate) type RunStats = Arc<OnceLock<Arc<BridgeStats>>>;
 
 /// The `run_python` tool offered inside one run (or, without a run, as a template for stubs).
+#[derive(Clone)]
 struct NestedRun {
     engine: RunPython,
     run: Option<(Instant, RunStats)>,
@@ -70,67 +71,105 @@ impl Tool for NestedRun {
         Some(SCHEMA.get_or_init(run_python_schema))
     }
     fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
-        let engine = self.engine.clone();
-        let run = self.run.clone();
+        let this = self.clone();
         Box::pin(async move {
-            let Some((started, stats)) = run else {
-                return Err(ToolError::new(
-                    "RuntimeError",
-                    "this run_python is a description, not bound to a run",
-                ));
-            };
-            let Some(nesting) = engine.nesting().cloned() else {
-                return Err(ToolError::new("RuntimeError", "nesting is not enabled"));
-            };
-            if nesting.level >= nesting.max_depth {
-                return Err(ToolError::new(
-                    "NestingLimit",
-                    format!(
-                        "run_python cannot nest deeper: this run is {} level(s) down, the limit set with \
-                         allow_nested({}); do the work in this run instead",
-                        nesting.level, nesting.max_depth
-                    ),
-                ));
-            }
             let request = run_request_from(&args.kwargs).map_err(|e| match e {
                 Error::InvalidInput(message) => ToolError::value_error(message),
                 other => ToolError::new("RunPythonError", other.to_string()),
             })?;
-
-            let outer_timeout = engine.limits().timeout;
-            let remaining = (started + outer_timeout).saturating_duration_since(Instant::now());
-            let margin = (remaining / 4).min(MAX_TIME_MARGIN);
-            let timeout = remaining.saturating_sub(margin);
-            if timeout < Duration::from_millis(10) {
-                return Err(ToolError::new(
-                    "TimeoutError",
-                    "the run has no time left for a nested run_python",
-                ));
-            }
-            let max_calls = engine.max_tool_calls();
-            let used = stats.get().map_or(0, |s| s.calls());
-            let calls_left = max_calls.saturating_sub(used);
-            let spent = Arc::new(AtomicU32::new(0));
-            let inner = engine.nested(
-                timeout,
-                calls_left,
-                Nesting {
-                    max_depth: nesting.max_depth,
-                    level: nesting.level + 1,
-                    spent: Some(Arc::clone(&spent)),
-                },
-            );
-            let result = inner.run(request).await;
-            if let Some(stats) = stats.get() {
-                stats.charge(spent.load(Ordering::Relaxed).min(calls_left));
-            }
-            match result {
-                Ok(envelope) => serde_json::to_value(&envelope)
-                    .map_err(|e| ToolError::new("RunPythonError", e.to_string())),
-                Err(Error::InvalidInput(message)) => Err(ToolError::value_error(message)),
-                Err(e) => Err(ToolError::new("RunPythonError", e.to_string())),
-            }
+            this.with_inner(|inner| async move { inner.run(request).await })
+                .await
         })
+    }
+
+    /// An inner run that suspended suspended this call; the decision resumes the inner run.
+    fn resume(
+        &self,
+        request: Value,
+        decision: Value,
+    ) -> Option<BoxFuture<Result<Value, ToolError>>> {
+        let this = self.clone();
+        Some(Box::pin(async move {
+            let run_id = request["run_id"].as_str().unwrap_or_default().to_owned();
+            let suspension = request["suspension"]["id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let decisions = std::collections::HashMap::from([(suspension, decision)]);
+            this.with_inner(|inner| async move { inner.resume(&run_id, decisions).await })
+                .await
+        }))
+    }
+}
+
+impl NestedRun {
+    /// Runs `work` on a copy of the engine one level deeper, within what remains of this run's time
+    /// and tool calls, and turns its envelope into the call's result (a suspended inner run suspends
+    /// this call, carrying what the inner run waits for).
+    async fn with_inner<F, Fut>(&self, work: F) -> Result<Value, ToolError>
+    where
+        F: FnOnce(RunPython) -> Fut,
+        Fut: std::future::Future<Output = Result<crate::Envelope, Error>>,
+    {
+        let engine = self.engine.clone();
+        let Some((started, stats)) = self.run.clone() else {
+            return Err(ToolError::new(
+                "RuntimeError",
+                "this run_python is a description, not bound to a run",
+            ));
+        };
+        let Some(nesting) = engine.nesting().cloned() else {
+            return Err(ToolError::new("RuntimeError", "nesting is not enabled"));
+        };
+        if nesting.level >= nesting.max_depth {
+            return Err(ToolError::new(
+                "NestingLimit",
+                format!(
+                    "run_python cannot nest deeper: this run is {} level(s) down, the limit set with \
+                     allow_nested({}); do the work in this run instead",
+                    nesting.level, nesting.max_depth
+                ),
+            ));
+        }
+        let outer_timeout = engine.limits().timeout;
+        let remaining = (started + outer_timeout).saturating_duration_since(Instant::now());
+        let margin = (remaining / 4).min(MAX_TIME_MARGIN);
+        let timeout = remaining.saturating_sub(margin);
+        if timeout < Duration::from_millis(10) {
+            return Err(ToolError::new(
+                "TimeoutError",
+                "the run has no time left for a nested run_python",
+            ));
+        }
+        let max_calls = engine.max_tool_calls();
+        let used = stats.get().map_or(0, |s| s.calls());
+        let calls_left = max_calls.saturating_sub(used);
+        let spent = Arc::new(AtomicU32::new(0));
+        let inner = engine.nested(
+            timeout,
+            calls_left,
+            Nesting {
+                max_depth: nesting.max_depth,
+                level: nesting.level + 1,
+                spent: Some(Arc::clone(&spent)),
+            },
+        );
+        let result = work(inner).await;
+        if let Some(stats) = stats.get() {
+            stats.charge(spent.load(Ordering::Relaxed).min(calls_left));
+        }
+        match result {
+            Ok(envelope) if envelope.status == crate::Status::Suspended => {
+                Err(ToolError::suspend(serde_json::json!({
+                    "run_id": envelope.run_id,
+                    "suspension": envelope.suspension,
+                })))
+            }
+            Ok(envelope) => serde_json::to_value(&envelope)
+                .map_err(|e| ToolError::new("RunPythonError", e.to_string())),
+            Err(Error::InvalidInput(message)) => Err(ToolError::value_error(message)),
+            Err(e) => Err(ToolError::new("RunPythonError", e.to_string())),
+        }
     }
 }
 
