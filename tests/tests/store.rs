@@ -247,3 +247,29 @@ async fn a_store_setting_without_a_store_is_a_configuration_error() {
         .unwrap_err();
     assert!(err.to_string().contains("needs a store"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unclosed_files_exit_handlers_and_running_threads_finish_before_the_run_is_kept() {
+    let (_dir, store) = file_store();
+    let python = RunPython::builder().store(store).build().unwrap();
+    let code = "f = open('unclosed.txt', 'w')\nf.write('data' * 1000)\n\
+                import atexit\natexit.register(lambda: print('bye'))\n\
+                import threading, time\n\
+                threading.Thread(target=lambda: (time.sleep(0.3), open('late.txt', 'w').write('late'))).start()\n1";
+    let e = python.run(code).await.unwrap();
+    assert_eq!(
+        e.stdout, "bye\n",
+        "exit handlers run, and their output is kept"
+    );
+    let size = |name: &str| e.artifacts.iter().find(|a| a.name == name).map(|a| a.bytes);
+    assert_eq!(
+        size("unclosed.txt"),
+        Some(4000),
+        "a file left open is flushed"
+    );
+    assert_eq!(
+        size("late.txt"),
+        Some(4),
+        "a non-daemon thread finishes first"
+    );
+}

@@ -13,8 +13,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use runpython_core::{
-    default_local_url, CommandTool, DepsProgress, Envelope, Event, McpServer, RunPython,
-    RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
+    default_local_url, CommandTool, DepsProgress, Envelope, Event, McpServer, PoolConfig,
+    RunPython, RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -344,9 +344,13 @@ impl EngineArgs {
         Ok(self.builder().await?.build()?)
     }
 
-    /// The builder these flags describe, with the MCP servers' tools connected.
+    /// The builder these flags describe, with the MCP servers' tools connected. One-shot commands
+    /// start no interpreter pool (it would only be killed at exit); `mcp` turns it back on.
     async fn builder(&self) -> anyhow::Result<RunPythonBuilder> {
-        let mut builder = RunPython::builder();
+        let mut builder = RunPython::builder().pool(PoolConfig {
+            size: 0,
+            ..PoolConfig::default()
+        });
         if let Some(timeout) = self.timeout {
             builder = builder.timeout(timeout);
         }
@@ -433,7 +437,14 @@ async fn tool_spec(args: ToolSpecArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve_mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
-    mcp::serve(args.engine.build().await?).await?;
+    // A server answers many runs: interpreters started ahead of them pay off.
+    let engine = args
+        .engine
+        .builder()
+        .await?
+        .pool(PoolConfig::default())
+        .build()?;
+    mcp::serve(engine).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -33,6 +33,7 @@ mod keep;
 mod mcp_tools;
 mod nested;
 mod output;
+mod pool;
 mod process;
 mod run;
 mod sandbox;
@@ -43,6 +44,7 @@ pub use envelope::{Envelope, ErrorInfo, ListTruncation, Status, StreamTruncation
 #[cfg(feature = "mcp")]
 pub use mcp_tools::McpServer;
 pub use output::{Captured, HeadTail};
+pub use pool::PoolConfig;
 pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
 pub use runpython_bridge::{python_stubs, tool_fn, Tool, ToolArgs, ToolError, ToolSet};

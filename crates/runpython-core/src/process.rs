@@ -163,6 +163,7 @@ pub(crate) struct Spawned {
 pub(crate) fn spawn_runner(
     python: &Path,
     code_dir: &Path,
+    warm_up: &[String],
     cwd: &Path,
     env: &[(String, String)],
     plan: crate::sandbox::Plan,
@@ -179,6 +180,7 @@ pub(crate) fn spawn_runner(
     command
         .args(["-I", "-S", "-X", "utf8", "-c", BOOTSTRAP])
         .arg(code_dir)
+        .args(warm_up)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)

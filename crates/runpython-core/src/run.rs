@@ -16,6 +16,7 @@ use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
 use crate::keep::{collect_run_files, Keeping};
 use crate::nested::Nesting;
 use crate::output::{Captured, HeadTail};
+use crate::pool::{Pool, PoolConfig, PoolKey, Slot};
 use crate::process::{child_env, code_dir, spawn_runner};
 use crate::sandbox::{Isolation, Sandbox};
 use crate::Error;
@@ -154,6 +155,7 @@ pub struct RunPythonBuilder {
     deps: DepsConfig,
     durable: bool,
     sandbox: Sandbox,
+    pool: PoolConfig,
     nested: Option<u32>,
     errors: Vec<String>,
 }
@@ -322,6 +324,12 @@ impl RunPythonBuilder {
         self.sandbox = sandbox;
         self
     }
+    /// The pool of interpreters started ahead of their runs (default: one per environment, kept two
+    /// minutes; `size: 0` turns it off). See [`PoolConfig`].
+    pub fn pool(mut self, pool: PoolConfig) -> Self {
+        self.pool = pool;
+        self
+    }
     /// Shares the host's network with the code (default: an empty network namespace).
     pub fn allow_network(mut self, allow: bool) -> Self {
         self.sandbox.allow_network = allow;
@@ -382,6 +390,7 @@ impl RunPythonBuilder {
                 deps: self.deps.build()?,
                 durable: self.durable,
                 sandbox: self.sandbox,
+                pool: (self.pool.size > 0).then(|| Arc::new(Pool::new(self.pool))),
                 interpreter: tokio::sync::OnceCell::new(),
                 nesting: self.nested.map(Nesting::top),
             }),
@@ -408,6 +417,7 @@ struct Inner {
     deps: Deps,
     durable: bool,
     sandbox: Sandbox,
+    pool: Option<Arc<Pool>>,
     interpreter: tokio::sync::OnceCell<Interpreter>,
     nesting: Option<Nesting>,
 }
@@ -459,6 +469,8 @@ impl Drop for RunHandle {
 
 enum Ending {
     Exited(std::process::ExitStatus),
+    /// The runner wrote its result and closed its streams; the interpreter is still exiting.
+    Answered,
     TimedOut,
     Cancelled,
     Bridge(Stop),
@@ -504,6 +516,97 @@ impl RunPython {
         &self.inner.deps
     }
 
+    /// Starts an interpreter for a run: a private run directory, the sandbox plan, the child waiting
+    /// for its request on stdin. `warm_up` are the runner's pre-request arguments (pooled interpreters).
+    fn spawn_slot(
+        &self,
+        python: &std::path::Path,
+        code_dir: &std::path::Path,
+        site_dir: Option<&std::path::Path>,
+        warm_up: &[String],
+    ) -> Result<Slot, Error> {
+        let run_dir = tempfile::Builder::new()
+            .prefix("runpython-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir()
+            .map_err(|source| Error::Io {
+                what: "creating the run directory",
+                source,
+            })?;
+        let work_dir = run_dir.path().join("work");
+        std::fs::create_dir(&work_dir).map_err(|source| Error::Io {
+            what: "creating the run's working directory",
+            source,
+        })?;
+        // The prepared environment is read by the code: the sandbox must let it through.
+        let env_reads: Vec<&std::path::Path> = site_dir.into_iter().collect();
+        let plan = crate::sandbox::prepare(
+            &self.inner.sandbox,
+            python,
+            code_dir,
+            &env_reads,
+            run_dir.path(),
+            self.inner.limits.timeout,
+        )?;
+        let isolation = plan.report.clone();
+        let env = child_env(&self.inner.env_passthrough);
+        let spawned = spawn_runner(python, code_dir, warm_up, &work_dir, &env, plan)?;
+        Ok(Slot {
+            run_dir,
+            work_dir,
+            spawned,
+            isolation,
+            born: Instant::now(),
+        })
+    }
+
+    /// A pooled interpreter for `key`: one that is ready, or (with `prestart`) one started now and
+    /// waited for.
+    async fn pooled(&self, key: &PoolKey) -> Option<Slot> {
+        let pool = self.inner.pool.as_ref()?;
+        if let Some(slot) = pool.take(key) {
+            return Some(slot);
+        }
+        if !pool.config.prestart {
+            return None;
+        }
+        self.refill_pool(key.clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if let Some(slot) = pool.take(key) {
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// Starts replacements for pooled interpreters in the background (off the run's critical path).
+    fn refill_pool(&self, key: PoolKey) {
+        let Some(pool) = self.inner.pool.clone() else {
+            return;
+        };
+        for _ in 0..pool.reserve(&key) {
+            let this = self.clone();
+            let pool = Arc::clone(&pool);
+            let key = key.clone();
+            tokio::spawn(async move {
+                let mut warm_up = Vec::new();
+                if let Some(site) = &key.1 {
+                    warm_up.extend(["--site".to_owned(), site.display().to_string()]);
+                }
+                if !pool.config.warm_imports.is_empty() {
+                    warm_up.extend(["--warm".to_owned(), pool.config.warm_imports.join(",")]);
+                }
+                let slot = code_dir()
+                    .and_then(|dir| this.spawn_slot(&key.0, dir, key.1.as_deref(), &warm_up));
+                // A pool that cannot start an interpreter just serves runs cold.
+                let slot = slot.ok();
+                pool.put(key, slot);
+            });
+        }
+    }
+
     pub(crate) fn is_durable(&self) -> bool {
         self.inner.durable
     }
@@ -526,6 +629,7 @@ impl RunPython {
         inner.limits.timeout = timeout;
         inner.bridge.max_calls = max_calls;
         inner.nesting = Some(nesting);
+        inner.pool = None; // pooled interpreters are prepared for this engine's limits
         RunPython {
             inner: Arc::new(inner),
         }
@@ -663,19 +767,29 @@ impl RunPython {
             |env| env.interpreter.clone(),
         );
 
-        let run_dir = tempfile::Builder::new()
-            .prefix("runpython-")
-            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .tempdir()
-            .map_err(|source| Error::Io {
-                what: "creating the run directory",
-                source,
-            })?;
-        let work_dir = run_dir.path().join("work");
-        std::fs::create_dir(&work_dir).map_err(|source| Error::Io {
-            what: "creating the run's working directory",
-            source,
-        })?;
+        // An interpreter started ahead of time for this environment, or a fresh one (the cold path).
+        let site_dir = prepared.as_ref().and_then(|env| env.site_dir.clone());
+        let code_dir = code_dir()?;
+        {
+            let (python, version) = (python.clone(), interpreter.version);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::process::ensure_bytecode(&python, version, code_dir)
+            })
+            .await;
+        }
+        let key: PoolKey = (python.clone(), site_dir.clone());
+        let slot = match self.pooled(&key).await {
+            Some(slot) => slot,
+            None => self.spawn_slot(&python, code_dir, site_dir.as_deref(), &[])?,
+        };
+        self.refill_pool(key);
+        let Slot {
+            run_dir,
+            work_dir,
+            spawned,
+            isolation,
+            ..
+        } = slot;
 
         let (mut tools, nested_stats) = crate::nested::tools_for_run(self, Instant::now())?;
         // With a store, the code also reaches artifacts by reference (read/load/save_artifact).
@@ -705,6 +819,18 @@ impl RunPython {
             if let Some(sink) = durable {
                 bridge = bridge.with_sink(sink);
             }
+            // The child runs as the run's uid: the socket must be its to connect to.
+            if isolation.uid != nix::unistd::geteuid().as_raw() {
+                std::os::unix::fs::lchown(
+                    run_dir.path().join("bridge.sock"),
+                    Some(isolation.uid),
+                    Some(isolation.uid),
+                )
+                .map_err(|source| Error::Io {
+                    what: "handing the bridge socket to the run's uid",
+                    source,
+                })?;
+            }
             let stats = bridge.stats();
             if let Some(cell) = &nested_stats {
                 let _ = cell.set(Arc::clone(&stats));
@@ -718,14 +844,6 @@ impl RunPython {
             )
         };
 
-        let code_dir = code_dir()?;
-        {
-            let (python, version) = (python.clone(), interpreter.version);
-            let _ = tokio::task::spawn_blocking(move || {
-                crate::process::ensure_bytecode(&python, version, code_dir)
-            })
-            .await;
-        }
         let runner_request = serde_json::json!({
             "code_dir": code_dir,
             "code": &request.code,
@@ -734,29 +852,12 @@ impl RunPython {
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
             "inline_return_bytes": limits.inline_return_bytes,
-            "site_dir": prepared.as_ref().and_then(|env| env.site_dir.as_ref()),
+            "site_dir": site_dir,
             "bridge": bridge_spec,
         });
         let runner_request =
             serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
 
-        // The prepared environment is read by the code: the sandbox must let it through.
-        let env_reads: Vec<&std::path::Path> = prepared
-            .as_ref()
-            .and_then(|env| env.site_dir.as_deref())
-            .into_iter()
-            .collect();
-        let plan = crate::sandbox::prepare(
-            &self.inner.sandbox,
-            &python,
-            code_dir,
-            &env_reads,
-            run_dir.path(),
-            limits.timeout,
-        )?;
-        let isolation = plan.report.clone();
-        let env = child_env(&self.inner.env_passthrough);
-        let spawned = spawn_runner(&python, code_dir, &work_dir, &env, plan)?;
         let mut child = spawned.child;
         let guard = spawned.guard;
 
@@ -769,24 +870,34 @@ impl RunPython {
         });
         let stdout_capture = Arc::new(Mutex::new(HeadTail::new(limits.max_output_chars)));
         let stderr_capture = Arc::new(Mutex::new(HeadTail::new(limits.max_output_chars)));
+        // The runner closes stdout, stderr and the result pipe once it has answered: when all three
+        // are at end of file the envelope is complete, before the interpreter has finished exiting.
+        let closed = Arc::new(Closed::default());
         let stdout_reader = child.stdout.take().map(|pipe| {
-            tokio::spawn(capture(
-                pipe,
+            let (sink, events, closed) = (
                 Arc::clone(&stdout_capture),
                 events.clone(),
-                Event::Stdout,
-            ))
+                Arc::clone(&closed),
+            );
+            tokio::spawn(async move {
+                capture(pipe, sink, events, Event::Stdout).await;
+                closed.mark();
+            })
         });
         let stderr_reader = child.stderr.take().map(|pipe| {
-            tokio::spawn(capture(
-                pipe,
+            let (sink, events, closed) = (
                 Arc::clone(&stderr_capture),
                 events.clone(),
-                Event::Stderr,
-            ))
+                Arc::clone(&closed),
+            );
+            tokio::spawn(async move {
+                capture(pipe, sink, events, Event::Stderr).await;
+                closed.mark();
+            })
         });
         let result_cap = limits.max_return_bytes + RESULT_OVERHEAD;
         let mut result_pipe = spawned.result;
+        let result_closed = Arc::clone(&closed);
         let result_reader = tokio::spawn(async move {
             let mut data = Vec::new();
             let mut chunk = vec![0u8; 64 * 1024];
@@ -798,8 +909,18 @@ impl RunPython {
                     Ok(_) => overflow = true, // keep draining so the child never blocks on it
                 }
             }
+            if !data.is_empty() {
+                result_closed
+                    .answered
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            result_closed.mark();
             (data, overflow)
         });
+        // The runner answers after doing what the interpreter's exit would (threads joined, exit
+        // handlers run, the code's globals and open files released), so the run may end as soon as the
+        // answer is complete instead of waiting for the interpreter and its namespaces to go away.
+        let answered = closed.wait_for(3);
 
         let cancelled = async {
             if let Some(rx) = cancel {
@@ -822,12 +943,17 @@ impl RunPython {
             },
             _ = tokio::time::sleep(limits.timeout) => Ending::TimedOut,
             _ = cancelled => Ending::Cancelled,
+            _ = answered => Ending::Answered,
             e = bridge_failed => Ending::Bridge(e),
         };
         // Whatever happened, nothing the code started may outlive the run.
         guard.kill();
-        if !matches!(ending, Ending::Exited(_)) {
-            let _ = child.wait().await;
+        match ending {
+            // Killed above; tokio reaps it in the background.
+            Ending::Exited(_) | Ending::Answered => {}
+            _ => {
+                let _ = child.wait().await;
+            }
         }
         writer.abort();
         for reader in [stdout_reader, stderr_reader].into_iter().flatten() {
@@ -842,7 +968,10 @@ impl RunPython {
                 _ => (Vec::new(), false),
             };
         let files = match (&self.inner.keep, &ending) {
-            (Some(keep), Ending::Exited(_) | Ending::TimedOut | Ending::Bridge(_)) => {
+            (
+                Some(keep),
+                Ending::Exited(_) | Ending::Answered | Ending::TimedOut | Ending::Bridge(_),
+            ) => {
                 let mut files = collect_run_files(work_dir.clone(), keep.collect.clone()).await?;
                 // What the code saved with save_artifact() is kept beside the files it wrote.
                 let saved =
@@ -931,6 +1060,13 @@ impl RunPython {
                     ),
                 ));
             }
+            Ending::Answered => apply_result(
+                &mut envelope,
+                std::os::unix::process::ExitStatusExt::from_raw(0),
+                &result_bytes,
+                result_overflow,
+                limits,
+            ),
             Ending::Exited(status) => apply_result(
                 &mut envelope,
                 status,
@@ -988,6 +1124,32 @@ impl RunPython {
             limits.max_output_chars,
         );
         Ok((envelope, memoizable))
+    }
+}
+
+/// Counts the child's output channels that reached end of file.
+#[derive(Debug, Default)]
+struct Closed {
+    count: std::sync::atomic::AtomicUsize,
+    answered: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Closed {
+    fn mark(&self) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// Resolves once `n` channels are closed and the runner wrote a result.
+    async fn wait_for(&self, n: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        while self.count.load(SeqCst) < n || !self.answered.load(SeqCst) {
+            if self.count.load(SeqCst) >= n {
+                return std::future::pending().await; // closed without an answer: wait for the exit
+            }
+            self.notify.notified().await;
+        }
     }
 }
 

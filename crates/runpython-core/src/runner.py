@@ -430,6 +430,31 @@ def _save_open_figures():
             pass  # a figure that cannot be drawn is the code's problem, not the run's
 
 
+def _finish_like_exit(namespace):
+    """Does now what the interpreter's exit would do for the code: wait for its non-daemon threads, run
+    its exit handlers, release its globals (closing and flushing the files it left open). The host may
+    then take the answer, and the files, without waiting for the interpreter to exit."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        current = threading.current_thread()
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon:
+                try:
+                    thread.join()
+                except BaseException:
+                    pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass  # a failing handler has reported itself on stderr, as at a normal exit
+    try:
+        namespace.clear()
+    except BaseException:
+        pass
+
+
 def _safe_preview(value):
     try:
         return preview(value)
@@ -437,10 +462,29 @@ def _safe_preview(value):
         return {"type": type(value).__name__, "preview_error": "%s: %s" % (type(exc).__name__, _clip(str(exc)))}
 
 
+def _warm_up(args):
+    """A pooled interpreter prepares before its run arrives: `--site DIR` adds the environment and
+    `--warm a,b` imports modules the pool declares warm (a failed import is left for the run to see)."""
+    while len(args) >= 2:
+        flag, value = args[0], args[1]
+        args = args[2:]
+        if flag == "--site":
+            import site
+
+            site.addsitedir(value)
+        elif flag == "--warm":
+            for name in value.split(","):
+                try:
+                    __import__(name)
+                except Exception:
+                    pass
+
+
 def main():
     global _code_dir
     posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
     pid = posix.getpid()
+    _warm_up(sys.argv[2:])
     request = _read_request()
     source = request["code"]
     limit = int(request.get("max_return_bytes", 1_000_000))
@@ -493,6 +537,7 @@ def main():
         status, result = "error", _format_error(exc, source)
 
     _save_open_figures()
+    _finish_like_exit(namespace)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -512,6 +557,12 @@ def main():
     else:
         text = json_dumps({"status": "error", "error": result, "return_preview": summary})
     _write_result(RESULT_FD, text)
+    # The answer is complete: closing the streams tells the host so before the interpreter has exited.
+    for fd in (1, 2):
+        try:
+            posix.close(fd)
+        except OSError:
+            pass
 
 
 if __name__ in ("__main__", "runpython_runner"):

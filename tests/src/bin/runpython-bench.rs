@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use runpython_core::{tool_fn, RunPython, Store};
+use runpython_core::{tool_fn, PoolConfig, RunPython, Store};
 use runpython_tests::Moto;
 use serde_json::{json, Map, Value};
 
@@ -60,6 +60,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut m = Map::new();
     let python = RunPython::builder()
         .timeout(Duration::from_secs(120))
+        .pool(PoolConfig {
+            size: 0,
+            ..PoolConfig::default()
+        })
         .build()?;
     let interpreter = python.interpreter().await?.clone();
     m.insert(
@@ -89,9 +93,77 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     m.insert("cold_run_ms".into(), json!(round3(cold)));
     m.insert("run_vs_floor_cold".into(), json!(round3(cold / floor)));
 
+    // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
+    // the pool's background refill finish, so each measured run finds a ready interpreter.
+    let pool = |warm: Vec<String>| {
+        RunPython::builder()
+            .timeout(Duration::from_secs(120))
+            .pool(PoolConfig {
+                size: 1,
+                idle: Duration::from_secs(600),
+                warm_imports: warm,
+                prestart: true,
+            })
+            .build()
+    };
+    let warm_engine = pool(Vec::new())?;
+    warm_engine.run("1+1").await?;
+    let (mut warm, mut floor2) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let t = Instant::now();
+        let e = warm_engine.run("1+1").await?;
+        warm.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(e.return_value, json!(2));
+        let t = Instant::now();
+        Command::new(&interpreter.executable)
+            .args(["-I", "-S", "-c", "pass"])
+            .stdin(Stdio::null())
+            .status()?;
+        floor2.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let (warm, floor2) = (p50(warm), p50(floor2));
+    m.insert("warm_run_ms".into(), json!(round3(warm)));
+    m.insert("run_vs_floor_warm".into(), json!(round3(warm / floor2)));
+
+    // Throughput: 16 runs at a time on one engine (pool of 4), 64 runs in all.
+    let busy = RunPython::builder()
+        .timeout(Duration::from_secs(120))
+        .pool(PoolConfig {
+            size: 4,
+            idle: Duration::from_secs(600),
+            warm_imports: Vec::new(),
+            prestart: false,
+        })
+        .build()?;
+    busy.run("1+1").await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let busy = busy.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..4 {
+                busy.run("sum(range(1000))").await?;
+            }
+            Ok::<_, runpython_core::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    m.insert(
+        "runs_per_s_16_concurrent".into(),
+        json!(round3(64.0 / t.elapsed().as_secs_f64())),
+    );
+
     // The same trivial run, kept in a local file store (script, output, value, manifest written).
     let store_dir = tempfile::tempdir()?;
     let kept = RunPython::builder()
+        .pool(PoolConfig {
+            size: 0,
+            ..PoolConfig::default()
+        })
         .store(Store::open(&format!(
             "file://{}",
             store_dir.path().display()
@@ -180,6 +252,47 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     m.insert("deps_warm_numpy_run_ms".into(), json!(round3(numpy)));
     m.insert("numpy_import_ms".into(), json!(round3(p50(numpy_import))));
     m.insert("deps_warm_ratio".into(), json!(round3(numpy / plain)));
+
+    // The same with the pool, numpy declared warm: the pooled interpreter imported it before the run.
+    let warm_numpy = pool(vec!["numpy".into()])?;
+    warm_numpy.run(with_numpy).await?;
+    warm_engine.run("1+1").await?;
+    let (mut plain, mut numpy) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let t = Instant::now();
+        warm_engine.run("1+1").await?;
+        plain.push(t.elapsed().as_secs_f64() * 1e3);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let t = Instant::now();
+        let e = warm_numpy.run(with_numpy).await?;
+        numpy.push(t.elapsed().as_secs_f64() * 1e3);
+        assert!(e.is_success(), "{:?}", e.error);
+    }
+    m.insert(
+        "deps_warm_ratio_pooled".into(),
+        json!(round3(p50(numpy) / p50(plain))),
+    );
+
+    // Context economy: the envelope of a run returning a 100,000-row DataFrame (kept in a store).
+    let df_store = tempfile::tempdir()?;
+    let df_engine = RunPython::builder()
+        .timeout(Duration::from_secs(300))
+        .store(Store::open(&format!(
+            "file://{}",
+            df_store.path().display()
+        ))?)
+        .build()?;
+    let e = df_engine
+        .run("import pandas as pd\nimport numpy as np\npd.DataFrame({'id': np.arange(100_000), 'x': np.random.rand(100_000), 'name': ['n%d' % i for i in range(100_000)]})")
+        .await?;
+    if e.return_preview.is_none() {
+        return Err(format!("the DataFrame run gave no preview: {:?}", e.error).into());
+    }
+    m.insert(
+        "envelope_bytes_large_df".into(),
+        json!(serde_json::to_vec(&e)?.len()),
+    );
 
     // Import detection on a 10,000-line file.
     let source: String = (0..10_000)
