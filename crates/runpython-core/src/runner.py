@@ -345,10 +345,21 @@ def _execute(body_code, last_code, namespace):
 
 
 def _install_bridge(spec, namespace):
-    import runpython_tools  # the bridge's client module, beside this one
+    tools = sys.modules.get("runpython_tools")
+    if tools is None:
+        # The bridge's client module sits beside this one, in runpython's code directory (which is
+        # not on the code's sys.path once the code runs).
+        if _code_dir is not None:
+            sys.path.insert(0, _code_dir)
+        try:
+            import runpython_tools
+        finally:
+            if _code_dir is not None and _code_dir in sys.path:
+                sys.path.remove(_code_dir)
 
-    runpython_tools.install(spec, namespace, json_loads, json_dumps)
-    return runpython_tools
+    tools = sys.modules["runpython_tools"]
+    tools.install(spec, namespace, json_loads, json_dumps)
+    return tools
 
 
 def _write_result(result_fd, text):
@@ -388,16 +399,21 @@ def _parse_artifact(data):
     return text
 
 
-def _artifact_helpers(namespace):
-    """read_artifact / load_artifact / save_artifact: data by reference through the host's store."""
-    import binascii
+def _artifact_helpers(namespace, spec):
+    """read_artifact / load_artifact / save_artifact: data by reference through the host's store. The
+    bridge client is imported on their first use, so a run that never touches artifacts pays nothing."""
 
-    import runpython_tools
+    def call(tool, **kwargs):
+        tools = sys.modules.get("runpython_tools")
+        if tools is None:
+            tools = _install_bridge(spec, {})
+        return tools.call(tool, **kwargs)
 
     def read_artifact(id, offset=0, length=None):
         """The bytes of artifact `id` (or `length` bytes from `offset`)."""
-        encoded = runpython_tools.call("runpython_read_artifact", id=id, offset=offset, length=length)
-        return binascii.a2b_base64(encoded)
+        import binascii
+
+        return binascii.a2b_base64(call("runpython_read_artifact", id=id, offset=offset, length=length))
 
     def load_artifact(id):
         """Artifact `id` parsed: JSON as values, CSV as a list of row dicts, text as str, else bytes."""
@@ -405,6 +421,8 @@ def _artifact_helpers(namespace):
 
     def save_artifact(name, data):
         """Keeps `data` (bytes, str, or a JSON value) as an artifact of this run; returns its id."""
+        import binascii
+
         if isinstance(data, (bytes, bytearray, memoryview)):
             payload = bytes(data)
         elif isinstance(data, str):
@@ -412,7 +430,7 @@ def _artifact_helpers(namespace):
         else:
             payload = json_dumps(data).encode("utf-8")
         encoded = binascii.b2a_base64(payload, newline=False).decode("ascii")
-        return runpython_tools.call("runpython_save_artifact", name=name, data_b64=encoded)
+        return call("runpython_save_artifact", name=name, data_b64=encoded)
 
     for helper in (read_artifact, load_artifact, save_artifact):
         namespace[helper.__name__] = helper
@@ -514,9 +532,12 @@ def main():
 
     status, result, summary = "success", None, None
     try:
-        bridge = _install_bridge(request["bridge"], namespace) if request.get("bridge") else None
-        if request.get("artifact_helpers") and bridge is not None:
-            _artifact_helpers(namespace)
+        spec = request.get("bridge")
+        # Only the host's hidden tools (artifact access): the client is installed on first use.
+        visible = spec is not None and any(not t.get("hidden") for t in spec["tools"])
+        bridge = _install_bridge(spec, namespace) if visible else None
+        if request.get("artifact_helpers") and spec is not None:
+            _artifact_helpers(namespace, spec)
         if code_dir in sys.path:
             sys.path.remove(code_dir)  # it was only needed to import runpython's own modules
         body_code, last_code = _compile(source, bridge)
