@@ -102,6 +102,15 @@ impl Tool for NestedRun {
     }
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl NestedRun {
     /// Runs `work` on a copy of the engine one level deeper, within what remains of this run's time
     /// and tool calls, and turns its envelope into the call's result (a suspended inner run suspends
@@ -109,7 +118,7 @@ impl NestedRun {
     async fn with_inner<F, Fut>(&self, work: F) -> Result<Value, ToolError>
     where
         F: FnOnce(RunPython) -> Fut,
-        Fut: std::future::Future<Output = Result<crate::Envelope, Error>>,
+        Fut: std::future::Future<Output = Result<crate::Envelope, Error>> + Send + 'static,
     {
         let engine = self.engine.clone();
         let Some((started, stats)) = self.run.clone() else {
@@ -154,7 +163,16 @@ impl NestedRun {
                 spent: Some(Arc::clone(&spent)),
             },
         );
-        let result = work(inner).await;
+        // The inner run is polled on a task of its own: nesting it inside this call's future would stack
+        // every level's poll frames on one thread. Dropping this call (the outer run ended) aborts it.
+        let task = tokio::spawn(work(inner));
+        let _abort = AbortOnDrop(task.abort_handle());
+        let result = match task.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Internal(format!(
+                "the nested run's task failed: {e}"
+            ))),
+        };
         if let Some(stats) = stats.get() {
             stats.charge(spent.load(Ordering::Relaxed).min(calls_left));
         }
