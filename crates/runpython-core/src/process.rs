@@ -165,9 +165,19 @@ pub(crate) fn spawn_runner(
     code_dir: &Path,
     cwd: &Path,
     env: &[(String, String)],
-    plan: crate::sandbox::Plan,
+    mut plan: crate::sandbox::Plan,
 ) -> Result<Spawned, Error> {
     let sweep_uid = plan.sweep_uid;
+    let args = [
+        "-I".as_ref(),
+        "-S".as_ref(),
+        "-X".as_ref(),
+        "utf8".as_ref(),
+        "-c".as_ref(),
+        BOOTSTRAP.as_ref(),
+        code_dir.as_os_str(),
+    ];
+    plan.exec_with(python, &args, env)?;
     let (result_read, result_write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Io {
             what: "creating the result pipe",
@@ -177,8 +187,7 @@ pub(crate) fn spawn_runner(
 
     let mut command = tokio::process::Command::new(python);
     command
-        .args(["-I", "-S", "-X", "utf8", "-c", BOOTSTRAP])
-        .arg(code_dir)
+        .args(args)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)

@@ -212,6 +212,66 @@ fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
+/// How many empty network namespaces are kept ready (more concurrent starts create their own).
+const NETNS_READY: usize = 4;
+
+/// Fresh, empty network namespaces made ahead of time by a host thread, one per run (never shared):
+/// creating one costs the kernel ~1 ms, which this takes off the run's critical path. A namespace is
+/// owned by the host's user namespace, so the code has no capability in it (its loopback stays
+/// down). Only for a root host; `None` when the pool is empty (the run then creates its own) or the
+/// kernel refuses.
+fn take_netns() -> Option<OwnedFd> {
+    struct Pool {
+        ready: std::sync::Mutex<Vec<OwnedFd>>,
+        wanted: std::sync::Condvar,
+    }
+    static POOL: OnceLock<Option<&'static Pool>> = OnceLock::new();
+    let pool = (*POOL.get_or_init(|| {
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
+            ready: std::sync::Mutex::new(Vec::new()),
+            wanted: std::sync::Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("runpython-netns".into())
+            .spawn(move || loop {
+                {
+                    let mut ready = pool.ready.lock().unwrap_or_else(|p| p.into_inner());
+                    while ready.len() >= NETNS_READY {
+                        ready = pool.wanted.wait(ready).unwrap_or_else(|p| p.into_inner());
+                    }
+                }
+                // Each unshare moves this thread into a new namespace; the descriptor keeps it alive.
+                let Ok(fd) = new_netns() else { return };
+                pool.ready
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(fd);
+            })
+            .ok()
+            .map(|_| pool)
+    }))?;
+    let fd = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    pool.wanted.notify_one();
+    fd
+}
+
+/// Moves the calling thread into a new network namespace and returns a descriptor of it, above the
+/// child's stdio and result slots.
+fn new_netns() -> io::Result<OwnedFd> {
+    // SAFETY: unshare of the calling thread's network namespace; open/fcntl/close on a constant path
+    // and the descriptors just opened.
+    unsafe {
+        cvt(libc::unshare(libc::CLONE_NEWNET))?;
+        let fd = cvt(libc::open(
+            c"/proc/thread-self/ns/net".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        ))?;
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+        libc::close(fd);
+        Ok(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cvt(high)?))
+    }
+}
+
 /// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write
 /// the id maps, and with `proc` mount a fresh `/proc` from PID 1 of the new namespace.
 fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool) -> bool {
@@ -375,6 +435,11 @@ pub(crate) struct Plan {
     landlock: Option<OwnedFd>,
     /// Landlock rules on directories that only exist inside the run (its tmpfs, its `/proc`).
     landlock_inner: Vec<(CString, u64)>,
+    /// A fresh, empty network namespace created ahead of time by the host (see [`take_netns`]); S
+    /// joins it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
+    netns: Option<OwnedFd>,
+    /// The interpreter's command line, when the caller lets H exec it (see [`Plan::exec_with`]).
+    exec: Option<Exec>,
     work_dir: CString,
     /// The uid whose every process is killed at the end when there is no PID namespace.
     pub(crate) sweep_uid: Option<u32>,
@@ -628,6 +693,17 @@ pub(crate) fn prepare(
         .into(),
         missing,
     };
+    // A network namespace made ahead of time saves the run the kernel's ~1 ms to create one. Only a
+    // root host can hand it over: S joins it before dropping privileges (joining needs CAP_SYS_ADMIN
+    // over the namespace's owner, the host's user namespace).
+    let netns = if unshare & libc::CLONE_NEWNET != 0 && geteuid() == 0 {
+        take_netns()
+    } else {
+        None
+    };
+    if netns.is_some() {
+        unshare &= !libc::CLONE_NEWNET;
+    }
     Ok(Plan {
         mounts_as_root: drop_to.is_some(),
         bind_sources,
@@ -639,6 +715,8 @@ pub(crate) fn prepare(
         rlimits,
         landlock,
         landlock_inner,
+        netns,
+        exec: None,
         work_dir: cstring(&run_dir.join("work"))?,
         sweep_uid: drop_to.filter(|_| !pid_ns).map(|(uid, _)| uid),
         report,
@@ -766,6 +844,10 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
         run_mount_ops(plan)?;
     }
+    if let Some(netns) = &plan.netns {
+        // SAFETY: setns on a namespace descriptor the host prepared; still root here.
+        cvt(unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    }
     if let Some((uid, gid)) = plan.drop_to {
         drop_ids(uid, gid)?;
     }
@@ -790,6 +872,9 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         set_rlimit(libc::RLIMIT_NPROC, n)?;
     }
     if plan.unshare & libc::CLONE_NEWPID != 0 {
+        if let Some(exec) = &plan.exec {
+            return start_init(plan, exec);
+        }
         let page = SharedStatus::new()?;
         // SAFETY: fork in the single-threaded child; both sides continue with system calls only.
         let init = cvt(unsafe { libc::fork() })?;
@@ -798,16 +883,7 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         }
         // G: PID 1 of the run.
         set_pdeathsig()?;
-        // SAFETY: mount with constant strings.
-        cvt(unsafe {
-            libc::mount(
-                c"proc".as_ptr(),
-                c"/proc".as_ptr(),
-                c"proc".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
-            )
-        })?;
+        mount_proc()?;
         inner_setup(plan)?;
         // SAFETY: as above.
         let python = cvt(unsafe { libc::fork() })?;
@@ -818,6 +894,11 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         inner_setup(plan)?;
     }
     // H: the interpreter.
+    restrict_interpreter(plan)
+}
+
+/// H's last steps before exec: parent-death signal, rlimits, no new privileges, Landlock.
+fn restrict_interpreter(plan: &Plan) -> io::Result<()> {
     set_pdeathsig()?;
     for &(resource, value) in &plan.rlimits {
         let hard = if resource == libc::RLIMIT_CPU {
@@ -836,6 +917,215 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         })?;
     }
     Ok(())
+}
+
+fn mount_proc() -> io::Result<()> {
+    // SAFETY: mount with constant strings.
+    cvt(unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    })
+    .map(drop)
+}
+
+/// The interpreter's command line, prepared in the host so that H can exec it itself.
+#[derive(Debug)]
+pub(crate) struct Exec {
+    program: CString,
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into `program`/`_strings`, owned by the same value and never mutated.
+unsafe impl Send for Exec {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Exec {}
+
+impl Plan {
+    /// Lets the run's processes G and H share S's memory instead of copying it (`CLONE_VM`): H then
+    /// execs `program` with `args` and `env` itself, as std would have.
+    pub(crate) fn exec_with(
+        &mut self,
+        program: &Path,
+        args: &[&std::ffi::OsStr],
+        env: &[(String, String)],
+    ) -> Result<(), Error> {
+        let nul = |e: std::ffi::NulError| Error::Internal(e.to_string());
+        let program = cstring(program)?;
+        let mut strings = vec![program.clone()];
+        for arg in args {
+            strings.push(CString::new(arg.as_bytes()).map_err(nul)?);
+        }
+        let argc = strings.len();
+        for (k, v) in env {
+            strings.push(CString::new(format!("{k}={v}")).map_err(nul)?);
+        }
+        let mut argv: Vec<_> = strings[..argc].iter().map(|s| s.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<_> = strings[argc..].iter().map(|s| s.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        self.exec = Some(Exec {
+            program,
+            _strings: strings,
+            argv,
+            envp,
+        });
+        Ok(())
+    }
+}
+
+/// Stack of G and of H (each), which run on their own stacks in S's memory.
+const CHILD_STACK: usize = 256 << 10;
+
+/// What G and H read when they start (copied: S's stack may change once S moves on).
+#[derive(Clone, Copy)]
+struct InitArgs {
+    plan: *const Plan,
+    exec: *const Exec,
+    /// The shared status page (never unmapped).
+    page: *mut libc::c_int,
+    /// Write end of the pipe through which G and H report a setup failure (an errno) or success (0).
+    report: RawFd,
+    h_stack_top: *mut libc::c_void,
+}
+
+/// S with a PID namespace and a prepared exec: starts G (and G starts H) sharing S's memory, so
+/// neither copies the host's page tables nor takes copy-on-write faults, and H execs directly. S
+/// returns only on a setup failure (the error reaches the host's `spawn` as before); otherwise it
+/// supervises G.
+fn start_init(plan: &Plan, exec: &Exec) -> io::Result<()> {
+    let page = SharedStatus::new()?;
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 into a live array; mmap of anonymous private memory.
+    let stacks = unsafe {
+        cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC))?;
+        let stacks = libc::mmap(
+            std::ptr::null_mut(),
+            2 * CHILD_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stacks == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        stacks.cast::<u8>()
+    };
+    let [read_end, write_end] = fds;
+    let args = InitArgs {
+        plan,
+        exec,
+        page: page.0,
+        report: write_end,
+        // SAFETY: both offsets stay within (or one past) the mapping.
+        h_stack_top: unsafe { stacks.add(2 * CHILD_STACK) }.cast(),
+    };
+    // SAFETY: G runs `init_main` on its own stack in our memory and only makes system calls; `args`
+    // outlives its first reads (S blocks on the pipe until G and H are done with setup).
+    let init = unsafe {
+        libc::clone(
+            init_main,
+            stacks.add(CHILD_STACK).cast(),
+            libc::CLONE_VM | libc::SIGCHLD,
+            std::ptr::addr_of!(args).cast_mut().cast(),
+        )
+    };
+    // SAFETY: closing our copy of the write end; reading four bytes into a live buffer.
+    let reported = unsafe {
+        libc::close(write_end);
+        let mut buf = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            let n = libc::read(read_end, buf.as_mut_ptr().add(got).cast(), 4 - got);
+            if n > 0 {
+                got += n as usize;
+            } else if n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+        libc::close(read_end);
+        (got == 4).then(|| i32::from_ne_bytes(buf))
+    };
+    cvt(init)?;
+    match reported {
+        Some(0) => supervise(init, &page),
+        Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+        None => Err(io::Error::other("the run's init process died during setup")),
+    }
+}
+
+fn report_errno(fd: RawFd, errno: i32) {
+    let buf = errno.to_ne_bytes();
+    // SAFETY: a write of a live 4-byte buffer (atomic on a pipe).
+    unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+}
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().filter(|&n| n != 0).unwrap_or(libc::EIO)
+}
+
+/// G: PID 1 of the run. Mounts `/proc`, starts H (suspended until H has exec'd), reports success,
+/// then reaps.
+extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at S's `InitArgs`, live until G reports; the plan and page outlive G.
+    let args = unsafe { *arg.cast::<InitArgs>() };
+    let plan = unsafe { &*args.plan };
+    let setup = || -> io::Result<libc::pid_t> {
+        set_pdeathsig()?;
+        mount_proc()?;
+        inner_setup(plan)?;
+        let mut h_args = args;
+        // SAFETY: H runs `interpreter_main` on its own stack; we are suspended until it execs or
+        // exits (CLONE_VFORK), so `h_args` outlives its use.
+        cvt(unsafe {
+            libc::clone(
+                interpreter_main,
+                args.h_stack_top,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::addr_of_mut!(h_args).cast(),
+            )
+        })
+    };
+    match setup() {
+        Ok(python) => {
+            report_errno(args.report, 0); // after a failed exec, H's errno is already in the pipe
+            reap(python, &SharedStatus(args.page))
+        }
+        Err(e) => {
+            report_errno(args.report, errno_of(&e));
+            // SAFETY: _exit ends G only.
+            unsafe { libc::_exit(125) }
+        }
+    }
+}
+
+/// H: the interpreter. Restricts itself and execs; on failure reports the errno and exits.
+extern "C" fn interpreter_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at G's copy of the arguments; G is suspended until we exec or exit.
+    let args = unsafe { *arg.cast::<InitArgs>() };
+    let (plan, exec) = unsafe { (&*args.plan, &*args.exec) };
+    let error = match restrict_interpreter(plan) {
+        // SAFETY: execve with NUL-terminated strings and NULL-terminated arrays prepared in the host.
+        Ok(()) => unsafe {
+            libc::execve(
+                exec.program.as_ptr(),
+                exec.argv.as_ptr(),
+                exec.envp.as_ptr(),
+            );
+            io::Error::last_os_error()
+        },
+        Err(e) => e,
+    };
+    report_errno(args.report, errno_of(&error));
+    // SAFETY: _exit ends H only.
+    unsafe { libc::_exit(127) }
 }
 
 /// In the innermost namespace, after `/proc` is mounted: Landlock rules on the run's own tmpfs and
