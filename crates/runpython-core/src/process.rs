@@ -222,6 +222,7 @@ pub(crate) fn spawn_runner(
         source,
     })?;
     drop(result_write); // the child holds the only write end now: EOF comes when it exits
+    crate::sandbox::refill_netns(); // the interpreter has started: the run's setup is done
     let pid = child.id().ok_or_else(|| Error::Io {
         what: "reading the child's pid",
         source: std::io::Error::other("the child exited before it could be tracked"),

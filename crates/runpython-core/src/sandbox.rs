@@ -216,18 +216,20 @@ fn getegid() -> u32 {
 const NETNS_READY: usize = 4;
 
 /// Fresh, empty network namespaces made ahead of time by a host thread, one per run (never shared):
-/// creating one costs the kernel ~1 ms, which this takes off the run's critical path. A namespace is
-/// owned by the host's user namespace, so the code has no capability in it (its loopback stays
-/// down). Only for a root host; `None` when the pool is empty (the run then creates its own) or the
-/// kernel refuses.
-fn take_netns() -> Option<OwnedFd> {
-    struct Pool {
-        ready: std::sync::Mutex<Vec<OwnedFd>>,
-        wanted: std::sync::Condvar,
-    }
-    static POOL: OnceLock<Option<&'static Pool>> = OnceLock::new();
-    let pool = (*POOL.get_or_init(|| {
-        let pool: &'static Pool = Box::leak(Box::new(Pool {
+/// creating one costs the kernel ~0.5–1 ms, which this takes off the run's critical path. A
+/// namespace is owned by the host's user namespace, so the code has no capability in it (its
+/// loopback stays down and cannot be brought up). Only for a root host (joining needs
+/// CAP_SYS_ADMIN over that owner).
+struct NetnsPool {
+    ready: std::sync::Mutex<Vec<OwnedFd>>,
+    wanted: std::sync::Condvar,
+}
+
+/// The pool, started on first use; `None` when its thread cannot be started.
+fn netns_pool() -> Option<&'static NetnsPool> {
+    static POOL: OnceLock<Option<&'static NetnsPool>> = OnceLock::new();
+    *POOL.get_or_init(|| {
+        let pool: &'static NetnsPool = Box::leak(Box::new(NetnsPool {
             ready: std::sync::Mutex::new(Vec::new()),
             wanted: std::sync::Condvar::new(),
         }));
@@ -240,7 +242,8 @@ fn take_netns() -> Option<OwnedFd> {
                         ready = pool.wanted.wait(ready).unwrap_or_else(|p| p.into_inner());
                     }
                 }
-                // Each unshare moves this thread into a new namespace; the descriptor keeps it alive.
+                // Each unshare moves this thread into a new namespace; the descriptor keeps it
+                // alive. A refusal stops the pool: runs then create their own.
                 let Ok(fd) = new_netns() else { return };
                 pool.ready
                     .lock()
@@ -249,11 +252,30 @@ fn take_netns() -> Option<OwnedFd> {
             })
             .ok()
             .map(|_| pool)
-    }))?;
+    })
+}
+
+/// A ready network namespace for one run, or `None` when the pool is empty (the run then creates
+/// its own). The pool is refilled by [`refill_netns`], once the run has started.
+fn take_netns() -> Option<OwnedFd> {
+    let pool = netns_pool()?;
     let fd = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
-    pool.wanted.notify_one();
+    if fd.is_none() {
+        pool.wanted.notify_one();
+    }
     fd
 }
+
+/// Asks the pool to make up for the namespaces taken: called once a run's interpreter has started,
+/// so that making a namespace does not compete with the run's own setup for the CPU.
+pub(crate) fn refill_netns() {
+    if let Some(pool) = POOL_STARTED.get().and_then(|_| netns_pool()) {
+        pool.wanted.notify_one();
+    }
+}
+
+/// Set when a run took from the pool (a host that never did has no pool to refill).
+static POOL_STARTED: OnceLock<()> = OnceLock::new();
 
 /// Moves the calling thread into a new network namespace and returns a descriptor of it, above the
 /// child's stdio and result slots.
@@ -697,6 +719,7 @@ pub(crate) fn prepare(
     // root host can hand it over: S joins it before dropping privileges (joining needs CAP_SYS_ADMIN
     // over the namespace's owner, the host's user namespace).
     let netns = if unshare & libc::CLONE_NEWNET != 0 && geteuid() == 0 {
+        let _ = POOL_STARTED.set(());
         take_netns()
     } else {
         None
@@ -777,6 +800,9 @@ fn first_untraversable(dir: &Path) -> Option<PathBuf> {
 /// and executable; the run directory fully usable; a few devices writable. Signals and abstract Unix
 /// sockets are scoped to the run (ABI 6+).
 fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<OwnedFd, String> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+
     use landlock::{
         Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
         RulesetCreatedAttr, Scope, ABI,
@@ -799,6 +825,21 @@ fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<O
             .ok()
             .map(|fd| PathBeneath::new(fd, access))
     };
+    // The system directories and devices are opened once per process (they do not move).
+    static FIXED: OnceLock<Vec<(OwnedFd, bool)>> = OnceLock::new();
+    let fixed = FIXED.get_or_init(|| {
+        let open = |path: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(path)
+                .ok()
+                .map(OwnedFd::from)
+        };
+        let system = system.iter().filter_map(|p| Some((open(p)?, false)));
+        let devices = devices.iter().filter_map(|p| Some((open(p)?, true)));
+        system.chain(devices).collect()
+    });
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
@@ -807,14 +848,18 @@ fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<O
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    let system = system.iter().map(Path::new);
-    for dir in system.chain(read_dirs.iter().map(PathBuf::as_path)) {
-        if let Some(r) = rule(dir, read) {
-            ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
-        }
+    for (fd, device) in fixed {
+        let access = if *device {
+            AccessFs::from_file(abi)
+        } else {
+            read
+        };
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd.as_fd(), access))
+            .map_err(|e| e.to_string())?;
     }
-    for dev in devices {
-        if let Some(r) = rule(Path::new(dev), AccessFs::from_file(abi)) {
+    for dir in read_dirs {
+        if let Some(r) = rule(dir, read) {
             ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
         }
     }
@@ -872,27 +917,10 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         set_rlimit(libc::RLIMIT_NPROC, n)?;
     }
     if plan.unshare & libc::CLONE_NEWPID != 0 {
-        if let Some(exec) = &plan.exec {
-            return start_init(plan, exec);
-        }
-        let page = SharedStatus::new()?;
-        // SAFETY: fork in the single-threaded child; both sides continue with system calls only.
-        let init = cvt(unsafe { libc::fork() })?;
-        if init > 0 {
-            supervise(init, &page);
-        }
-        // G: PID 1 of the run.
-        set_pdeathsig()?;
-        mount_proc()?;
-        inner_setup(plan)?;
-        // SAFETY: as above.
-        let python = cvt(unsafe { libc::fork() })?;
-        if python > 0 {
-            reap(python, &page);
-        }
-    } else {
-        inner_setup(plan)?;
+        let exec = plan.exec.as_ref().ok_or(io::ErrorKind::InvalidInput)?;
+        return start_init(plan, exec);
     }
+    inner_setup(plan)?;
     // H: the interpreter.
     restrict_interpreter(plan)
 }
@@ -1027,14 +1055,19 @@ fn start_init(plan: &Plan, exec: &Exec) -> io::Result<()> {
         // SAFETY: both offsets stay within (or one past) the mapping.
         h_stack_top: unsafe { stacks.add(2 * CHILD_STACK) }.cast(),
     };
+    page.arm();
     // SAFETY: G runs `init_main` on its own stack in our memory and only makes system calls; `args`
-    // outlives its first reads (S blocks on the pipe until G and H are done with setup).
+    // outlives its first reads (S blocks on the pipe until G and H are done with setup). The kernel
+    // clears and wakes the page's `alive` word when G exits (CLONE_CHILD_CLEARTID).
     let init = unsafe {
         libc::clone(
             init_main,
             stacks.add(CHILD_STACK).cast(),
-            libc::CLONE_VM | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
             std::ptr::addr_of!(args).cast_mut().cast(),
+            std::ptr::null_mut::<libc::pid_t>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            page.alive(),
         )
     };
     // SAFETY: closing our copy of the write end; reading four bytes into a live buffer.
@@ -1079,6 +1112,9 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
     let plan = unsafe { &*args.plan };
     let setup = || -> io::Result<libc::pid_t> {
         set_pdeathsig()?;
+        // G holds a copy of the host's memory: nothing in the run may read it through /proc/1.
+        // SAFETY: prctl with integer arguments (the flag belongs to the memory S and G share).
+        cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })?;
         mount_proc()?;
         inner_setup(plan)?;
         let mut h_args = args;
@@ -1257,7 +1293,9 @@ fn set_rlimit2(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io:
     cvt(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
 }
 
-/// A page shared between S and G through which G reports the interpreter's wait status.
+/// A page shared between S and G through which G reports the interpreter's wait status: word 0 is
+/// set once word 1 holds the status; word 2 (`alive`) is cleared, with a futex wake, when G has
+/// reported or has exited.
 struct SharedStatus(*mut libc::c_int);
 
 impl SharedStatus {
@@ -1280,10 +1318,45 @@ impl SharedStatus {
     }
 
     fn set(&self, status: libc::c_int) {
-        // SAFETY: the mapping is live and holds two ints.
+        // SAFETY: the mapping is live and holds three ints.
         unsafe {
             self.0.add(1).write_volatile(status);
             self.0.write_volatile(1);
+        }
+    }
+
+    fn alive(&self) -> *mut libc::c_int {
+        // SAFETY: within the page.
+        unsafe { self.0.add(2) }
+    }
+
+    fn arm(&self) {
+        // SAFETY: as above.
+        unsafe { self.alive().write_volatile(1) }
+    }
+
+    /// G: the status is set; wake S.
+    fn release(&self) {
+        // SAFETY: as above; a (process-shared) futex wake on the page.
+        unsafe {
+            self.alive().write_volatile(0);
+            libc::syscall(libc::SYS_futex, self.alive(), libc::FUTEX_WAKE, 1);
+        }
+    }
+
+    /// S: sleeps until G has reported or exited.
+    fn wait_released(&self) {
+        // SAFETY: as above; a futex wait that returns at once when the word is already 0.
+        unsafe {
+            while self.alive().read_volatile() != 0 {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.alive(),
+                    libc::FUTEX_WAIT,
+                    1,
+                    std::ptr::null::<libc::timespec>(),
+                );
+            }
         }
     }
 
@@ -1305,22 +1378,27 @@ fn close_all() {
     }
 }
 
-/// S: waits for G and leaves with the interpreter's status (same exit code, or the same signal).
+/// S: waits for G's report and leaves with the interpreter's status (same exit code, or the same
+/// signal) at once. G, which shares S's memory and namespaces, is still alive then, so S's exit is
+/// cheap and the host hears of the end before the run's memory and namespaces are torn down; that
+/// teardown happens in G, which S's exit kills (PDEATHSIG).
 fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
     close_all();
+    page.wait_released();
     let mut status = 0;
     // SAFETY: waitpid/kill/signal/_exit on our own processes.
     unsafe {
-        loop {
-            let r = libc::waitpid(init, &mut status, 0);
-            if r == init {
-                break;
+        let status = match page.get() {
+            Some(status) => status,
+            None => {
+                // G ended without a report (killed): leave with its status.
+                while libc::waitpid(init, &mut status, 0) < 0
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+                {
+                }
+                status
             }
-            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                libc::_exit(1);
-            }
-        }
-        let status = page.get().unwrap_or(status);
+        };
         if libc::WIFSIGNALED(status) {
             let sig = libc::WTERMSIG(status);
             libc::signal(sig, libc::SIG_DFL);
@@ -1340,22 +1418,32 @@ fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
 }
 
 /// G: reaps every process of the run (orphans are re-parented to it) until the interpreter ends, then
-/// reports its status and exits, which makes the kernel kill whatever is left in the namespace.
+/// kills whatever is left in the namespace, reports the interpreter's status and waits for S's exit
+/// to kill it (the kernel then tears the run's namespaces down).
 fn reap(python: libc::pid_t, page: &SharedStatus) -> ! {
     close_all();
     let mut status = 0;
-    // SAFETY: waitpid and _exit.
+    // SAFETY: waitpid, kill, nanosleep and _exit.
     unsafe {
         loop {
             let r = libc::waitpid(-1, &mut status, 0);
             if r == python {
-                page.set(status);
                 break;
             }
             if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                break;
+                libc::_exit(1); // no report: S leaves with this status
             }
         }
+        // From PID 1, -1 is every other process of this PID namespace and nothing outside it.
+        libc::kill(-1, libc::SIGKILL);
+        page.set(status);
+        page.release();
+        // S's exit kills G (PDEATHSIG); should that never come, G leaves by itself.
+        let second = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        libc::nanosleep(&second, std::ptr::null_mut());
         libc::_exit(0)
     }
 }
