@@ -240,13 +240,9 @@ fn netns_pool() -> Option<&'static NetnsPool> {
         std::thread::Builder::new()
             .name("runpython-netns".into())
             .spawn(move || {
-                // Lowest priority (this thread only): the pool is filled with spare CPU time, not at
-                // the expense of runs that are starting.
-                // SAFETY: setpriority of the calling thread (its tid) with integer arguments.
-                unsafe {
-                    let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                    libc::setpriority(libc::PRIO_PROCESS, tid, 19);
-                }
+                // Normal priority on purpose: making a namespace takes kernel locks (rtnl) that a
+                // run falling back to its own namespace, or any other host process, may wait for; a
+                // low-priority holder would make them wait behind every other task.
                 loop {
                     {
                         let mut ready = pool.ready.lock().unwrap_or_else(|p| p.into_inner());
