@@ -147,6 +147,8 @@ impl GroupGuard {
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.kill();
+        // The run is over: make up for the network namespace it took, off any run's critical path.
+        crate::sandbox::refill_netns();
     }
 }
 
@@ -222,7 +224,6 @@ pub(crate) fn spawn_runner(
         source,
     })?;
     drop(result_write); // the child holds the only write end now: EOF comes when it exits
-    crate::sandbox::refill_netns(); // the interpreter has started: the run's setup is done
     let pid = child.id().ok_or_else(|| Error::Io {
         what: "reading the child's pid",
         source: std::io::Error::other("the child exited before it could be tracked"),

@@ -265,7 +265,7 @@ fn netns_pool() -> Option<&'static NetnsPool> {
 }
 
 /// A ready network namespace for one run, or `None` when the pool is empty (the run then creates
-/// its own). The pool is refilled by [`refill_netns`], once the run has started.
+/// its own). The pool is refilled by [`refill_netns`] when a run ends.
 fn take_netns() -> Option<OwnedFd> {
     let pool = netns_pool()?;
     let fd = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
@@ -275,8 +275,8 @@ fn take_netns() -> Option<OwnedFd> {
     fd
 }
 
-/// Asks the pool to make up for the namespaces taken: called once a run's interpreter has started,
-/// so that making a namespace does not compete with the run's own setup for the CPU.
+/// Asks the pool to make up for the namespaces taken: called when a run ends, so that making a
+/// namespace competes with no run's setup or interpreter start for the CPU.
 pub(crate) fn refill_netns() {
     if let Some(pool) = POOL_STARTED.get().and_then(|_| netns_pool()) {
         pool.wanted.notify_one();
