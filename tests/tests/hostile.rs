@@ -319,3 +319,55 @@ async fn fork_bomb_ends_in_an_error_not_a_stalled_machine() {
     assert!(started.elapsed() < Duration::from_secs(15));
     assert_eq!(survivors_after(&marker, 3.0), Vec::<u32>::new());
 }
+
+/// Each run gets its own empty network namespace, even though they are made ahead of time: two
+/// concurrent runs see different namespaces (neither the host's), and cannot reach each other
+/// through it — not even over `NETLINK_USERSOCK`, which needs no privilege inside a shared one.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_runs_do_not_share_a_network_namespace() {
+    if !has("net") {
+        return;
+    }
+    let listen = "import os, socket, time\nns = os.readlink('/proc/self/ns/net')\ns = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)\ns.bind((4242, 0))\ns.settimeout(3)\ntry:\n    got = s.recv(100).hex()\nexcept OSError as e:\n    got = type(e).__name__\n[ns, got]";
+    let send = "import os, socket, time\nns = os.readlink('/proc/self/ns/net')\ns = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2)\nsent = 0\nfor _ in range(20):\n    try:\n        s.sendto((20).to_bytes(4, 'little') + bytes(12) + b'hiya', (4242, 0))\n        sent += 1\n    except OSError:\n        pass\n    time.sleep(0.1)\n[ns, sent]";
+    let python = builder().build().unwrap();
+    let (a, b) = tokio::join!(python.run(listen), python.run(send));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(
+        a.is_success() && b.is_success(),
+        "{:?} {:?}",
+        a.error,
+        b.error
+    );
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let (ns_a, ns_b) = (&a.return_value[0], &b.return_value[0]);
+    assert_ne!(ns_a, ns_b, "two concurrent runs share a network namespace");
+    assert_ne!(ns_a, &json!(host.to_string_lossy()));
+    assert_eq!(
+        a.return_value[1],
+        json!("TimeoutError"),
+        "a message crossed runs"
+    );
+}
+
+/// The run's PID 1 holds a copy of the host's memory until the end: even without Landlock, the code
+/// can read neither its memory nor its environment (it is not dumpable).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_run_init_cannot_be_read_even_without_landlock() {
+    if !has("pid") {
+        return;
+    }
+    let python = builder()
+        .sandbox(Sandbox {
+            landlock: false,
+            ..Sandbox::default()
+        })
+        .build()
+        .unwrap();
+    let code = "def attempt(path):\n    try:\n        with open(path, 'rb') as f:\n            f.read(16)\n        return 'read'\n    except OSError as e:\n        return type(e).__name__\n[attempt('/proc/1/environ'), attempt('/proc/1/mem'), attempt('/proc/1/maps')]";
+    let e = python.run(code).await.unwrap();
+    assert!(e.is_success(), "{:?}", e.error);
+    for (i, v) in e.return_value.as_array().unwrap().iter().enumerate() {
+        assert_ne!(v, &json!("read"), "/proc/1 file {i} was readable");
+    }
+}

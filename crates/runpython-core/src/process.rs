@@ -147,6 +147,8 @@ impl GroupGuard {
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         self.kill();
+        // The run is over: make up for the network namespace it took, off any run's critical path.
+        crate::sandbox::refill_netns();
     }
 }
 
@@ -166,9 +168,20 @@ pub(crate) fn spawn_runner(
     warm_up: &[String],
     cwd: &Path,
     env: &[(String, String)],
-    plan: crate::sandbox::Plan,
+    mut plan: crate::sandbox::Plan,
 ) -> Result<Spawned, Error> {
     let sweep_uid = plan.sweep_uid;
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "-I".as_ref(),
+        "-S".as_ref(),
+        "-X".as_ref(),
+        "utf8".as_ref(),
+        "-c".as_ref(),
+        BOOTSTRAP.as_ref(),
+        code_dir.as_os_str(),
+    ];
+    args.extend(warm_up.iter().map(|a| std::ffi::OsStr::new(a.as_str())));
+    plan.exec_with(python, &args, env)?;
     let (result_read, result_write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::Io {
             what: "creating the result pipe",
@@ -178,9 +191,7 @@ pub(crate) fn spawn_runner(
 
     let mut command = tokio::process::Command::new(python);
     command
-        .args(["-I", "-S", "-X", "utf8", "-c", BOOTSTRAP])
-        .arg(code_dir)
-        .args(warm_up)
+        .args(&args)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)

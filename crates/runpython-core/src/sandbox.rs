@@ -13,9 +13,13 @@
 //!               └─ H (the Python interpreter)
 //! ```
 //!
+//! S is std's fork of the host; G and H share S's memory (`CLONE_VM`, H vfork-style until it execs),
+//! so the host's page tables are copied once per run, not three times.
+//!
 //! S dies with the host (`PR_SET_PDEATHSIG`) or the run's group kill; G dies with S (PDEATHSIG set
-//! again after every fork and credential change); when G dies the kernel kills the whole namespace,
-//! `setsid` daemons and double forks included.
+//! again after every fork and credential change); when H ends, G SIGKILLs the rest of the namespace,
+//! reports, and S leaves at once (the teardown then happens in G); when G dies the kernel kills the
+//! whole namespace, `setsid` daemons and double forks included.
 
 use std::ffi::CString;
 use std::io;
@@ -212,6 +216,93 @@ fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
+/// How many empty network namespaces are kept ready (more concurrent starts create their own).
+const NETNS_READY: usize = 4;
+
+/// Fresh, empty network namespaces made ahead of time by a host thread, one per run (never shared):
+/// creating one costs the kernel ~0.5–1 ms, which this takes off the run's critical path. A
+/// namespace is owned by the host's user namespace, so the code has no capability in it (its
+/// loopback stays down and cannot be brought up). Only for a root host (joining needs
+/// CAP_SYS_ADMIN over that owner).
+struct NetnsPool {
+    ready: std::sync::Mutex<Vec<OwnedFd>>,
+    wanted: std::sync::Condvar,
+}
+
+/// The pool, started on first use; `None` when its thread cannot be started.
+fn netns_pool() -> Option<&'static NetnsPool> {
+    static POOL: OnceLock<Option<&'static NetnsPool>> = OnceLock::new();
+    *POOL.get_or_init(|| {
+        let pool: &'static NetnsPool = Box::leak(Box::new(NetnsPool {
+            ready: std::sync::Mutex::new(Vec::new()),
+            wanted: std::sync::Condvar::new(),
+        }));
+        std::thread::Builder::new()
+            .name("runpython-netns".into())
+            .spawn(move || {
+                // Normal priority on purpose: making a namespace takes kernel locks (rtnl) that a
+                // run falling back to its own namespace, or any other host process, may wait for; a
+                // low-priority holder would make them wait behind every other task.
+                loop {
+                    {
+                        let mut ready = pool.ready.lock().unwrap_or_else(|p| p.into_inner());
+                        while ready.len() >= NETNS_READY {
+                            ready = pool.wanted.wait(ready).unwrap_or_else(|p| p.into_inner());
+                        }
+                    }
+                    // Each unshare moves this thread into a new namespace; the descriptor keeps it
+                    // alive. A refusal stops the pool: runs then create their own.
+                    let Ok(fd) = new_netns() else { return };
+                    pool.ready
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(fd);
+                }
+            })
+            .ok()
+            .map(|_| pool)
+    })
+}
+
+/// A ready network namespace for one run, or `None` when the pool is empty (the run then creates
+/// its own). The pool is refilled by [`refill_netns`] when a run ends.
+fn take_netns() -> Option<OwnedFd> {
+    let pool = netns_pool()?;
+    let fd = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    if fd.is_none() {
+        pool.wanted.notify_one();
+    }
+    fd
+}
+
+/// Asks the pool to make up for the namespaces taken: called when a run ends, so that making a
+/// namespace competes with no run's setup or interpreter start for the CPU.
+pub(crate) fn refill_netns() {
+    if let Some(pool) = POOL_STARTED.get().and_then(|_| netns_pool()) {
+        pool.wanted.notify_one();
+    }
+}
+
+/// Set when a run took from the pool (a host that never did has no pool to refill).
+static POOL_STARTED: OnceLock<()> = OnceLock::new();
+
+/// Moves the calling thread into a new network namespace and returns a descriptor of it, above the
+/// child's stdio and result slots.
+fn new_netns() -> io::Result<OwnedFd> {
+    // SAFETY: unshare of the calling thread's network namespace; open/fcntl/close on a constant path
+    // and the descriptors just opened.
+    unsafe {
+        cvt(libc::unshare(libc::CLONE_NEWNET))?;
+        let fd = cvt(libc::open(
+            c"/proc/thread-self/ns/net".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        ))?;
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+        libc::close(fd);
+        Ok(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cvt(high)?))
+    }
+}
+
 /// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write
 /// the id maps, and with `proc` mount a fresh `/proc` from PID 1 of the new namespace.
 fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool) -> bool {
@@ -375,6 +466,11 @@ pub(crate) struct Plan {
     landlock: Option<OwnedFd>,
     /// Landlock rules on directories that only exist inside the run (its tmpfs, its `/proc`).
     landlock_inner: Vec<(CString, u64)>,
+    /// A fresh, empty network namespace created ahead of time by the host (see [`take_netns`]); S
+    /// joins it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
+    netns: Option<OwnedFd>,
+    /// The interpreter's command line, when the caller lets H exec it (see [`Plan::exec_with`]).
+    exec: Option<Exec>,
     work_dir: CString,
     /// The uid whose every process is killed at the end when there is no PID namespace.
     pub(crate) sweep_uid: Option<u32>,
@@ -628,6 +724,18 @@ pub(crate) fn prepare(
         .into(),
         missing,
     };
+    // A network namespace made ahead of time saves the run the kernel's ~1 ms to create one. Only a
+    // root host can hand it over: S joins it before dropping privileges (joining needs CAP_SYS_ADMIN
+    // over the namespace's owner, the host's user namespace).
+    let netns = if unshare & libc::CLONE_NEWNET != 0 && geteuid() == 0 {
+        let _ = POOL_STARTED.set(());
+        take_netns()
+    } else {
+        None
+    };
+    if netns.is_some() {
+        unshare &= !libc::CLONE_NEWNET;
+    }
     Ok(Plan {
         mounts_as_root: drop_to.is_some(),
         bind_sources,
@@ -639,6 +747,8 @@ pub(crate) fn prepare(
         rlimits,
         landlock,
         landlock_inner,
+        netns,
+        exec: None,
         work_dir: cstring(&run_dir.join("work"))?,
         sweep_uid: drop_to.filter(|_| !pid_ns).map(|(uid, _)| uid),
         report,
@@ -699,6 +809,9 @@ fn first_untraversable(dir: &Path) -> Option<PathBuf> {
 /// and executable; the run directory fully usable; a few devices writable. Signals and abstract Unix
 /// sockets are scoped to the run (ABI 6+).
 fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<OwnedFd, String> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+
     use landlock::{
         Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
         RulesetCreatedAttr, Scope, ABI,
@@ -721,6 +834,21 @@ fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<O
             .ok()
             .map(|fd| PathBeneath::new(fd, access))
     };
+    // The system directories and devices are opened once per process (they do not move).
+    static FIXED: OnceLock<Vec<(OwnedFd, bool)>> = OnceLock::new();
+    let fixed = FIXED.get_or_init(|| {
+        let open = |path: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(path)
+                .ok()
+                .map(OwnedFd::from)
+        };
+        let system = system.iter().filter_map(|p| Some((open(p)?, false)));
+        let devices = devices.iter().filter_map(|p| Some((open(p)?, true)));
+        system.chain(devices).collect()
+    });
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(abi))
@@ -729,14 +857,18 @@ fn landlock_ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<O
         .map_err(|e| e.to_string())?
         .create()
         .map_err(|e| e.to_string())?;
-    let system = system.iter().map(Path::new);
-    for dir in system.chain(read_dirs.iter().map(PathBuf::as_path)) {
-        if let Some(r) = rule(dir, read) {
-            ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
-        }
+    for (fd, device) in fixed {
+        let access = if *device {
+            AccessFs::from_file(abi)
+        } else {
+            read
+        };
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd.as_fd(), access))
+            .map_err(|e| e.to_string())?;
     }
-    for dev in devices {
-        if let Some(r) = rule(Path::new(dev), AccessFs::from_file(abi)) {
+    for dir in read_dirs {
+        if let Some(r) = rule(dir, read) {
             ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
         }
     }
@@ -766,6 +898,10 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
         run_mount_ops(plan)?;
     }
+    if let Some(netns) = &plan.netns {
+        // SAFETY: setns on a namespace descriptor the host prepared; still root here.
+        cvt(unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    }
     if let Some((uid, gid)) = plan.drop_to {
         drop_ids(uid, gid)?;
     }
@@ -790,34 +926,16 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         set_rlimit(libc::RLIMIT_NPROC, n)?;
     }
     if plan.unshare & libc::CLONE_NEWPID != 0 {
-        let page = SharedStatus::new()?;
-        // SAFETY: fork in the single-threaded child; both sides continue with system calls only.
-        let init = cvt(unsafe { libc::fork() })?;
-        if init > 0 {
-            supervise(init, &page);
-        }
-        // G: PID 1 of the run.
-        set_pdeathsig()?;
-        // SAFETY: mount with constant strings.
-        cvt(unsafe {
-            libc::mount(
-                c"proc".as_ptr(),
-                c"/proc".as_ptr(),
-                c"proc".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
-            )
-        })?;
-        inner_setup(plan)?;
-        // SAFETY: as above.
-        let python = cvt(unsafe { libc::fork() })?;
-        if python > 0 {
-            reap(python, &page);
-        }
-    } else {
-        inner_setup(plan)?;
+        let exec = plan.exec.as_ref().ok_or(io::ErrorKind::InvalidInput)?;
+        return start_init(plan, exec);
     }
+    inner_setup(plan)?;
     // H: the interpreter.
+    restrict_interpreter(plan)
+}
+
+/// H's last steps before exec: parent-death signal, rlimits, no new privileges, Landlock.
+fn restrict_interpreter(plan: &Plan) -> io::Result<()> {
     set_pdeathsig()?;
     for &(resource, value) in &plan.rlimits {
         let hard = if resource == libc::RLIMIT_CPU {
@@ -836,6 +954,223 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         })?;
     }
     Ok(())
+}
+
+fn mount_proc() -> io::Result<()> {
+    // SAFETY: mount with constant strings.
+    cvt(unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    })
+    .map(drop)
+}
+
+/// The interpreter's command line, prepared in the host so that H can exec it itself.
+#[derive(Debug)]
+pub(crate) struct Exec {
+    program: CString,
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into `program`/`_strings`, owned by the same value and never mutated.
+unsafe impl Send for Exec {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Exec {}
+
+impl Plan {
+    /// Lets the run's processes G and H share S's memory instead of copying it (`CLONE_VM`): H then
+    /// execs `program` with `args` and `env` itself, as std would have.
+    pub(crate) fn exec_with(
+        &mut self,
+        program: &Path,
+        args: &[&std::ffi::OsStr],
+        env: &[(String, String)],
+    ) -> Result<(), Error> {
+        let nul = |e: std::ffi::NulError| Error::Internal(e.to_string());
+        let program = cstring(program)?;
+        let mut strings = vec![program.clone()];
+        for arg in args {
+            strings.push(CString::new(arg.as_bytes()).map_err(nul)?);
+        }
+        let argc = strings.len();
+        for (k, v) in env {
+            strings.push(CString::new(format!("{k}={v}")).map_err(nul)?);
+        }
+        let mut argv: Vec<_> = strings[..argc].iter().map(|s| s.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<_> = strings[argc..].iter().map(|s| s.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        self.exec = Some(Exec {
+            program,
+            _strings: strings,
+            argv,
+            envp,
+        });
+        Ok(())
+    }
+}
+
+/// Stack of G and of H (each), which run on their own stacks in S's memory.
+const CHILD_STACK: usize = 256 << 10;
+
+/// What G and H read when they start (copied: S's stack may change once S moves on).
+#[derive(Clone, Copy)]
+struct InitArgs {
+    plan: *const Plan,
+    exec: *const Exec,
+    /// The shared status page (never unmapped).
+    page: *mut libc::c_int,
+    /// Write end of the pipe through which G and H report a setup failure (an errno) or success (0).
+    report: RawFd,
+    h_stack_top: *mut libc::c_void,
+}
+
+/// S with a PID namespace and a prepared exec: starts G (and G starts H) sharing S's memory, so
+/// neither copies the host's page tables nor takes copy-on-write faults, and H execs directly. S
+/// returns only on a setup failure (the error reaches the host's `spawn` as before); otherwise it
+/// supervises G.
+fn start_init(plan: &Plan, exec: &Exec) -> io::Result<()> {
+    let page = SharedStatus::new()?;
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 into a live array; mmap of anonymous private memory.
+    let stacks = unsafe {
+        cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC))?;
+        let stacks = libc::mmap(
+            std::ptr::null_mut(),
+            2 * CHILD_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stacks == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        stacks.cast::<u8>()
+    };
+    let [read_end, write_end] = fds;
+    let args = InitArgs {
+        plan,
+        exec,
+        page: page.0,
+        report: write_end,
+        // SAFETY: both offsets stay within (or one past) the mapping.
+        h_stack_top: unsafe { stacks.add(2 * CHILD_STACK) }.cast(),
+    };
+    page.arm();
+    // SAFETY: G runs `init_main` on its own stack in our memory and only makes system calls; `args`
+    // outlives its first reads (S blocks on the pipe until G and H are done with setup). The kernel
+    // clears and wakes the page's `alive` word when G exits (CLONE_CHILD_CLEARTID).
+    let init = unsafe {
+        libc::clone(
+            init_main,
+            stacks.add(CHILD_STACK).cast(),
+            libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
+            std::ptr::addr_of!(args).cast_mut().cast(),
+            std::ptr::null_mut::<libc::pid_t>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            page.alive(),
+        )
+    };
+    // SAFETY: closing our copy of the write end; reading four bytes into a live buffer.
+    let reported = unsafe {
+        libc::close(write_end);
+        let mut buf = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            let n = libc::read(read_end, buf.as_mut_ptr().add(got).cast(), 4 - got);
+            if n > 0 {
+                got += n as usize;
+            } else if n == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+        libc::close(read_end);
+        (got == 4).then(|| i32::from_ne_bytes(buf))
+    };
+    cvt(init)?;
+    match reported {
+        Some(0) => supervise(init, &page),
+        Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+        None => Err(io::Error::other("the run's init process died during setup")),
+    }
+}
+
+fn report_errno(fd: RawFd, errno: i32) {
+    let buf = errno.to_ne_bytes();
+    // SAFETY: a write of a live 4-byte buffer (atomic on a pipe).
+    unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+}
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().filter(|&n| n != 0).unwrap_or(libc::EIO)
+}
+
+/// G: PID 1 of the run. Mounts `/proc`, starts H (suspended until H has exec'd), reports success,
+/// then reaps.
+extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at S's `InitArgs`, live until G reports; the plan and page outlive G.
+    let args = unsafe { *arg.cast::<InitArgs>() };
+    let plan = unsafe { &*args.plan };
+    let setup = || -> io::Result<libc::pid_t> {
+        set_pdeathsig()?;
+        // G holds a copy of the host's memory: nothing in the run may read it through /proc/1.
+        // SAFETY: prctl with integer arguments (the flag belongs to the memory S and G share).
+        cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })?;
+        mount_proc()?;
+        inner_setup(plan)?;
+        let mut h_args = args;
+        // SAFETY: H runs `interpreter_main` on its own stack; we are suspended until it execs or
+        // exits (CLONE_VFORK), so `h_args` outlives its use.
+        cvt(unsafe {
+            libc::clone(
+                interpreter_main,
+                args.h_stack_top,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::addr_of_mut!(h_args).cast(),
+            )
+        })
+    };
+    match setup() {
+        Ok(python) => {
+            report_errno(args.report, 0); // after a failed exec, H's errno is already in the pipe
+            reap(python, &SharedStatus(args.page))
+        }
+        Err(e) => {
+            report_errno(args.report, errno_of(&e));
+            // SAFETY: _exit ends G only.
+            unsafe { libc::_exit(125) }
+        }
+    }
+}
+
+/// H: the interpreter. Restricts itself and execs; on failure reports the errno and exits.
+extern "C" fn interpreter_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at G's copy of the arguments; G is suspended until we exec or exit.
+    let args = unsafe { *arg.cast::<InitArgs>() };
+    let (plan, exec) = unsafe { (&*args.plan, &*args.exec) };
+    let error = match restrict_interpreter(plan) {
+        // SAFETY: execve with NUL-terminated strings and NULL-terminated arrays prepared in the host.
+        Ok(()) => unsafe {
+            libc::execve(
+                exec.program.as_ptr(),
+                exec.argv.as_ptr(),
+                exec.envp.as_ptr(),
+            );
+            io::Error::last_os_error()
+        },
+        Err(e) => e,
+    };
+    report_errno(args.report, errno_of(&error));
+    // SAFETY: _exit ends H only.
+    unsafe { libc::_exit(127) }
 }
 
 /// In the innermost namespace, after `/proc` is mounted: Landlock rules on the run's own tmpfs and
@@ -967,7 +1302,9 @@ fn set_rlimit2(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> io:
     cvt(unsafe { libc::setrlimit(resource, &limit) }).map(drop)
 }
 
-/// A page shared between S and G through which G reports the interpreter's wait status.
+/// A page shared between S and G through which G reports the interpreter's wait status: word 0 is
+/// set once word 1 holds the status; word 2 (`alive`) is cleared, with a futex wake, when G has
+/// reported or has exited.
 struct SharedStatus(*mut libc::c_int);
 
 impl SharedStatus {
@@ -990,10 +1327,45 @@ impl SharedStatus {
     }
 
     fn set(&self, status: libc::c_int) {
-        // SAFETY: the mapping is live and holds two ints.
+        // SAFETY: the mapping is live and holds three ints.
         unsafe {
             self.0.add(1).write_volatile(status);
             self.0.write_volatile(1);
+        }
+    }
+
+    fn alive(&self) -> *mut libc::c_int {
+        // SAFETY: within the page.
+        unsafe { self.0.add(2) }
+    }
+
+    fn arm(&self) {
+        // SAFETY: as above.
+        unsafe { self.alive().write_volatile(1) }
+    }
+
+    /// G: the status is set; wake S.
+    fn release(&self) {
+        // SAFETY: as above; a (process-shared) futex wake on the page.
+        unsafe {
+            self.alive().write_volatile(0);
+            libc::syscall(libc::SYS_futex, self.alive(), libc::FUTEX_WAKE, 1);
+        }
+    }
+
+    /// S: sleeps until G has reported or exited.
+    fn wait_released(&self) {
+        // SAFETY: as above; a futex wait that returns at once when the word is already 0.
+        unsafe {
+            while self.alive().read_volatile() != 0 {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.alive(),
+                    libc::FUTEX_WAIT,
+                    1,
+                    std::ptr::null::<libc::timespec>(),
+                );
+            }
         }
     }
 
@@ -1015,22 +1387,27 @@ fn close_all() {
     }
 }
 
-/// S: waits for G and leaves with the interpreter's status (same exit code, or the same signal).
+/// S: waits for G's report and leaves with the interpreter's status (same exit code, or the same
+/// signal) at once. G, which shares S's memory and namespaces, is still alive then, so S's exit is
+/// cheap and the host hears of the end before the run's memory and namespaces are torn down; that
+/// teardown happens in G, which S's exit kills (PDEATHSIG).
 fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
     close_all();
+    page.wait_released();
     let mut status = 0;
     // SAFETY: waitpid/kill/signal/_exit on our own processes.
     unsafe {
-        loop {
-            let r = libc::waitpid(init, &mut status, 0);
-            if r == init {
-                break;
+        let status = match page.get() {
+            Some(status) => status,
+            None => {
+                // G ended without a report (killed): leave with its status.
+                while libc::waitpid(init, &mut status, 0) < 0
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+                {
+                }
+                status
             }
-            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                libc::_exit(1);
-            }
-        }
-        let status = page.get().unwrap_or(status);
+        };
         if libc::WIFSIGNALED(status) {
             let sig = libc::WTERMSIG(status);
             libc::signal(sig, libc::SIG_DFL);
@@ -1050,22 +1427,32 @@ fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
 }
 
 /// G: reaps every process of the run (orphans are re-parented to it) until the interpreter ends, then
-/// reports its status and exits, which makes the kernel kill whatever is left in the namespace.
+/// kills whatever is left in the namespace, reports the interpreter's status and waits for S's exit
+/// to kill it (the kernel then tears the run's namespaces down).
 fn reap(python: libc::pid_t, page: &SharedStatus) -> ! {
     close_all();
     let mut status = 0;
-    // SAFETY: waitpid and _exit.
+    // SAFETY: waitpid, kill, nanosleep and _exit.
     unsafe {
         loop {
             let r = libc::waitpid(-1, &mut status, 0);
             if r == python {
-                page.set(status);
                 break;
             }
             if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                break;
+                libc::_exit(1); // no report: S leaves with this status
             }
         }
+        // From PID 1, -1 is every other process of this PID namespace and nothing outside it.
+        libc::kill(-1, libc::SIGKILL);
+        page.set(status);
+        page.release();
+        // S's exit kills G (PDEATHSIG); should that never come, G leaves by itself.
+        let second = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        libc::nanosleep(&second, std::ptr::null_mut());
         libc::_exit(0)
     }
 }
