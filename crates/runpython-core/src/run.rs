@@ -595,9 +595,11 @@ impl RunPython {
                 if let Some(site) = &key.1 {
                     warm_up.extend(["--site".to_owned(), site.display().to_string()]);
                 }
-                if !pool.config.warm_imports.is_empty() {
-                    warm_up.extend(["--warm".to_owned(), pool.config.warm_imports.join(",")]);
-                }
+                // `_ast` is what the runner needs first for any code (~1.4 ms to import); then the
+                // modules the pool declares warm.
+                let mut warm = vec!["_ast".to_owned()];
+                warm.extend(pool.config.warm_imports.iter().cloned());
+                warm_up.extend(["--warm".to_owned(), warm.join(",")]);
                 let slot = code_dir()
                     .and_then(|dir| this.spawn_slot(&key.0, dir, key.1.as_deref(), &warm_up));
                 // A pool that cannot start an interpreter just serves runs cold.
@@ -745,6 +747,11 @@ impl RunPython {
         };
         let limits = &self.inner.limits;
         let interpreter = self.interpreter().await?.clone();
+        // The script is known now: a kept run stores it while the code runs, off the critical path.
+        let script_blob = self.inner.keep.as_ref().map(|keep| {
+            let (store, code) = (keep.store.clone(), request.code.clone());
+            tokio::spawn(async move { store.put_blob(code.into_bytes()).await })
+        });
         let prepared = match self
             .inner
             .deps
@@ -1101,6 +1108,10 @@ impl RunPython {
             resumed,
         )
         .await?;
+        if let Some(blob) = script_blob {
+            // put_run finds it written (or writes it, if this failed).
+            let _ = blob.await;
+        }
         if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
             self.keep_run(
                 keep,

@@ -144,6 +144,9 @@ pub(crate) struct Inner {
     pub(crate) url: String,
     pub(crate) options: StoreOptions,
     pub(crate) memo: MemoCache,
+    /// Blobs this store wrote recently, and when: a blob rewritten within a quarter of the gc grace
+    /// period is skipped (its age is young enough that gc keeps it until the manifest lands).
+    pub(crate) recent_blobs: moka::sync::Cache<String, ()>,
 }
 
 impl std::fmt::Debug for Store {
@@ -179,12 +182,17 @@ impl Store {
     pub fn open_with(url: &str, options: StoreOptions) -> Result<Self> {
         let (os, url) = backend::open(url, &options)?;
         let memo = crate::memo::new_cache(options.memo_cache_bytes);
+        let recent_blobs = moka::sync::Cache::builder()
+            .max_capacity(100_000)
+            .time_to_live(options.gc_grace / 4)
+            .build();
         Ok(Self {
             inner: Arc::new(Inner {
                 os,
                 url,
                 options,
                 memo,
+                recent_blobs,
             }),
         })
     }
@@ -269,8 +277,12 @@ impl Store {
     pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<String> {
         let bytes = bytes.into();
         let hash = blake3::hash(&bytes).to_hex().to_string();
+        if self.inner.recent_blobs.contains_key(&hash) {
+            return Ok(hash); // written moments ago by this store: young enough for gc's grace
+        }
         let key = layout::blob(&hash)?;
         self.write(&key, bytes).await?;
+        self.inner.recent_blobs.insert(hash.clone(), ());
         Ok(hash)
     }
 
@@ -565,6 +577,7 @@ impl Store {
                 };
                 if old_enough(fresh.last_modified.into()) {
                     self.remove(&meta.location).await?;
+                    self.inner.recent_blobs.invalidate(hash);
                     report.deleted_blobs += 1;
                     report.freed_bytes += fresh.size;
                 }
