@@ -127,8 +127,8 @@ impl Journal {
     }
 }
 
-/// Canonical JSON of a call's arguments (object keys sorted) and its blake3 hash.
-pub fn canonical_args(args: &ToolArgs) -> (String, String) {
+/// JSON text with object keys sorted, so equal values give equal text whatever their key order.
+pub fn canonical_json(value: &Value) -> String {
     fn sorted(value: &Value) -> Value {
         match value {
             Value::Object(map) => {
@@ -145,7 +145,12 @@ pub fn canonical_args(args: &ToolArgs) -> (String, String) {
             other => other.clone(),
         }
     }
-    let text = sorted(&serde_json::json!({"args": args.args, "kwargs": args.kwargs})).to_string();
+    sorted(value).to_string()
+}
+
+/// Canonical JSON of a call's arguments and its blake3 hash.
+pub fn canonical_args(args: &ToolArgs) -> (String, String) {
+    let text = canonical_json(&serde_json::json!({"args": args.args, "kwargs": args.kwargs}));
     let hash = blake3::hash(text.as_bytes()).to_hex().to_string();
     (text, hash)
 }

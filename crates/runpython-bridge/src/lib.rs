@@ -31,7 +31,7 @@ mod tool;
 use std::path::PathBuf;
 
 pub use frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME, HEADER_LEN};
-pub use journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
+pub use journal::{canonical_args, canonical_json, CallState, Journal, JournalEntry, ONCE_TOOL};
 pub use server::{Bridge, BridgeConfig, BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
 pub use stubs::{python_literal, python_stubs, python_type};
 pub use tool::{

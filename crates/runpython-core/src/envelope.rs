@@ -128,16 +128,16 @@ impl ErrorInfo {
 }
 
 impl Envelope {
-    /// An envelope for a run that ended before the code produced anything.
-    pub fn failed(status: Status, error: ErrorInfo, run_id: String) -> Self {
+    /// A successful envelope with nothing in it yet, for `run_id`.
+    pub fn empty(run_id: String) -> Self {
         Self {
-            status,
+            status: Status::Success,
             return_value: Value::Null,
             return_type: None,
             stdout: String::new(),
             stderr: String::new(),
             truncated: None,
-            error: Some(error),
+            error: None,
             artifacts: Vec::new(),
             run_id,
             cached: false,
@@ -145,6 +145,15 @@ impl Envelope {
             suspension: None,
             return_preview: None,
             isolation: None,
+        }
+    }
+
+    /// An envelope for a run that ended before the code produced anything.
+    pub fn failed(status: Status, error: ErrorInfo, run_id: String) -> Self {
+        Self {
+            status,
+            error: Some(error),
+            ..Self::empty(run_id)
         }
     }
 

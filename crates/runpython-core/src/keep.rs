@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runpython_bridge::canonical_json;
 use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{
     memo_key, CollectLimits, CollectedFiles, Computed, Redactor, RunRecord, Store, Tier,
@@ -52,27 +53,6 @@ fn runner_version() -> String {
     let mut hasher = std::hash::DefaultHasher::new();
     (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
     format!("runner-{:016x}", hasher.finish())
-}
-
-/// JSON with object keys sorted, so equal inputs give equal memo keys whatever their order.
-fn canonical_json(value: &Value) -> String {
-    fn sorted(value: &Value) -> Value {
-        match value {
-            Value::Object(map) => {
-                let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (k.clone(), sorted(v)))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    sorted(value).to_string()
 }
 
 /// Masks the host's secret-looking variables and every passed-through variable.

@@ -1003,20 +1003,11 @@ impl RunPython {
             artifacts: None,
         });
         let mut envelope = Envelope {
-            status: Status::Success,
-            return_value: Value::Null,
-            return_type: None,
             stdout,
             stderr,
             truncated,
-            error: None,
-            artifacts: Vec::new(),
-            run_id,
-            cached: false,
-            duration_ms: 0,
-            suspension: None,
-            return_preview: None,
             isolation: Some(isolation),
+            ..Envelope::empty(run_id)
         };
         match ending {
             Ending::Cancelled => return Err(Error::Cancelled),
