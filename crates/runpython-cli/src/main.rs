@@ -3,6 +3,30 @@
 //! Exit status: 0 when the envelope's status is `success`, 1 for any other status, 2 for usage or
 //! infrastructure errors (a one-line reason on stderr).
 
+/// `println!` that never panics: a reader that went away (`runpython ... | head`) is not a crash.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics on a closed stderr.
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that never panics on a closed stderr.
+macro_rules! say_err_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod mcp;
 
 use std::io::{Read, Write};
@@ -249,7 +273,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("runpython: cannot start the async runtime: {e}");
+            say_err!("runpython: cannot start the async runtime: {e}");
             return ExitCode::from(2);
         }
     };
@@ -266,7 +290,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("runpython: {e:#}");
+            say_err!("runpython: {e:#}");
             ExitCode::from(2)
         }
     }
@@ -328,7 +352,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        println!("{}", serde_json::to_string(envelope)?);
+        say!("{}", serde_json::to_string(envelope)?);
     } else {
         print_human(envelope);
     }
@@ -395,7 +419,7 @@ impl EngineArgs {
                 Err(e) if self.store.store.is_some() || !self.approvals.is_empty() => {
                     return Err(e)
                 }
-                Err(e) => eprintln!("runpython: not keeping this run: {e:#}"),
+                Err(e) => say_err!("runpython: not keeping this run: {e:#}"),
             }
         }
         for name in &self.approvals {
@@ -429,7 +453,7 @@ fn parse_format(s: &str) -> Result<ToolFormat, String> {
 
 async fn tool_spec(args: ToolSpecArgs) -> anyhow::Result<ExitCode> {
     let python = args.engine.build().await?;
-    println!(
+    say!(
         "{}",
         serde_json::to_string_pretty(&python.tool_spec(args.format))?
     );
@@ -495,7 +519,7 @@ async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
                 .await
                 .context("cannot list artifacts")?;
             if json {
-                println!("{}", serde_json::to_string(&listed)?);
+                say!("{}", serde_json::to_string(&listed)?);
             } else {
                 let mut out = std::io::stdout().lock();
                 for item in &listed {
@@ -533,7 +557,7 @@ async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
         .gc(std::time::SystemTime::now())
         .await
         .context("gc failed")?;
-    println!(
+    say!(
         "removed {} expired runs, {} unreferenced blobs ({} bytes), {} staging leftovers, {} expired memo entries",
         report.expired_runs.len(),
         report.deleted_blobs,
@@ -542,7 +566,7 @@ async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
         report.expired_memos
     );
     for key in &report.unreadable {
-        eprintln!("runpython: gc left an unreadable record in place: {key}");
+        say_err!("runpython: gc left an unreadable record in place: {key}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -581,13 +605,13 @@ impl StatusLine {
         };
         let text: String = text.chars().take(100).collect();
         self.frame += 1;
-        eprint!("\r\x1b[2K{} {text}", SPINNER[self.frame % SPINNER.len()]);
+        say_err_raw!("\r\x1b[2K{} {text}", SPINNER[self.frame % SPINNER.len()]);
         self.shown = true;
     }
 
     fn clear(&mut self) {
         if self.shown {
-            eprint!("\r\x1b[2K");
+            say_err_raw!("\r\x1b[2K");
             self.shown = false;
         }
     }
@@ -598,7 +622,7 @@ fn print_human(envelope: &Envelope) {
     if let Some(truncated) = &envelope.truncated {
         for (name, t) in [("stdout", &truncated.stdout), ("stderr", &truncated.stderr)] {
             if let Some(t) = t {
-                eprintln!(
+                say_err!(
                     "[runpython: the envelope keeps {} of {} characters of {name}]",
                     t.total_chars - t.omitted_chars,
                     t.total_chars
@@ -608,12 +632,12 @@ fn print_human(envelope: &Envelope) {
     }
     match &envelope.error {
         Some(error) => match &error.traceback {
-            Some(tb) if !tb.is_empty() => eprint!("{tb}"),
-            _ => eprintln!("{}: {}", error.kind, error.message),
+            Some(tb) if !tb.is_empty() => say_err_raw!("{tb}"),
+            _ => say_err!("{}: {}", error.kind, error.message),
         },
         None if !envelope.return_value.is_null() => match &envelope.return_value {
-            Value::String(s) if envelope.return_type.as_deref() != Some("str") => println!("{s}"),
-            value => println!("{value}"),
+            Value::String(s) if envelope.return_type.as_deref() != Some("str") => say!("{s}"),
+            value => say!("{value}"),
         },
         None => {}
     }

@@ -367,3 +367,17 @@ fn network_is_off_unless_allowed() {
     assert_eq!(on["return_value"], "connected", "{on}");
     assert_eq!(on["isolation"]["network"], "host");
 }
+
+#[test]
+fn a_reader_that_goes_away_is_not_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runpython"))
+        .args(["tool-spec", "--format", "mcp", "--no-store"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // like `| head -c 0`: stdout is closed before anything is written
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
