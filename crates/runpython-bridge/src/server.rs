@@ -403,17 +403,9 @@ async fn dispatch(
                 Some(call) => match call.await {
                     Ok(value) => Ok(value.to_string()),
                     Err(error) if error.is_suspension() => {
-                        let _ = bridge
-                            .record(entry(CallState::Suspended {
-                                id: suspension_id.clone(),
-                                request: error.message.clone(),
-                            }))
+                        bridge
+                            .suspend(entry(CallState::Executing), suspension_id, error.message)
                             .await;
-                        let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
-                            id: suspension_id,
-                            tool: name.clone(),
-                            args: serde_json::from_str(&error.message).unwrap_or(Value::Null),
-                        }));
                         return (id, None);
                     }
                     Err(error) => Err(error),
@@ -430,17 +422,9 @@ async fn dispatch(
             return (id, Some(reply_of(id, result)));
         }
         Replayed::Suspension(suspension_id, request) => {
-            let _ = bridge
-                .record(entry(CallState::Suspended {
-                    id: suspension_id.clone(),
-                    request: request.clone(),
-                }))
+            bridge
+                .suspend(entry(CallState::Executing), suspension_id, request)
                 .await;
-            let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
-                id: suspension_id,
-                tool: name.clone(),
-                args: serde_json::from_str(&request).unwrap_or(Value::Null),
-            }));
             return (id, None);
         }
         Replayed::Diverged(recorded) => {
@@ -518,19 +502,14 @@ async fn dispatch(
                     .await;
                 return (id, Some(error_reply(id, &error)));
             }
-            let suspension_id = format!("s{ordinal}");
             // What the tool asked (its suspend payload) is what the person sees and what resume gets.
-            let _ = bridge
-                .record(entry(CallState::Suspended {
-                    id: suspension_id.clone(),
-                    request: error.message.clone(),
-                }))
+            bridge
+                .suspend(
+                    entry(CallState::Executing),
+                    format!("s{ordinal}"),
+                    error.message,
+                )
                 .await;
-            let _ = bridge.stop.try_send(Stop::Suspended(Suspension {
-                id: suspension_id,
-                tool: name.clone(),
-                args: serde_json::from_str(&error.message).unwrap_or(Value::Null),
-            }));
             (id, None)
         }
         outcome => {
@@ -598,6 +577,19 @@ impl Bridge {
             // Started but never finished: the host died during it. It is the one call made again.
             CallState::Executing => Replayed::Live,
         }
+    }
+
+    /// Journals the call as suspended with `request` (what the tool asked) and stops the run for it.
+    async fn suspend(&self, entry: JournalEntry, id: String, request: String) {
+        let suspension = Suspension {
+            id: id.clone(),
+            tool: entry.tool.clone(),
+            args: serde_json::from_str(&request).unwrap_or(Value::Null),
+        };
+        let state = CallState::Suspended { id, request };
+        // The run stops either way; a journal that could not be kept makes the resume re-run the call.
+        let _ = self.record(JournalEntry { state, ..entry }).await;
+        let _ = self.stop.try_send(Stop::Suspended(suspension));
     }
 
     /// Adds or updates this call's entry and, for durable runs, persists the journal. Ordinals are
