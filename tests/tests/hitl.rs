@@ -253,3 +253,22 @@ async fn an_inner_suspension_suspends_the_outer_run_and_resumes_through_it() {
     assert_eq!(done.status, Status::Success, "{:?}", done.error);
     assert_eq!(done.return_value, json!(["success", "deployed"]));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_suspended_run_removes_its_checkpoint() {
+    let f = fixture();
+    let e = f.python.run(PAYMENT).await.unwrap();
+    assert_eq!(e.status, Status::Suspended);
+    f.python
+        .store()
+        .unwrap()
+        .delete_run(&e.run_id)
+        .await
+        .unwrap();
+    let err = f
+        .python
+        .resume(&e.run_id, HashMap::new())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no checkpoint"), "{err}");
+}

@@ -522,9 +522,11 @@ impl Store {
             .collect())
     }
 
-    /// Deletes the run's manifest; its blobs go at the next [`gc`](Self::gc) unless another run
-    /// shares them. Deleting a missing run is not an error.
+    /// Deletes the run's manifest and its checkpoint (a resumable run's state); its blobs go at the
+    /// next [`gc`](Self::gc) unless another run shares them. Deleting a missing run is not an error.
     pub async fn delete_run(&self, run_id: &str) -> Result<()> {
+        // Its checkpoint goes too: a run that is gone cannot be resumed (and gc must not leave them).
+        self.remove(&layout::checkpoint(run_id)?).await?;
         self.remove(&layout::run(run_id)?).await
     }
 
