@@ -47,14 +47,6 @@ pub(crate) async fn collect_run_files(
         .map_err(Error::from)
 }
 
-/// Identifies the runner and bridge client the child runs, for memo keys.
-fn runner_version() -> String {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::hash::DefaultHasher::new();
-    (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
-    format!("runner-{:016x}", hasher.finish())
-}
-
 /// Masks the host's secret-looking variables and every passed-through variable.
 fn redactor(passthrough: &[String]) -> Redactor {
     let mut redactor = Redactor::from_env(std::env::vars());
@@ -147,7 +139,7 @@ impl RunPython {
                 interpreter.executable.display(),
                 interpreter.version
             ),
-            runner_version(),
+            format!("runner-{}", crate::process::code_version()),
             self.tools().fingerprint(),
             format!(
                 "{:?}|{}|{}|{}",

@@ -38,9 +38,27 @@ pub(crate) fn ensure_bytecode(python: &Path, version: (u32, u32, u32), dir: &Pat
     let pyc = dir
         .join("__pycache__")
         .join(format!("runpython_runner.{tag}.pyc"));
-    if pyc.is_file() {
-        return;
+    if !pyc.is_file() {
+        compile_code_dir(python, dir);
     }
+    if pyc.is_file() {
+        if let Ok(mut ready) = BYTECODE_READY.lock() {
+            ready.push(python.to_owned());
+        }
+    }
+}
+
+/// Interpreters whose bytecode this process already found in place: later runs skip the check.
+static BYTECODE_READY: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// True once [`ensure_bytecode`] found the code directory compiled for `python`.
+pub(crate) fn bytecode_ready(python: &Path) -> bool {
+    BYTECODE_READY
+        .lock()
+        .is_ok_and(|ready| ready.iter().any(|p| p == python))
+}
+
+fn compile_code_dir(python: &Path, dir: &Path) {
     let _ = std::process::Command::new(python)
         .args([
             "-I",
@@ -55,10 +73,19 @@ pub(crate) fn ensure_bytecode(python: &Path, version: (u32, u32, u32), dir: &Pat
         .status();
 }
 
+/// A digest of the Python that runs in the child (the runner and the bridge client), computed once:
+/// it names the code directory and goes into memo keys.
+pub(crate) fn code_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let mut hasher = std::hash::DefaultHasher::new();
+        (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
+    })
+}
+
 fn write_code_dir() -> std::io::Result<PathBuf> {
-    let mut hasher = std::hash::DefaultHasher::new();
-    (crate::run::RUNNER_PY, runpython_bridge::CLIENT_PY).hash(&mut hasher);
-    let name = format!("py-{:016x}", hasher.finish());
+    let name = format!("py-{}", code_version());
     let bases = [
         std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")),

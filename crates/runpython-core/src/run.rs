@@ -777,7 +777,7 @@ impl RunPython {
         // An interpreter started ahead of time for this environment, or a fresh one (the cold path).
         let site_dir = prepared.as_ref().and_then(|env| env.site_dir.clone());
         let code_dir = code_dir()?;
-        {
+        if !crate::process::bytecode_ready(&python) {
             let (python, version) = (python.clone(), interpreter.version);
             let _ = tokio::task::spawn_blocking(move || {
                 crate::process::ensure_bytecode(&python, version, code_dir)
