@@ -314,14 +314,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ => format!("value_{i} = {{'k': ({i}, 'text'), 'l': [1, 2, 3]}}\n"),
         })
         .collect();
-    let mut detect = Vec::new();
+    // Interleaved: the default (a thread per core for a file this size) and one thread.
+    use runpython_deps::{ImportDetector, RuffImportDetector};
+    let one_thread = RuffImportDetector::with_threads(1);
+    let (mut detect, mut detect_one) = (Vec::new(), Vec::new());
     for _ in 0..30 {
         let t = Instant::now();
         let found = runpython_deps::detect_imports(&source)?;
         detect.push(t.elapsed().as_secs_f64() * 1e3);
         assert_eq!(found.len(), 4000);
+        let t = Instant::now();
+        let found = one_thread.detect(&source)?;
+        detect_one.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(found.len(), 4000);
     }
     m.insert("import_detect_10k_ms".into(), json!(round3(p50(detect))));
+    m.insert(
+        "import_detect_10k_ms_1_thread".into(),
+        json!(round3(p50(detect_one))),
+    );
 
     // 1 GiB printed: host memory must stay flat and the envelope within the output limit.
     let _ = std::fs::write("/proc/self/clear_refs", "5"); // reset the peak-RSS counter
