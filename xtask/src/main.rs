@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask ci` — fmt check, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. A fresh clone passes with this one command.
+//!   exists. As root it also runs the sandbox, run and pool suites as an unprivileged user (`setpriv`).
+//!   A fresh clone passes with this one command.
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
 //!   measured side by side in one run (a table, or one JSON object).
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
@@ -102,6 +103,7 @@ fn ci() -> Result<()> {
                 .env(var, value),
         )?;
     }
+    unprivileged_suites()?;
     step(
         "doc",
         cargo()
@@ -129,6 +131,103 @@ fn ci() -> Result<()> {
     }
     eprintln!("ci passed in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The uid the sandbox suites run as when CI runs as root: no real user's, below the range the sandbox
+/// gives runs (`0x4000_0000` and up).
+const UNPRIVILEGED_UID: u32 = 0x3000_0000;
+
+/// The sandbox, run and pool suites again as an unprivileged user. Users are not root, and the sandbox
+/// takes another path for them: their own uid mapped into the user namespace instead of a fresh uid
+/// per run, `RLIMIT_NPROC` really enforced, no network namespaces made ahead of time.
+fn unprivileged_suites() -> Result<()> {
+    const NAME: &str = "sandbox suites as an unprivileged user";
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0");
+    if !root {
+        eprintln!("==> {NAME}: the suites above already ran unprivileged");
+        return Ok(());
+    }
+    let Some(setpriv) = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    else {
+        bail!("{NAME}: `setpriv` (util-linux) is needed to drop root; install util-linux");
+    };
+    let built = cargo()
+        .args([
+            "test",
+            "--no-run",
+            "--message-format=json",
+            "-p",
+            "runpython-tests",
+        ])
+        .args(["--test", "hostile", "--test", "run", "--test", "pool"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot build the suites")?;
+    if !built.status.success() {
+        bail!("{NAME}: building the suites failed ({})", built.status);
+    }
+    let suites: Vec<PathBuf> = String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .collect();
+    if suites.len() != 3 {
+        bail!("{NAME}: expected 3 test executables, cargo built {suites:?}");
+    }
+    // The executables (and the host binary the hostile suite starts) must be reachable by the user.
+    for dir in suites
+        .iter()
+        .filter_map(|s| s.parent())
+        .flat_map(Path::ancestors)
+    {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(dir)?.permissions());
+        if mode & 0o001 == 0 {
+            bail!(
+                "{NAME}: {} is not searchable by other users (mode {mode:o}); clone the repository \
+                 under a directory others can enter",
+                dir.display()
+            );
+        }
+    }
+    let home =
+        std::env::temp_dir().join(format!("runpython-ci-unprivileged-{}", std::process::id()));
+    std::fs::create_dir_all(&home)?;
+    std::os::unix::fs::chown(&home, Some(UNPRIVILEGED_UID), Some(UNPRIVILEGED_UID))?;
+    let id = UNPRIVILEGED_UID.to_string();
+    let result = suites.iter().try_for_each(|suite| {
+        let name = suite
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        step(
+            &format!("{NAME}: {name}"),
+            Command::new(&setpriv)
+                .args([
+                    "--reuid",
+                    &id,
+                    "--regid",
+                    &id,
+                    "--clear-groups",
+                    "--inh-caps=-all",
+                ])
+                .args(["env", "-i"])
+                .arg(format!("HOME={}", home.display()))
+                .arg("PATH=/usr/local/bin:/usr/bin:/bin")
+                .arg(suite)
+                .current_dir(&home),
+        )
+    });
+    let _ = std::fs::remove_dir_all(&home);
+    result
 }
 
 /// A Python 3 to run helper scripts with (not the sandboxed child's interpreter).
