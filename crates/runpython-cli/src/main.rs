@@ -518,11 +518,17 @@ async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
                 .list_artifacts(run_id.as_deref())
                 .await
                 .context("cannot list artifacts")?;
+            for key in &listed.unreadable {
+                say_err!(
+                    "warning: skipped the run manifest {key}: it cannot be read (corrupt, or written \
+                     by a newer runpython)"
+                );
+            }
             if json {
-                say!("{}", serde_json::to_string(&listed)?);
+                say!("{}", serde_json::to_string(&listed.items)?);
             } else {
                 let mut out = std::io::stdout().lock();
-                for item in &listed {
+                for item in &listed.items {
                     let a = &item.artifact;
                     let kind = serde_json::to_value(a.kind)?;
                     writeln!(

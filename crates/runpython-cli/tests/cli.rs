@@ -174,6 +174,16 @@ fn a_file_the_code_wrote_is_listed_and_returned_byte_identical() {
         table.contains("data.bin") && table.contains(run_id),
         "{table}"
     );
+    // A manifest that cannot be read is skipped with a warning, not a failed listing.
+    std::fs::write(dir.path().join("v1/runs/torn"), b"not a record").unwrap();
+    let listed = runpython(&["artifacts", "list", "--store", &store]);
+    assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
+    assert!(text(&listed.stdout).contains("data.bin"));
+    assert!(
+        text(&listed.stderr).contains("skipped the run manifest v1/runs/torn"),
+        "{}",
+        text(&listed.stderr)
+    );
 }
 
 #[test]

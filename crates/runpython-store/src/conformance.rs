@@ -279,16 +279,16 @@ pub async fn run_round_trip(store: &Store) -> Check {
         .await
         .map_err(fail("list one"))?;
     ensure(
-        listed.len() == 5 && listed.iter().all(|l| l.run_id == run_id),
+        listed.items.len() == 5 && listed.items.iter().all(|l| l.run_id == run_id),
         || format!("list_artifacts(Some): {listed:?}"),
     )?;
     let all = store.list_artifacts(None).await.map_err(fail("list all"))?;
     ensure(
-        all.iter().filter(|l| l.run_id == run_id).count() == 5,
+        all.items.iter().filter(|l| l.run_id == run_id).count() == 5,
         || "list_artifacts(None) lacks the run".into(),
     )?;
     let runs = store.list_runs().await.map_err(fail("list_runs"))?;
-    ensure(runs.iter().any(|r| r.run_id == run_id), || {
+    ensure(runs.items.iter().any(|r| r.run_id == run_id), || {
         "list_runs lacks the run".into()
     })
 }
@@ -310,7 +310,7 @@ pub async fn expired_run_is_not_found_before_gc(store: &Store) -> Check {
         other => return Err(format!("expired run readable: {other:?}")),
     }
     let runs = store.list_runs().await.map_err(fail("list_runs"))?;
-    ensure(runs.iter().all(|r| r.run_id != run_id), || {
+    ensure(runs.items.iter().all(|r| r.run_id != run_id), || {
         "expired run listed".into()
     })
 }

@@ -69,4 +69,4 @@ pub use error::{Error, Result};
 pub use layout::LAYOUT_VERSION;
 pub use memo::{memo_key, Computed, MemoKey, Memoized};
 pub use redact::{Redactor, MIN_SECRET_LEN};
-pub use store::{GcReport, RunManifest, RunRecord, Store, Tier};
+pub use store::{GcReport, Listing, RunManifest, RunRecord, Store, Tier};

@@ -132,6 +132,16 @@ pub struct GcReport {
     pub unreadable: Vec<String>,
 }
 
+/// What a listing found, and the manifests it skipped because they cannot be read (corrupt, or written
+/// by a newer runpython): one bad manifest does not hide every other run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing<T> {
+    /// Oldest run first.
+    pub items: Vec<T>,
+    /// Keys of the manifests that could not be read, sorted.
+    pub unreadable: Vec<String>,
+}
+
 /// Where runs, artifacts and memo entries live. Cheap to clone; clones share the backend and cache.
 #[derive(Clone)]
 pub struct Store {
@@ -480,17 +490,34 @@ impl Store {
         Ok(Some(manifest_from(record)))
     }
 
-    /// Every live run, oldest first.
-    pub async fn list_runs(&self) -> Result<Vec<RunManifest>> {
+    /// Every live run, oldest first. A manifest that cannot be decoded is skipped and named in
+    /// [`Listing::unreadable`]; a failure to reach the store fails the listing.
+    pub async fn list_runs(&self) -> Result<Listing<RunManifest>> {
         let now = SystemTime::now();
-        let mut runs: Vec<RunManifest> = futures_util::stream::iter(self.run_ids().await?)
-            .map(|id| async move { self.read_manifest(&id).await })
-            .buffer_unordered(FAN_OUT)
-            .try_filter_map(|m| async move { Ok(m.filter(|m| !m.is_expired(now))) })
-            .try_collect()
-            .await?;
+        let read: Vec<Result<Option<RunManifest>>> =
+            futures_util::stream::iter(self.run_ids().await?)
+                .map(|id| async move { self.read_manifest(&id).await })
+                .buffer_unordered(FAN_OUT)
+                .collect()
+                .await;
+        let mut runs = Vec::with_capacity(read.len());
+        let mut unreadable = Vec::new();
+        for manifest in read {
+            match manifest {
+                Ok(Some(m)) if !m.is_expired(now) => runs.push(m),
+                Ok(_) => {}
+                Err(Error::CorruptRecord { key, .. } | Error::UnsupportedVersion { key, .. }) => {
+                    unreadable.push(key);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         runs.sort_by(|a, b| (a.created_at, &a.run_id).cmp(&(b.created_at, &b.run_id)));
-        Ok(runs)
+        unreadable.sort();
+        Ok(Listing {
+            items: runs,
+            unreadable,
+        })
     }
 
     async fn run_ids(&self) -> Result<Vec<String>> {
@@ -504,13 +531,18 @@ impl Store {
             .collect())
     }
 
-    /// The artifacts of one run, or of every live run (oldest run first).
-    pub async fn list_artifacts(&self, run_id: Option<&str>) -> Result<Vec<ListedArtifact>> {
+    /// The artifacts of one run, or of every live run (oldest run first, unreadable manifests skipped
+    /// and named as in [`list_runs`](Self::list_runs)).
+    pub async fn list_artifacts(&self, run_id: Option<&str>) -> Result<Listing<ListedArtifact>> {
         let runs = match run_id {
-            Some(id) => vec![self.get_run(id).await?],
+            Some(id) => Listing {
+                items: vec![self.get_run(id).await?],
+                unreadable: Vec::new(),
+            },
             None => self.list_runs().await?,
         };
-        Ok(runs
+        let items = runs
+            .items
             .into_iter()
             .flat_map(|r| {
                 let run_id = r.run_id;
@@ -519,7 +551,11 @@ impl Store {
                     artifact,
                 })
             })
-            .collect())
+            .collect();
+        Ok(Listing {
+            items,
+            unreadable: runs.unreadable,
+        })
     }
 
     /// Deletes the run's manifest and its checkpoint (a resumable run's state); its blobs go at the

@@ -70,6 +70,7 @@ async fn local_store_ignores_the_staging_file_of_a_writer_killed_mid_write() {
         .list_runs()
         .await
         .unwrap()
+        .items
         .into_iter()
         .map(|r| r.run_id)
         .collect();
@@ -99,6 +100,31 @@ async fn local_store_reports_a_record_from_a_newer_version_clearly() {
     let report = store.gc(later).await.unwrap();
     assert_eq!(report.deleted_blobs, 0, "{report:?}");
     assert_eq!(report.unreadable, ["v1/runs/future"]);
+}
+
+#[tokio::test]
+async fn listings_skip_and_name_a_manifest_they_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&url_of(dir.path())).unwrap();
+    store.put_run(run("readable")).await.unwrap();
+    store.put_run(run("future")).await.unwrap();
+    let path = dir.path().join("v1/runs/future");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[5] = 2; // the version byte
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::write(dir.path().join("v1/runs/garbage"), b"not a record").unwrap();
+
+    let runs = store.list_runs().await.unwrap();
+    let ids: Vec<_> = runs.items.iter().map(|r| r.run_id.as_str()).collect();
+    assert_eq!(ids, ["readable"]);
+    assert_eq!(runs.unreadable, ["v1/runs/future", "v1/runs/garbage"]);
+    let artifacts = store.list_artifacts(None).await.unwrap();
+    assert!(!artifacts.items.is_empty());
+    assert!(artifacts.items.iter().all(|a| a.run_id == "readable"));
+    assert_eq!(artifacts.unreadable, runs.unreadable);
+    // Asked for by name, the unreadable run is still an error that says why.
+    let err = store.list_artifacts(Some("future")).await.unwrap_err();
+    assert!(matches!(err, Error::UnsupportedVersion { .. }), "{err}");
 }
 
 fn url_of(dir: &std::path::Path) -> String {
