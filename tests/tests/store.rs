@@ -25,21 +25,15 @@ async fn a_kept_run_lists_its_script_output_value_and_files() {
         .await
         .unwrap();
     assert_eq!(e.status, Status::Success);
-    let kinds: Vec<_> = e
+    // The envelope lists only what it does not carry itself: the file. The script, the output and
+    // the inline value are kept too, and the run's manifest lists them all.
+    let listed: Vec<_> = e
         .artifacts
         .iter()
         .map(|a| (a.kind, a.name.as_str()))
         .collect();
-    assert_eq!(
-        kinds,
-        [
-            (ArtifactKind::Script, "script.py"),
-            (ArtifactKind::Stdout, "stdout.txt"),
-            (ArtifactKind::ReturnValue, "return_value.json"),
-            (ArtifactKind::File, "report.bin"),
-        ]
-    );
-    let file = e.artifacts.iter().find(|a| a.name == "report.bin").unwrap();
+    assert_eq!(listed, [(ArtifactKind::File, "report.bin")]);
+    let file = &e.artifacts[0];
     let expected: Vec<u8> = (0..4).flat_map(|_| 0u8..=255).collect();
     assert_eq!(
         python.get_run_artifact(&file.id).await.unwrap(),
@@ -51,6 +45,26 @@ async fn a_kept_run_lists_its_script_output_value_and_files() {
         manifest.run_id, e.run_id,
         "the envelope's run_id names the kept run"
     );
+    let kept: Vec<_> = manifest
+        .artifacts
+        .iter()
+        .map(|a| (a.kind, a.name.as_str()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (ArtifactKind::Script, "script.py"),
+            (ArtifactKind::Stdout, "stdout.txt"),
+            (ArtifactKind::ReturnValue, "return_value.json"),
+            (ArtifactKind::File, "report.bin"),
+        ]
+    );
+    let script = &manifest.artifacts[0];
+    assert!(python
+        .get_run_artifact(&script.id)
+        .await
+        .unwrap()
+        .starts_with(b"with open('report.bin'"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -66,7 +80,8 @@ async fn a_timed_out_run_is_kept_with_its_partial_output() {
         .await
         .unwrap();
     assert_eq!(e.status, Status::Timeout);
-    let stdout = e
+    let manifest = store.get_run(&e.run_id).await.unwrap();
+    let stdout = manifest
         .artifacts
         .iter()
         .find(|a| a.kind == ArtifactKind::Stdout)
@@ -95,8 +110,9 @@ async fn passed_through_secrets_are_masked_before_anything_is_persisted() {
         e.stdout, "token tok-1234567890\n",
         "the live envelope is the code's own output"
     );
+    let manifest = store.get_run(&e.run_id).await.unwrap();
     for kind in [ArtifactKind::Stdout, ArtifactKind::ReturnValue] {
-        let a = e.artifacts.iter().find(|a| a.kind == kind).unwrap();
+        let a = manifest.artifacts.iter().find(|a| a.kind == kind).unwrap();
         let kept =
             String::from_utf8(store.get_run_artifact(&a.id).await.unwrap().to_vec()).unwrap();
         assert!(

@@ -128,26 +128,26 @@ async fn tool_calls_run_code_read_artifact_slices_and_refuse_resume() {
     let envelope = python
         .handle_tool_call(
             "run_python",
-            &json!({"code": "print('hello')\nn + 1", "inputs": {"n": 1}}),
+            &json!({"code": "open('note.txt', 'w').write('hello')\nn + 1", "inputs": {"n": 1}}),
         )
         .await
         .unwrap();
     assert_eq!(envelope["return_value"], 2);
-    let stdout = envelope["artifacts"]
+    let note = envelope["artifacts"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|a| a["kind"] == "stdout")
-        .unwrap_or_else(|| panic!("no stdout artifact in {envelope}"));
+        .find(|a| a["name"] == "note.txt")
+        .unwrap_or_else(|| panic!("no note.txt artifact in {envelope}"));
     let slice = python
         .handle_tool_call(
             "get_run_artifact",
-            &json!({"id": stdout["id"], "offset": 1, "length": 3}),
+            &json!({"id": note["id"], "offset": 1, "length": 3}),
         )
         .await
         .unwrap();
     assert_eq!(slice["text"], "ell");
-    assert_eq!(slice["total_bytes"], 6);
+    assert_eq!(slice["total_bytes"], 5);
 
     let failed = python
         .handle_tool_call("run_python", &json!({"code": "1/0"}))

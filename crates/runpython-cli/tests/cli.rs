@@ -204,7 +204,18 @@ fn a_passed_through_secret_is_stored_masked() {
         .output()
         .unwrap();
     let e = envelope(&out);
-    let stdout = e["artifacts"]
+    // The envelope carries the output itself; the run's listing names the kept copy.
+    let listed = runpython(&[
+        "artifacts",
+        "list",
+        "--run",
+        e["run_id"].as_str().unwrap(),
+        "--json",
+        "--store",
+        &store,
+    ]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let stdout = listed
         .as_array()
         .unwrap()
         .iter()

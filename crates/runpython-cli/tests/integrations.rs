@@ -107,7 +107,7 @@ async fn mcp_server_answers_a_real_client() {
     let (is_error, text) = call(
         &client,
         "run_python",
-        json!({"code": "print('hi')\nn * 7", "inputs": {"n": 6}}),
+        json!({"code": "print('hi')\nopen('out.txt', 'w').write('hi there')\nn * 7", "inputs": {"n": 6}}),
     )
     .await;
     assert!(!is_error, "{text}");
@@ -121,17 +121,17 @@ async fn mcp_server_answers_a_real_client() {
     let failed: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(failed["error"]["type"], "ZeroDivisionError");
 
-    let stdout_id = envelope["artifacts"]
+    let file_id = envelope["artifacts"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|a| a["kind"] == "stdout")
+        .find(|a| a["name"] == "out.txt")
         .unwrap()["id"]
         .clone();
     let (is_error, text) = call(
         &client,
         "get_run_artifact",
-        json!({"id": stdout_id, "length": 2}),
+        json!({"id": file_id, "length": 2}),
     )
     .await;
     assert!(!is_error, "{text}");

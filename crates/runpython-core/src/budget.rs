@@ -6,6 +6,8 @@
 
 use serde_json::{json, Map, Value};
 
+use runpython_store::{Artifact, ArtifactKind};
+
 use crate::envelope::{Envelope, ListTruncation};
 use crate::output::Captured;
 
@@ -24,16 +26,28 @@ pub(crate) fn fit(
     stderr: &Captured,
     max_output_chars: usize,
 ) {
+    // 0. Kept items the envelope already carries whole are not listed (the run's manifest lists them
+    //    all): the script (the caller wrote it), the output streams, an inline return value. A later
+    //    step that takes such content out of the envelope lists its artifact again.
+    let mut withheld = withhold_carried(envelope);
     if size(envelope) <= budget {
         return;
     }
     // 1. A long artifact list keeps its first entries; the rest are counted.
     cap_artifacts(envelope, 20, 120);
-    // 2. Output: halve the kept head and tail until it fits (the full text is an artifact when kept).
+    // 2. Output: halve the kept head and tail until it fits (the kept text is an artifact when kept).
     let mut chars = max_output_chars;
     while size(envelope) > budget && chars > MIN_OUTPUT_CHARS {
         chars = (chars / 2).max(MIN_OUTPUT_CHARS);
         render_output(envelope, stdout, stderr, chars);
+    }
+    if chars < max_output_chars {
+        let truncated = envelope.truncated.clone().unwrap_or_default();
+        relist(envelope, &mut withheld, |kind| match kind {
+            ArtifactKind::Stdout => truncated.stdout.is_some(),
+            ArtifactKind::Stderr => truncated.stderr.is_some(),
+            _ => false,
+        });
     }
     // 3. Previews get smaller, then go.
     for (items, text) in [(5, 80), (3, 40)] {
@@ -48,6 +62,9 @@ pub(crate) fn fit(
     if size(envelope) > budget && !envelope.return_value.is_null() {
         envelope.return_preview = Some(shrink(&json_preview(&envelope.return_value), 3, 40, 0));
         envelope.return_value = Value::Null;
+        relist(envelope, &mut withheld, |kind| {
+            kind == ArtifactKind::ReturnValue
+        });
     }
     // 5. The error keeps its type, the end of its traceback and the head of its message.
     for (lines, chars) in [(30, 2000), (8, 300)] {
@@ -84,6 +101,41 @@ fn render_output(envelope: &mut Envelope, stdout: &Captured, stderr: &Captured, 
     truncated.stderr = err_t;
     if truncated.is_empty() {
         envelope.truncated = None;
+    }
+}
+
+/// Takes out of the artifact list what the envelope carries whole, and returns it (the script aside).
+fn withhold_carried(envelope: &mut Envelope) -> Vec<Artifact> {
+    let inline_value = !envelope.return_value.is_null();
+    let (withheld, listed) = std::mem::take(&mut envelope.artifacts)
+        .into_iter()
+        .partition(|a| match a.kind {
+            ArtifactKind::Script => true,
+            // The envelope's text is what was kept (both cut to the same output limit).
+            ArtifactKind::Stdout | ArtifactKind::Stderr => true,
+            ArtifactKind::ReturnValue => inline_value,
+            ArtifactKind::File => false,
+        });
+    envelope.artifacts = listed;
+    withheld
+        .into_iter()
+        .filter(|a: &Artifact| a.kind != ArtifactKind::Script)
+        .collect()
+}
+
+/// Lists again, first and with a short preview, the withheld artifacts of the kinds `wanted` accepts.
+fn relist(
+    envelope: &mut Envelope,
+    withheld: &mut Vec<Artifact>,
+    wanted: impl Fn(ArtifactKind) -> bool,
+) {
+    let (back, keep): (Vec<Artifact>, Vec<Artifact>) = std::mem::take(withheld)
+        .into_iter()
+        .partition(|a| wanted(a.kind));
+    *withheld = keep;
+    for (i, mut artifact) in back.into_iter().enumerate() {
+        artifact.preview = clip(&artifact.preview, 120);
+        envelope.artifacts.insert(i, artifact);
     }
 }
 
@@ -204,6 +256,66 @@ mod tests {
             .contains("line 4999"));
         let t = e.truncated.unwrap().stdout.unwrap();
         assert_eq!(t.total_chars, 50_000);
+    }
+
+    fn kept(kind: ArtifactKind, name: &str) -> Artifact {
+        Artifact {
+            id: format!("id-{name}"),
+            name: name.into(),
+            kind,
+            bytes: 10,
+            preview: "p".repeat(300),
+        }
+    }
+
+    fn listed(e: &Envelope) -> Vec<&str> {
+        e.artifacts.iter().map(|a| a.name.as_str()).collect()
+    }
+
+    #[test]
+    fn artifacts_the_envelope_carries_are_listed_only_once_taken_out_of_it() {
+        let all = vec![
+            kept(ArtifactKind::Script, "script.py"),
+            kept(ArtifactKind::Stdout, "stdout.txt"),
+            kept(ArtifactKind::Stderr, "stderr.txt"),
+            kept(ArtifactKind::ReturnValue, "return_value.json"),
+            kept(ArtifactKind::File, "chart.png"),
+        ];
+        let small = captured("hello\n");
+        let mut e = Envelope::empty("r".into());
+        e.stdout = "hello\n".into();
+        e.return_value = json!({"n": 1});
+        e.artifacts = all.clone();
+        fit(&mut e, 8192, &small, &small, 10_000);
+        assert_eq!(listed(&e), ["chart.png"]);
+        assert_eq!(e.return_value, json!({"n": 1}));
+
+        // A value the envelope only previews is listed, so the whole value stays reachable.
+        let mut e = Envelope::empty("r".into());
+        e.return_preview = Some(json!({"type": "DataFrame"}));
+        e.artifacts = all.clone();
+        fit(&mut e, 8192, &small, &small, 10_000);
+        assert_eq!(listed(&e), ["return_value.json", "chart.png"]);
+
+        // Output shrunk to fit the budget: the kept stream is listed again, with a short preview.
+        let big = captured(&"o".repeat(50_000));
+        let mut e = Envelope::empty("r".into());
+        render_output(&mut e, &big, &small, 10_000);
+        e.return_value = json!([1, 2, 3]);
+        e.artifacts = all.clone();
+        fit(&mut e, 4096, &big, &small, 10_000);
+        assert!(serde_json::to_vec(&e).unwrap().len() <= 4096);
+        assert!(e.stdout.chars().count() < 10_000);
+        assert_eq!(listed(&e), ["stdout.txt", "chart.png"]);
+        assert!(e.artifacts[0].preview.chars().count() <= 121);
+
+        // An inline value that cannot fit becomes a preview, and its artifact is listed.
+        let mut e = Envelope::empty("r".into());
+        e.return_value = json!("v".repeat(20_000));
+        e.artifacts = all;
+        fit(&mut e, 4096, &small, &small, 10_000);
+        assert!(e.return_value.is_null() && e.return_preview.is_some());
+        assert_eq!(listed(&e), ["return_value.json", "chart.png"]);
     }
 
     #[test]
