@@ -49,7 +49,10 @@ pub use process::ENV_ALLOWLIST;
 pub use run::{Event, Limits, RunHandle, RunPython, RunPythonBuilder, RunRequest, RUNNER_PY};
 pub use runpython_bridge::{python_stubs, tool_fn, Tool, ToolArgs, ToolError, ToolSet};
 pub use runpython_deps::{EnvProvider, PipProvider, Progress as DepsProgress, UvProvider};
-pub use runpython_store::{default_local_url, Artifact, ArtifactKind, CollectLimits, Store, Tier};
+pub use runpython_store::{
+    default_local_url, object_store, Artifact, ArtifactKind, CollectLimits, Listing, Store,
+    StoreOptions, Tier,
+};
 pub use sandbox::{Isolation, RlimitReport, Sandbox};
 pub use tool_spec::{
     ToolDefinition, ToolFormat, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL, RUN_PYTHON_TOOL,

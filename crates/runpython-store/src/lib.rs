@@ -62,6 +62,10 @@ mod record;
 mod redact;
 mod store;
 
+/// The `object_store` this crate is built on, for [`Store::with_backend`]: build a backend with the
+/// same version of the crate.
+pub use object_store;
+
 pub use artifact::{Artifact, ArtifactKind, ListedArtifact};
 pub use backend::{default_local_url, StoreOptions};
 pub use collect::{collect_files, CollectLimits, CollectedFiles, RunFile, SkippedFile};

@@ -191,12 +191,41 @@ impl Store {
     /// Opens the store at `url` with `options`.
     pub fn open_with(url: &str, options: StoreOptions) -> Result<Self> {
         let (os, url) = backend::open(url, &options)?;
+        Ok(Self::with_backend(url, os, options))
+    }
+
+    /// A store over a backend the caller built: any [`ObjectStore`] of the re-exported
+    /// [`object_store`](crate::object_store) crate (Google Cloud Storage, Azure, an S3 client with
+    /// credentials of your own, a [`PrefixStore`](object_store::prefix::PrefixStore) per tenant, a
+    /// wrapper that adds metrics). `name` stands for it in messages, so it must hold no secret.
+    ///
+    /// The backend must keep object_store's contract that a `put` is atomic (readers see the old
+    /// object or the new one); [`conformance::run_all`](crate::conformance::run_all) checks a backend
+    /// against everything the store relies on.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use runpython_store::object_store::{memory::InMemory, prefix::PrefixStore};
+    /// use runpython_store::{Store, StoreOptions};
+    ///
+    /// let shared = Arc::new(InMemory::new());
+    /// let tenant = PrefixStore::new(Arc::clone(&shared), "tenants/a");
+    /// let store = Store::with_backend("memory (tenant a)", Arc::new(tenant), StoreOptions::default());
+    /// assert_eq!(store.url(), "memory (tenant a)");
+    /// ```
+    pub fn with_backend(
+        name: impl Into<String>,
+        backend: Arc<dyn ObjectStore>,
+        options: StoreOptions,
+    ) -> Self {
+        let os = backend;
+        let url = name.into();
         let memo = crate::memo::new_cache(options.memo_cache_bytes);
         let recent_blobs = moka::sync::Cache::builder()
             .max_capacity(100_000)
             .time_to_live(options.gc_grace / 4)
             .build();
-        Ok(Self {
+        Self {
             inner: Arc::new(Inner {
                 os,
                 url,
@@ -204,10 +233,10 @@ impl Store {
                 memo,
                 recent_blobs,
             }),
-        })
+        }
     }
 
-    /// The store's URL, without query options.
+    /// The store's URL, without query options (or the name given to [`with_backend`](Self::with_backend)).
     pub fn url(&self) -> &str {
         &self.inner.url
     }

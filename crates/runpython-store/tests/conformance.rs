@@ -2,9 +2,12 @@
 //! run (against moto) lives in the workspace's `tests/tests/store_s3.rs`, beside the moto launcher the
 //! benchmarks share.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use runpython_store::{conformance, Error, RunFile, RunRecord, Store, Tier};
+use futures_util::TryStreamExt;
+use runpython_store::object_store::{memory::InMemory, prefix::PrefixStore, ObjectStore};
+use runpython_store::{conformance, Error, RunFile, RunRecord, Store, StoreOptions, Tier};
 
 fn run(run_id: &str) -> RunRecord {
     RunRecord {
@@ -100,6 +103,42 @@ async fn local_store_reports_a_record_from_a_newer_version_clearly() {
     let report = store.gc(later).await.unwrap();
     assert_eq!(report.deleted_blobs, 0, "{report:?}");
     assert_eq!(report.unreadable, ["v1/runs/future"]);
+}
+
+/// An integrator's own backend: here one shared object store, a prefix per tenant.
+#[tokio::test]
+async fn a_backend_built_by_the_caller_passes_the_suite_and_prefixes_keep_tenants_apart() {
+    let shared = Arc::new(InMemory::new());
+    let tenant = |name: &str| {
+        let prefixed = PrefixStore::new(Arc::clone(&shared), format!("tenants/{name}"));
+        Store::with_backend(
+            format!("shared memory, tenant {name}"),
+            Arc::new(prefixed),
+            StoreOptions::default(),
+        )
+    };
+    let (a, b) = (tenant("a"), tenant("b"));
+    conformance::run_all(&a).await.unwrap();
+    a.put_run(run("only-a")).await.unwrap();
+
+    let err = b.get_run("only-a").await.unwrap_err();
+    assert!(matches!(err, Error::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains("shared memory, tenant b"), "{err}");
+    assert!(b.list_runs().await.unwrap().items.is_empty());
+    let keys: Vec<String> = shared
+        .list(None)
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(
+        keys.iter().any(|k| k == "tenants/a/v1/runs/only-a"),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().all(|k| k.starts_with("tenants/a/v1/")),
+        "{keys:?}"
+    );
 }
 
 #[tokio::test]
