@@ -371,3 +371,43 @@ async fn the_run_init_cannot_be_read_even_without_landlock() {
         assert_ne!(v, &json!("read"), "/proc/1 file {i} was readable");
     }
 }
+
+/// The code holds no capability, not even in its own user namespace, and cannot get one by making
+/// namespaces of its own: the kernel surface that namespace capabilities open (netfilter, mounts, ...)
+/// stays out of its reach. Checked without Landlock too, which also refuses mounts.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_code_holds_no_capability_and_cannot_make_namespaces() {
+    if !has("user") {
+        return;
+    }
+    let code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\ndef unshare(flag):\n    if libc.unshare(flag) == 0:\n        return 'made'\n    return os.strerror(ctypes.get_errno())\ncaps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapPrm', 'CapEff'))]\n[os.getuid(), caps, unshare(0x10000000), unshare(0x10000000 | 0x40000000), unshare(0x40000000), unshare(0x00020000)]";
+    for landlock in [true, false] {
+        let python = builder()
+            .sandbox(Sandbox {
+                landlock,
+                ..Sandbox::default()
+            })
+            .build()
+            .unwrap();
+        let e = python.run(code).await.unwrap();
+        assert!(e.is_success(), "{:?}", e.error);
+        let got = e.return_value.as_array().unwrap();
+        assert_ne!(got[0], json!(0), "the code is root in its namespace");
+        assert_eq!(got[1], json!(["0000000000000000", "0000000000000000"]));
+        for (i, what) in [
+            "a user namespace",
+            "user+net",
+            "a network namespace",
+            "a mount namespace",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_ne!(
+                got[2 + i],
+                json!("made"),
+                "the code made {what} (landlock {landlock})"
+            );
+        }
+    }
+}

@@ -140,6 +140,8 @@ struct Probe {
     ns_flags: libc::c_int,
     /// A fresh `/proc` can be mounted in a new PID + mount namespace.
     proc_mount: bool,
+    /// A new user namespace can forbid user namespaces below it.
+    userns_limit: bool,
     /// Landlock ABI version, 0 when unavailable.
     landlock_abi: i32,
 }
@@ -159,8 +161,8 @@ fn probe() -> &'static Probe {
     static PROBE: OnceLock<Probe> = OnceLock::new();
     PROBE.get_or_init(|| {
         let probe_uid = (geteuid() == 0).then_some(RUN_UID_BASE - 1);
-        let try_flags = |flags| probe_namespaces(flags, probe_uid, false);
-        let ns_flags = if probe_namespaces(ALL_NS, probe_uid, true) {
+        let try_flags = |flags| probe_namespaces(flags, probe_uid, false, false);
+        let ns_flags = if probe_namespaces(ALL_NS, probe_uid, true, false) {
             ALL_NS
         } else if !try_flags(libc::CLONE_NEWUSER) {
             0
@@ -183,10 +185,14 @@ fn probe() -> &'static Probe {
                     libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS,
                     probe_uid,
                     true,
+                    false,
                 ));
+        let userns_limit =
+            ns_flags != 0 && probe_namespaces(libc::CLONE_NEWUSER, probe_uid, false, true);
         Probe {
             ns_flags,
             proc_mount,
+            userns_limit,
             landlock_abi: landlock_abi(),
         }
     })
@@ -304,8 +310,9 @@ fn new_netns() -> io::Result<OwnedFd> {
 }
 
 /// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write
-/// the id maps, and with `proc` mount a fresh `/proc` from PID 1 of the new namespace.
-fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool) -> bool {
+/// the id maps, with `limit` forbid nested user namespaces, and with `proc` mount a fresh `/proc`
+/// from PID 1 of the new namespace.
+fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool, limit: bool) -> bool {
     let ids = IdMaps::new(uid.unwrap_or_else(geteuid), uid.unwrap_or_else(getegid));
     // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
     unsafe {
@@ -320,6 +327,9 @@ fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool) -> bool {
                 }
                 cvt(libc::unshare(flags))?;
                 ids.write()?;
+                if limit {
+                    forbid_nested_user_namespaces()?;
+                }
                 if !proc {
                     return Ok(0);
                 }
@@ -361,7 +371,12 @@ fn wait_exit_code(pid: libc::pid_t) -> i32 {
     }
 }
 
-/// The `uid_map`/`gid_map` lines: inside 0 is the (possibly dropped) outside id.
+/// The uid and gid the code has inside its user namespace. Not 0: the process that creates the
+/// namespace holds every capability in it, and an exec as a non-zero id leaves the interpreter none
+/// (an exec as 0 would give them all back).
+const INSIDE_ID: u32 = 1000;
+
+/// The `uid_map`/`gid_map` lines: [`INSIDE_ID`] is the (possibly dropped) outside id.
 #[derive(Debug)]
 struct IdMaps {
     uid_map: CString,
@@ -370,7 +385,7 @@ struct IdMaps {
 
 impl IdMaps {
     fn new(uid: u32, gid: u32) -> Self {
-        let line = |id: u32| CString::new(format!("0 {id} 1")).unwrap_or_default();
+        let line = |id: u32| CString::new(format!("{INSIDE_ID} {id} 1")).unwrap_or_default();
         Self {
             uid_map: line(uid),
             gid_map: line(gid),
@@ -383,6 +398,14 @@ impl IdMaps {
         write_file(c"/proc/self/uid_map", self.uid_map.as_bytes())?;
         write_file(c"/proc/self/gid_map", self.gid_map.as_bytes())
     }
+}
+
+/// Forbids user namespaces below the calling process's own (it must hold `CAP_SYS_RESOURCE` in it).
+/// Without a capability the code cannot create any other namespace either, so the kernel surface that
+/// namespace capabilities open (netfilter, mounts, ...) stays closed. The limit is per user namespace:
+/// the host's is untouched. Async-signal-safe.
+fn forbid_nested_user_namespaces() -> io::Result<()> {
+    write_file(c"/proc/sys/user/max_user_namespaces", b"0")
 }
 
 fn write_file(path: &std::ffi::CStr, data: &[u8]) -> io::Result<()> {
@@ -460,6 +483,8 @@ pub(crate) struct Plan {
     drop_to: Option<(u32, u32)>,
     unshare: libc::c_int,
     ids: IdMaps,
+    /// Forbid user namespaces below the run's (see [`forbid_nested_user_namespaces`]).
+    forbid_nested_userns: bool,
     nproc: Option<u64>,
     /// Limits set in the interpreter just before exec.
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
@@ -528,6 +553,14 @@ pub(crate) fn prepare(
     if unshare & libc::CLONE_NEWPID != 0 && !pid_ns {
         missing.push("pid namespace: a fresh /proc cannot be mounted".into());
         unshare &= !libc::CLONE_NEWPID;
+    }
+    let forbid_nested_userns = unshare & libc::CLONE_NEWUSER != 0 && probe.userns_limit;
+    if unshare & libc::CLONE_NEWUSER != 0 && !forbid_nested_userns {
+        missing.push(
+            "user namespace: nested user namespaces cannot be forbidden (no per-namespace \
+             max_user_namespaces), so the code can gain capabilities in namespaces of its own"
+                .into(),
+        );
     }
 
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
@@ -743,6 +776,7 @@ pub(crate) fn prepare(
         drop_to,
         unshare,
         ids: IdMaps::new(uid, gid),
+        forbid_nested_userns,
         nproc,
         rlimits,
         landlock,
@@ -910,6 +944,9 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         cvt(unsafe { libc::unshare(plan.unshare) })?;
         if plan.unshare & libc::CLONE_NEWUSER != 0 {
             plan.ids.write()?;
+            if plan.forbid_nested_userns {
+                forbid_nested_user_namespaces()?;
+            }
             set_pdeathsig()?; // entering a user namespace changed the credentials
         }
         if plan.unshare & libc::CLONE_NEWUTS != 0 {
