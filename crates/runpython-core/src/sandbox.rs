@@ -47,6 +47,10 @@ pub struct Sandbox {
     pub landlock: bool,
     /// Resource limits (default on).
     pub rlimits: bool,
+    /// Seccomp: system calls the code never needs and whose kernel code has a long record of
+    /// privilege escalations (io_uring, bpf, userfaultfd, perf events, keyrings, ...) fail with
+    /// `EPERM` (default on).
+    pub seccomp: bool,
     /// When the host is root: run the code as a fresh unprivileged uid per run (default on). Without it
     /// `RLIMIT_NPROC` is not enforced and a fork bomb is only stopped by the timeout.
     pub drop_privileges: bool,
@@ -73,6 +77,7 @@ impl Default for Sandbox {
             allow_network: false,
             landlock: true,
             rlimits: true,
+            seccomp: true,
             drop_privileges: true,
             require: false,
             memory_bytes: 4 << 30,
@@ -92,6 +97,7 @@ impl Sandbox {
             namespaces: false,
             landlock: false,
             rlimits: false,
+            seccomp: false,
             drop_privileges: false,
             ..Self::default()
         }
@@ -107,6 +113,9 @@ pub struct Isolation {
     pub landlock: String,
     /// Limits set on the interpreter; `null` fields are not enforced.
     pub rlimits: RlimitReport,
+    /// `"deny-list"` when the seccomp filter is installed, `"off"` when not asked for, `"unavailable"`.
+    #[serde(default)]
+    pub seccomp: String,
     /// `"off"` (an empty network namespace) or `"host"`.
     pub network: String,
     /// The host uid the code runs as.
@@ -142,6 +151,8 @@ struct Probe {
     proc_mount: bool,
     /// A new user namespace can forbid user namespaces below it.
     userns_limit: bool,
+    /// The seccomp filter, when this architecture has one and the kernel installs it.
+    seccomp: Option<&'static seccompiler::BpfProgram>,
     /// Landlock ABI version, 0 when unavailable.
     landlock_abi: i32,
 }
@@ -193,6 +204,7 @@ fn probe() -> &'static Probe {
             ns_flags,
             proc_mount,
             userns_limit,
+            seccomp: seccomp_filter().filter(|f| probe_seccomp(f)),
             landlock_abi: landlock_abi(),
         }
     })
@@ -485,6 +497,8 @@ pub(crate) struct Plan {
     ids: IdMaps,
     /// Forbid user namespaces below the run's (see [`forbid_nested_user_namespaces`]).
     forbid_nested_userns: bool,
+    /// Installed by H last, just before exec.
+    seccomp: Option<&'static seccompiler::BpfProgram>,
     nproc: Option<u64>,
     /// Limits set in the interpreter just before exec.
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
@@ -735,6 +749,14 @@ pub(crate) fn prepare(
         .filter(|(flag, _)| unshare & flag != 0)
         .map(|(_, name)| (*name).to_owned())
         .collect();
+    let seccomp = if !config.seccomp {
+        None
+    } else if probe.seccomp.is_none() {
+        missing.push("seccomp: no filter for this architecture, or the kernel refused it".into());
+        None
+    } else {
+        probe.seccomp
+    };
     let report = Isolation {
         namespaces,
         landlock: match (&landlock, config.landlock) {
@@ -743,6 +765,11 @@ pub(crate) fn prepare(
             (None, true) => "unavailable".into(),
         },
         rlimits: report_limits,
+        seccomp: match (seccomp, config.seccomp) {
+            (Some(_), _) => "deny-list".into(),
+            (None, false) => "off".into(),
+            (None, true) => "unavailable".into(),
+        },
         network: if unshare & libc::CLONE_NEWNET != 0 {
             "off".into()
         } else {
@@ -777,6 +804,7 @@ pub(crate) fn prepare(
         unshare,
         ids: IdMaps::new(uid, gid),
         forbid_nested_userns,
+        seccomp,
         nproc,
         rlimits,
         landlock,
@@ -990,7 +1018,88 @@ fn restrict_interpreter(plan: &Plan) -> io::Result<()> {
             libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32)
         })?;
     }
+    if let Some(filter) = plan.seccomp {
+        install_seccomp(filter)?;
+    }
     Ok(())
+}
+
+/// System calls that fail with `EPERM` for the code. Python and its libraries do not need them, and
+/// their kernel code is where unprivileged exploits keep being found; the other layers (no
+/// capability, no new namespace, Landlock) already refuse mounts, module loading and the like.
+const DENIED_SYSCALLS: &[libc::c_long] = &[
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_bpf,
+    libc::SYS_userfaultfd,
+    libc::SYS_perf_event_open,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_kexec_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_acct,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+];
+
+/// The deny-list compiled to BPF for this architecture, once per process; `None` where seccompiler
+/// has no backend.
+fn seccomp_filter() -> Option<&'static seccompiler::BpfProgram> {
+    static FILTER: OnceLock<Option<seccompiler::BpfProgram>> = OnceLock::new();
+    FILTER
+        .get_or_init(|| {
+            use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
+            let arch = TargetArch::try_from(std::env::consts::ARCH).ok()?;
+            // x86-64's x32 ABI reaches the same calls with bit 30 set in the number.
+            let x32 = if arch == TargetArch::x86_64 {
+                0x4000_0000
+            } else {
+                0
+            };
+            let rules = DENIED_SYSCALLS
+                .iter()
+                .flat_map(|&nr| [nr, nr | x32])
+                .map(|nr| (nr, Vec::new()))
+                .collect();
+            let errno = u32::try_from(libc::EPERM).ok()?;
+            let filter = SeccompFilter::new(
+                rules,
+                SeccompAction::Allow,
+                SeccompAction::Errno(errno),
+                arch,
+            )
+            .ok()?;
+            filter.try_into().ok()
+        })
+        .as_ref()
+}
+
+/// Installs `filter` on the calling thread (`PR_SET_NO_NEW_PRIVS` is already set). Async-signal-safe.
+fn install_seccomp(filter: &seccompiler::BpfProgram) -> io::Result<()> {
+    seccompiler::apply_filter(filter).map_err(|_| io::Error::last_os_error())
+}
+
+/// Whether the kernel installs `filter`: tried once in a forked child.
+fn probe_seccomp(filter: &seccompiler::BpfProgram) -> bool {
+    // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return false;
+        }
+        if pid == 0 {
+            let ok = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                && install_seccomp(filter).is_ok()
+                && libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) < 0
+                && io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        wait_exit_code(pid) == 0
+    }
 }
 
 fn mount_proc() -> io::Result<()> {

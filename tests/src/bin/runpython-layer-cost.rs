@@ -40,6 +40,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         ),
         (
+            "seccomp",
+            Sandbox {
+                seccomp: true,
+                ..off.clone()
+            },
+        ),
+        (
             "namespaces_host_net",
             Sandbox {
                 namespaces: true,
