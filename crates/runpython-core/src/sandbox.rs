@@ -151,6 +151,8 @@ struct Probe {
     proc_mount: bool,
     /// A new user namespace can forbid user namespaces below it.
     userns_limit: bool,
+    /// A non-root host can hand runs network namespaces made ahead of time (see [`ReadyNetns`]).
+    owned_netns: bool,
     /// The seccomp filter, when this architecture has one and the kernel installs it.
     seccomp: Option<&'static seccompiler::BpfProgram>,
     /// Landlock ABI version, 0 when unavailable.
@@ -204,6 +206,9 @@ fn probe() -> &'static Probe {
             ns_flags,
             proc_mount,
             userns_limit,
+            owned_netns: ns_flags == ALL_NS
+                && geteuid() != 0
+                && new_owned_netns().is_ok_and(|ready| probe_owned_netns(&ready)),
             seccomp: seccomp_filter().filter(|f| probe_seccomp(f)),
             landlock_abi: landlock_abi(),
         }
@@ -239,12 +244,21 @@ const NETNS_READY: usize = 4;
 
 /// Fresh, empty network namespaces made ahead of time by a host thread, one per run (never shared):
 /// creating one costs the kernel ~0.5–1 ms, which this takes off the run's critical path. A
-/// namespace is owned by the host's user namespace, so the code has no capability in it (its
-/// loopback stays down and cannot be brought up). Only for a root host (joining needs
-/// CAP_SYS_ADMIN over that owner).
+/// namespace is owned by a user namespace the code is not in (its loopback stays down and cannot be
+/// brought up): the host's own for a root host, a user namespace made with it otherwise.
 struct NetnsPool {
-    ready: std::sync::Mutex<Vec<OwnedFd>>,
+    ready: std::sync::Mutex<Vec<ReadyNetns>>,
     wanted: std::sync::Condvar,
+}
+
+/// A network namespace made ahead of time for one run.
+#[derive(Debug)]
+pub(crate) struct ReadyNetns {
+    net: OwnedFd,
+    /// For a non-root host, the user namespace that owns `net` (it maps the host's uid and gid to
+    /// 0). The host's uid owns it in turn, so S may join it and, holding every capability there,
+    /// join `net`; the run's own user namespace is then made inside it. A root host needs neither.
+    owner: Option<OwnedFd>,
 }
 
 /// The pool, started on first use; `None` when its thread cannot be started.
@@ -270,11 +284,16 @@ fn netns_pool() -> Option<&'static NetnsPool> {
                     }
                     // Each unshare moves this thread into a new namespace; the descriptor keeps it
                     // alive. A refusal stops the pool: runs then create their own.
-                    let Ok(fd) = new_netns() else { return };
+                    let made = if geteuid() == 0 {
+                        new_netns().map(|net| ReadyNetns { net, owner: None })
+                    } else {
+                        new_owned_netns()
+                    };
+                    let Ok(ready) = made else { return };
                     pool.ready
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .push(fd);
+                        .push(ready);
                 }
             })
             .ok()
@@ -284,7 +303,7 @@ fn netns_pool() -> Option<&'static NetnsPool> {
 
 /// A ready network namespace for one run, or `None` when the pool is empty (the run then creates
 /// its own). The pool is refilled by [`refill_netns`] when a run ends.
-fn take_netns() -> Option<OwnedFd> {
+fn take_netns() -> Option<ReadyNetns> {
     let pool = netns_pool()?;
     let fd = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
     if fd.is_none() {
@@ -303,6 +322,135 @@ pub(crate) fn refill_netns() {
 
 /// Set when a run took from the pool (a host that never did has no pool to refill).
 static POOL_STARTED: OnceLock<()> = OnceLock::new();
+
+/// For a non-root host: a new user namespace (the host's uid and gid mapped to 0) owning a new network
+/// namespace, both made by a forked child (a threaded process cannot make a user namespace) and kept
+/// by descriptors once the child is gone.
+fn new_owned_netns() -> io::Result<ReadyNetns> {
+    let ids = IdMaps::mapping(0, geteuid(), getegid());
+    let (ready_r, ready_w) = pipe()?;
+    let (release_r, release_w) = pipe()?;
+    let mut args = NetnsHelper {
+        ids: &ids,
+        close: [ready_r.as_raw_fd(), release_w.as_raw_fd()],
+        ready: ready_w.as_raw_fd(),
+        release: release_r.as_raw_fd(),
+    };
+    // The helper shares the host's memory (`CLONE_VM`): no copy of the host's page tables and no
+    // copy-on-write faults in the host afterwards, which a fork after every run would cost.
+    let mut stack = vec![0u8; NETNS_HELPER_STACK];
+    // SAFETY: the helper runs `netns_helper_main` on `stack` (its top, 16-byte aligned) with `args`,
+    // both alive until it has exited (waited for below); it makes system calls only.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(NETNS_HELPER_STACK) as usize & !15;
+        libc::clone(
+            netns_helper_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(args).cast(),
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drop((ready_w, release_r));
+    let mut byte = [0u8; 1];
+    // SAFETY: a read into a live one-byte buffer.
+    let n = unsafe { libc::read(ready_r.as_raw_fd(), byte.as_mut_ptr().cast(), 1) };
+    let made = if n == 1 && byte[0] == 1 {
+        let open = |kind: &str| open_high(&format!("/proc/{pid}/ns/{kind}"));
+        open("user").and_then(|owner| {
+            Ok(ReadyNetns {
+                net: open("net")?,
+                owner: Some(owner),
+            })
+        })
+    } else {
+        Err(io::Error::other("cannot make a user and network namespace"))
+    };
+    drop(release_w); // the helper exits; the descriptors keep its namespaces
+    wait_exit_code(pid);
+    drop(stack);
+    made
+}
+
+const NETNS_HELPER_STACK: usize = 64 * 1024;
+
+/// What the helper of [`new_owned_netns`] works with.
+struct NetnsHelper {
+    ids: *const IdMaps,
+    /// Its copies of the host's ends of the pipes: open, its wait would never end.
+    close: [RawFd; 2],
+    ready: RawFd,
+    release: RawFd,
+}
+
+/// The helper, born in a new user and network namespace: maps the host's ids to 0, says whether
+/// that worked, and waits until the host has opened its namespaces.
+extern "C" fn netns_helper_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the host's `NetnsHelper`, alive until this helper has exited; only
+    // system calls follow.
+    unsafe {
+        let args = &*arg.cast::<NetnsHelper>();
+        for fd in args.close {
+            libc::close(fd);
+        }
+        let byte = [u8::from((*args.ids).write().is_ok())];
+        libc::write(args.ready, byte.as_ptr().cast(), 1);
+        let mut wait = [0u8; 1];
+        libc::read(args.release, wait.as_mut_ptr().cast(), 1);
+        libc::_exit(0)
+    }
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 fills the two-element array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    unsafe {
+        Ok((
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[0]),
+            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1]),
+        ))
+    }
+}
+
+/// Opens `path` read-only, as a descriptor above the child's stdio and result slots.
+fn open_high(path: &str) -> io::Result<OwnedFd> {
+    let path = CString::new(path).map_err(io::Error::other)?;
+    // SAFETY: open/fcntl/close on a NUL-terminated path and the descriptor just opened.
+    unsafe {
+        let fd = cvt(libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC))?;
+        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+        libc::close(fd);
+        Ok(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cvt(high)?))
+    }
+}
+
+/// Whether a run can start in `ready` as S will: join its owner, join it, then make the run's user,
+/// PID and mount namespaces inside and map them. Tried once in a forked child.
+fn probe_owned_netns(ready: &ReadyNetns) -> bool {
+    let Some(owner) = &ready.owner else {
+        return false;
+    };
+    let ids = IdMaps::new(0, 0);
+    // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return false;
+        }
+        if pid == 0 {
+            let ok = libc::setns(owner.as_raw_fd(), libc::CLONE_NEWUSER) == 0
+                && libc::setns(ready.net.as_raw_fd(), libc::CLONE_NEWNET) == 0
+                && libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0
+                && ids.write().is_ok();
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        wait_exit_code(pid) == 0
+    }
+}
 
 /// Moves the calling thread into a new network namespace and returns a descriptor of it, above the
 /// child's stdio and result slots.
@@ -397,7 +545,12 @@ struct IdMaps {
 
 impl IdMaps {
     fn new(uid: u32, gid: u32) -> Self {
-        let line = |id: u32| CString::new(format!("{INSIDE_ID} {id} 1")).unwrap_or_default();
+        Self::mapping(INSIDE_ID, uid, gid)
+    }
+
+    /// `inside` mapped to `uid` and `gid` of the parent namespace.
+    fn mapping(inside: u32, uid: u32, gid: u32) -> Self {
+        let line = |id: u32| CString::new(format!("{inside} {id} 1")).unwrap_or_default();
         Self {
             uid_map: line(uid),
             gid_map: line(gid),
@@ -507,7 +660,7 @@ pub(crate) struct Plan {
     landlock_inner: Vec<(CString, u64)>,
     /// A fresh, empty network namespace created ahead of time by the host (see [`take_netns`]); S
     /// joins it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
-    netns: Option<OwnedFd>,
+    netns: Option<ReadyNetns>,
     /// The interpreter's command line, when the caller lets H exec it (see [`Plan::exec_with`]).
     exec: Option<Exec>,
     work_dir: CString,
@@ -784,10 +937,11 @@ pub(crate) fn prepare(
         .into(),
         missing,
     };
-    // A network namespace made ahead of time saves the run the kernel's ~1 ms to create one. Only a
-    // root host can hand it over: S joins it before dropping privileges (joining needs CAP_SYS_ADMIN
-    // over the namespace's owner, the host's user namespace).
-    let netns = if unshare & libc::CLONE_NEWNET != 0 && geteuid() == 0 {
+    // A network namespace made ahead of time saves the run the kernel's ~1 ms to create one. A root
+    // host's S joins it before dropping privileges (joining needs CAP_SYS_ADMIN over the namespace's
+    // owner, the host's user namespace); a non-root host's S first joins the user namespace made
+    // with it, and the run's own user namespace is made inside that one (ids mapped from its 0).
+    let netns = if unshare & libc::CLONE_NEWNET != 0 && (geteuid() == 0 || probe.owned_netns) {
         let _ = POOL_STARTED.set(());
         take_netns()
     } else {
@@ -796,13 +950,17 @@ pub(crate) fn prepare(
     if netns.is_some() {
         unshare &= !libc::CLONE_NEWNET;
     }
+    let ids = match netns.as_ref().and_then(|n| n.owner.as_ref()) {
+        Some(_) => IdMaps::new(0, 0),
+        None => IdMaps::new(uid, gid),
+    };
     Ok(Plan {
         mounts_as_root: drop_to.is_some(),
         bind_sources,
         mount_ops,
         drop_to,
         unshare,
-        ids: IdMaps::new(uid, gid),
+        ids,
         forbid_nested_userns,
         seccomp,
         nproc,
@@ -961,8 +1119,12 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
         run_mount_ops(plan)?;
     }
     if let Some(netns) = &plan.netns {
-        // SAFETY: setns on a namespace descriptor the host prepared; still root here.
-        cvt(unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) })?;
+        if let Some(owner) = &netns.owner {
+            // SAFETY: setns into a user namespace the host's uid owns; S is single-threaded.
+            cvt(unsafe { libc::setns(owner.as_raw_fd(), libc::CLONE_NEWUSER) })?;
+        }
+        // SAFETY: setns on a namespace descriptor the host prepared; root, or its owner's root.
+        cvt(unsafe { libc::setns(netns.net.as_raw_fd(), libc::CLONE_NEWNET) })?;
     }
     if let Some((uid, gid)) = plan.drop_to {
         drop_ids(uid, gid)?;
