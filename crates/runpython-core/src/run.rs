@@ -991,7 +991,7 @@ impl RunPython {
             }
             _ => None,
         };
-        drop(run_dir);
+        discard_run_dir(run_dir);
 
         let stdout_captured = take_capture(&stdout_capture);
         let stderr_captured = take_capture(&stderr_capture);
@@ -1126,6 +1126,23 @@ impl RunPython {
             limits.max_output_chars,
         );
         Ok((envelope, memoizable))
+    }
+}
+
+/// Removes a finished run's directory off the run's critical path: renamed aside at once (its path is
+/// gone when the run returns), deleted by a blocking task, which a runtime shutting down still waits
+/// for. Where the rename fails, it is deleted in place.
+fn discard_run_dir(run_dir: tempfile::TempDir) {
+    let path = run_dir.keep();
+    let mut trash = path.clone().into_os_string();
+    trash.push(".done");
+    let trash = std::path::PathBuf::from(trash);
+    if std::fs::rename(&path, &trash).is_ok() {
+        tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_dir_all(&trash);
+        });
+    } else {
+        let _ = std::fs::remove_dir_all(&path);
     }
 }
 
