@@ -170,6 +170,11 @@ const ALL_NS: libc::c_int = libc::CLONE_NEWUSER
 /// `useradd` hands out (100000 + 65536 per user) so no real user or container owns it.
 const RUN_UID_BASE: u32 = 0x4000_0000;
 
+/// Whether `uid` is one of those runs are given when the host is root.
+pub(crate) fn is_run_uid(uid: u32) -> bool {
+    (RUN_UID_BASE..RUN_UID_BASE + 0x0100_0000).contains(&uid)
+}
+
 fn probe() -> &'static Probe {
     static PROBE: OnceLock<Probe> = OnceLock::new();
     PROBE.get_or_init(|| {
