@@ -440,38 +440,39 @@ fn probe_owned_netns(ready: &ReadyNetns) -> bool {
         return false;
     };
     let ids = IdMaps::new(0, 0);
-    // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
-    unsafe {
-        let pid = libc::fork();
-        if pid < 0 {
-            return false;
-        }
-        if pid == 0 {
-            let ok = libc::setns(owner.as_raw_fd(), libc::CLONE_NEWUSER) == 0
+    in_forked_child(|| {
+        // SAFETY: setns/unshare with descriptors and flags prepared before the fork.
+        let joined = unsafe {
+            libc::setns(owner.as_raw_fd(), libc::CLONE_NEWUSER) == 0
                 && libc::setns(ready.net.as_raw_fd(), libc::CLONE_NEWNET) == 0
                 && libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::CLONE_NEWNS) == 0
-                && ids.write().is_ok();
-            libc::_exit(if ok { 0 } else { 1 });
-        }
-        wait_exit_code(pid) == 0
+        };
+        joined && ids.write().is_ok()
+    })
+}
+
+/// Runs `check` in a forked child and tells whether it returned true. `check` may only make system
+/// calls on values prepared before the fork (no allocation, no locks: the host is threaded).
+fn in_forked_child(check: impl FnOnce() -> bool) -> bool {
+    // SAFETY: the child runs `check` (system calls only, per the contract above) and always _exits.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return false;
     }
+    if pid == 0 {
+        let ok = check();
+        // SAFETY: ends the child only.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    }
+    wait_exit_code(pid) == 0
 }
 
 /// Moves the calling thread into a new network namespace and returns a descriptor of it, above the
 /// child's stdio and result slots.
 fn new_netns() -> io::Result<OwnedFd> {
-    // SAFETY: unshare of the calling thread's network namespace; open/fcntl/close on a constant path
-    // and the descriptors just opened.
-    unsafe {
-        cvt(libc::unshare(libc::CLONE_NEWNET))?;
-        let fd = cvt(libc::open(
-            c"/proc/thread-self/ns/net".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        ))?;
-        let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-        libc::close(fd);
-        Ok(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(cvt(high)?))
-    }
+    // SAFETY: unshare of the calling thread's network namespace.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
+    open_high("/proc/thread-self/ns/net")
 }
 
 /// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write
@@ -479,43 +480,23 @@ fn new_netns() -> io::Result<OwnedFd> {
 /// from PID 1 of the new namespace.
 fn probe_namespaces(flags: libc::c_int, uid: Option<u32>, proc: bool, limit: bool) -> bool {
     let ids = IdMaps::new(uid.unwrap_or_else(geteuid), uid.unwrap_or_else(getegid));
-    // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
-    unsafe {
-        let pid = libc::fork();
-        if pid < 0 {
-            return false;
-        }
-        if pid == 0 {
-            let code = (|| -> io::Result<i32> {
-                if let Some(uid) = uid {
-                    drop_ids(uid, uid)?;
-                }
-                cvt(libc::unshare(flags))?;
-                ids.write()?;
-                if limit {
-                    forbid_nested_user_namespaces()?;
-                }
-                if !proc {
-                    return Ok(0);
-                }
-                let init = cvt(libc::fork())?;
-                if init == 0 {
-                    let ok = libc::mount(
-                        c"proc".as_ptr(),
-                        c"/proc".as_ptr(),
-                        c"proc".as_ptr(),
-                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        std::ptr::null(),
-                    ) == 0;
-                    libc::_exit(if ok { 0 } else { 1 });
-                }
-                Ok(if wait_exit_code(init) == 0 { 0 } else { 3 })
-            })()
-            .unwrap_or(2);
-            libc::_exit(code);
-        }
-        wait_exit_code(pid) == 0
-    }
+    in_forked_child(|| {
+        let entered = (|| -> io::Result<()> {
+            if let Some(uid) = uid {
+                drop_ids(uid, uid)?;
+            }
+            // SAFETY: unshare with the flags being probed.
+            cvt(unsafe { libc::unshare(flags) })?;
+            ids.write()?;
+            if limit {
+                forbid_nested_user_namespaces()?;
+            }
+            Ok(())
+        })()
+        .is_ok();
+        // The first child of the new PID namespace is its PID 1, which may mount its `/proc`.
+        entered && (!proc || in_forked_child(|| mount_proc().is_ok()))
+    })
 }
 
 fn wait_exit_code(pid: libc::pid_t) -> i32 {
@@ -1252,21 +1233,15 @@ fn install_seccomp(filter: &seccompiler::BpfProgram) -> io::Result<()> {
 
 /// Whether the kernel installs `filter`: tried once in a forked child.
 fn probe_seccomp(filter: &seccompiler::BpfProgram) -> bool {
-    // SAFETY: the child only makes system calls (no allocation, no locks) and always _exits.
-    unsafe {
-        let pid = libc::fork();
-        if pid < 0 {
-            return false;
-        }
-        if pid == 0 {
-            let ok = libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    in_forked_child(|| {
+        // SAFETY: prctl and a keyctl with integer arguments.
+        let refused = unsafe {
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
                 && install_seccomp(filter).is_ok()
                 && libc::syscall(libc::SYS_keyctl, 0, 0, 0, 0, 0) < 0
-                && io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-            libc::_exit(if ok { 0 } else { 1 });
-        }
-        wait_exit_code(pid) == 0
-    }
+        };
+        refused && io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    })
 }
 
 fn mount_proc() -> io::Result<()> {
