@@ -35,7 +35,8 @@ pub use journal::{canonical_args, canonical_json, CallState, Journal, JournalEnt
 pub use server::{Bridge, BridgeConfig, BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
 pub use stubs::{python_literal, python_stubs, python_type};
 pub use tool::{
-    params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet, SUSPEND_KIND,
+    is_python_identifier, params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError,
+    ToolSet, SUSPEND_KIND,
 };
 
 /// Version of the wire protocol, sent in the handshake.

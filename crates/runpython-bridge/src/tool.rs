@@ -351,7 +351,8 @@ impl ToolSet {
     }
 }
 
-pub(crate) fn is_python_identifier(name: &str) -> bool {
+/// Whether `name` is a Python identifier that is not a keyword (usable as a global or a parameter).
+pub fn is_python_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_alphabetic())
         && chars.all(|c| c == '_' || c.is_alphanumeric())

@@ -226,14 +226,7 @@ fn parse_input(s: &str) -> Result<(String, Input), String> {
     let (name, json) = s
         .split_once('=')
         .ok_or_else(|| format!("{s:?} is not NAME=JSON (for example --input n=42)"))?;
-    let valid = name
-        .chars()
-        .next()
-        .is_some_and(|c| c == '_' || c.is_alphabetic())
-        && name.chars().all(|c| c == '_' || c.is_alphanumeric());
-    if !valid {
-        return Err(format!("{name:?} is not a Python identifier"));
-    }
+    // The name itself is checked by the engine (one identifier check for every caller).
     if let Some(id) = json.strip_prefix('@') {
         if id.is_empty() {
             return Err(format!("{name}=@ needs an artifact id after the @"));

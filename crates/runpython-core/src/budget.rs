@@ -8,8 +8,8 @@ use serde_json::{json, Map, Value};
 
 use runpython_store::{Artifact, ArtifactKind};
 
+use crate::child::Captured;
 use crate::envelope::{Envelope, ListTruncation};
-use crate::output::Captured;
 
 /// Fewest characters an output stream is shrunk to.
 const MIN_OUTPUT_CHARS: usize = 64;
@@ -220,8 +220,8 @@ pub(crate) fn json_preview(value: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::child::HeadTail;
     use crate::envelope::{ErrorInfo, Status};
-    use crate::output::HeadTail;
 
     fn captured(text: &str) -> Captured {
         let mut c = HeadTail::new(10_000);

@@ -10,8 +10,8 @@ use runpython_deps::{
 };
 use tokio::sync::mpsc;
 
-use crate::run::{Event, RunRequest};
-use crate::Error;
+use crate::error::Error;
+use crate::request::{Event, RunRequest};
 
 /// runpython's own modules, importable in the child: never dependencies.
 const OWN_MODULES: &[&str] = &["runpython_runner", "runpython_tools"];
@@ -62,10 +62,7 @@ impl DepsConfig {
 }
 
 fn default_env_root() -> Option<PathBuf> {
-    std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .map(|base| base.join("runpython").join("envs"))
+    crate::env_vars::cache_dir().map(|dir| dir.join("envs"))
 }
 
 /// Dependency policy of a [`crate::RunPython`].

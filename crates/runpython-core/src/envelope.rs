@@ -1,4 +1,5 @@
-//! Envelope v1: what a run returns. Field names are a public contract; new fields may be added.
+//! Envelope v1: what a run returns, and the isolation report it carries. Field names are a public
+//! contract; new fields may be added. A leaf: it uses no other module of the crate.
 
 use runpython_store::Artifact;
 use serde::{Deserialize, Serialize};
@@ -52,7 +53,45 @@ pub struct Envelope {
     pub return_preview: Option<Value>,
     /// Which isolation layers were in force; `null` when no process was started.
     #[serde(default)]
-    pub isolation: Option<crate::sandbox::Isolation>,
+    pub isolation: Option<Isolation>,
+}
+
+/// Which isolation layers were in force for a run (the envelope's `isolation`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// Namespaces the code runs in: any of `user`, `pid`, `mount`, `ipc`, `uts`, `net`.
+    pub namespaces: Vec<String>,
+    /// `"abi-N"` when Landlock restricts the code, `"off"` when not asked for, `"unavailable"`.
+    pub landlock: String,
+    /// Limits set on the interpreter; `null` fields are not enforced.
+    pub rlimits: RlimitReport,
+    /// `"deny-list"` when the seccomp filter is installed, `"off"` when not asked for, `"unavailable"`.
+    #[serde(default)]
+    pub seccomp: String,
+    /// `"off"` (an empty network namespace) or `"host"`.
+    pub network: String,
+    /// The host uid the code runs as.
+    pub uid: u32,
+    /// How the run's processes are ended: `"pid-namespace"` or `"process-group"`.
+    pub kill: String,
+    /// Requested layers that were not available, each with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// The rlimits in force; `null` when not enforced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RlimitReport {
+    /// `RLIMIT_AS`.
+    pub address_space_bytes: Option<u64>,
+    /// `RLIMIT_CPU` (soft limit; the code gets SIGXCPU there, SIGKILL a second later).
+    pub cpu_seconds: Option<u64>,
+    /// `RLIMIT_FSIZE`.
+    pub file_size_bytes: Option<u64>,
+    /// `RLIMIT_NOFILE`.
+    pub open_files: Option<u64>,
+    /// `RLIMIT_NPROC` (counted inside the run's user namespace, or for its own uid).
+    pub processes: Option<u64>,
 }
 
 /// Per-stream truncation counts.

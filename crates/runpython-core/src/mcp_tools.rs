@@ -15,7 +15,7 @@ use rmcp::ServiceExt;
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError, ToolSet};
 use serde_json::Value;
 
-use crate::Error;
+use crate::error::Error;
 
 /// How long a server has to start, answer `initialize` and list its tools.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -7,9 +7,13 @@
 //! budget is what remains of the outer's, and the calls it makes are charged to the outer run.
 //! The tool is offered at every level; a call from the deepest level raises `NestingLimit` in the code.
 //!
-//! Suspension does not propagate yet: when runs can suspend (human-in-the-loop), a suspended inner run
-//! must suspend the outer one and resume through it. Until then an inner envelope is always final.
+//! An inner run that suspends suspends the outer call ([`ToolError::suspend`] carrying the inner run id
+//! and suspension); resuming the outer run resumes the inner one through [`Tool::resume`].
+//!
+//! The engine is reached through the [`NestEngine`] trait it implements, so this module depends on
+//! requests and envelopes only, never on the engine's type.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -17,9 +21,29 @@ use std::time::{Duration, Instant};
 use runpython_bridge::{BoxFuture, BridgeStats, Tool, ToolArgs, ToolError, ToolSet};
 use serde_json::Value;
 
-use crate::run::RunPython;
-use crate::tool_spec::{run_python_schema, run_request_from, RUN_PYTHON_TOOL};
-use crate::Error;
+use crate::envelope::{Envelope, Status};
+use crate::error::Error;
+use crate::request::{run_python_schema, run_request_from, RunRequest, RUN_PYTHON_TOOL};
+
+/// What a nested run needs of the engine: a copy one level deeper, and running or resuming on it.
+pub(crate) trait NestEngine: Send + Sync {
+    /// This engine's run timeout.
+    fn timeout(&self) -> Duration;
+    /// Tool calls allowed per run.
+    fn max_tool_calls(&self) -> u32;
+    /// Where this engine sits in the tree of nested runs.
+    fn nesting(&self) -> Option<&Nesting>;
+    /// A copy of the engine for a run nested in one of its runs.
+    fn deeper(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> Arc<dyn NestEngine>;
+    /// Runs `request` to its end.
+    fn run(&self, request: RunRequest) -> BoxFuture<Result<Envelope, Error>>;
+    /// Resumes a suspended run.
+    fn resume(
+        &self,
+        run_id: String,
+        decisions: HashMap<String, Value>,
+    ) -> BoxFuture<Result<Envelope, Error>>;
+}
 
 /// The longest margin kept from the outer run's remaining time when sizing an inner run's timeout.
 const MAX_TIME_MARGIN: Duration = Duration::from_secs(2);
@@ -51,7 +75,7 @@ pub(crate) type RunStats = Arc<OnceLock<Arc<BridgeStats>>>;
 /// The `run_python` tool offered inside one run (or, without a run, as a template for stubs).
 #[derive(Clone)]
 struct NestedRun {
-    engine: RunPython,
+    engine: Arc<dyn NestEngine>,
     run: Option<(Instant, RunStats)>,
 }
 
@@ -77,8 +101,7 @@ impl Tool for NestedRun {
                 Error::InvalidInput(message) => ToolError::value_error(message),
                 other => ToolError::new("RunPythonError", other.to_string()),
             })?;
-            this.with_inner(|inner| async move { inner.run(request).await })
-                .await
+            this.with_inner(move |inner| inner.run(request)).await
         })
     }
 
@@ -95,8 +118,8 @@ impl Tool for NestedRun {
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            let decisions = std::collections::HashMap::from([(suspension, decision)]);
-            this.with_inner(|inner| async move { inner.resume(&run_id, decisions).await })
+            let decisions = HashMap::from([(suspension, decision)]);
+            this.with_inner(move |inner| inner.resume(run_id, decisions))
                 .await
         }))
     }
@@ -115,12 +138,11 @@ impl NestedRun {
     /// Runs `work` on a copy of the engine one level deeper, within what remains of this run's time
     /// and tool calls, and turns its envelope into the call's result (a suspended inner run suspends
     /// this call, carrying what the inner run waits for).
-    async fn with_inner<F, Fut>(&self, work: F) -> Result<Value, ToolError>
+    async fn with_inner<F>(&self, work: F) -> Result<Value, ToolError>
     where
-        F: FnOnce(RunPython) -> Fut,
-        Fut: std::future::Future<Output = Result<crate::Envelope, Error>> + Send + 'static,
+        F: FnOnce(Arc<dyn NestEngine>) -> BoxFuture<Result<Envelope, Error>>,
     {
-        let engine = self.engine.clone();
+        let engine = Arc::clone(&self.engine);
         let Some((started, stats)) = self.run.clone() else {
             return Err(ToolError::new(
                 "RuntimeError",
@@ -140,7 +162,7 @@ impl NestedRun {
                 ),
             ));
         }
-        let outer_timeout = engine.limits().timeout;
+        let outer_timeout = engine.timeout();
         let remaining = (started + outer_timeout).saturating_duration_since(Instant::now());
         let margin = (remaining / 4).min(MAX_TIME_MARGIN);
         let timeout = remaining.saturating_sub(margin);
@@ -154,7 +176,7 @@ impl NestedRun {
         let used = stats.get().map_or(0, |s| s.calls());
         let calls_left = max_calls.saturating_sub(used);
         let spent = Arc::new(AtomicU32::new(0));
-        let inner = engine.nested(
+        let inner = engine.deeper(
             timeout,
             calls_left,
             Nesting {
@@ -177,7 +199,7 @@ impl NestedRun {
             stats.charge(spent.load(Ordering::Relaxed).min(calls_left));
         }
         match result {
-            Ok(envelope) if envelope.status == crate::Status::Suspended => {
+            Ok(envelope) if envelope.status == Status::Suspended => {
                 Err(ToolError::suspend(serde_json::json!({
                     "run_id": envelope.run_id,
                     "suspension": envelope.suspension,
@@ -191,21 +213,22 @@ impl NestedRun {
     }
 }
 
-/// The tools one run of `engine` exposes: the engine's, plus `run_python` bound to this run when
-/// nesting is allowed. `started` is when the run's clock starts (just before its child is spawned); the
-/// budget reads the run's bridge stats, set through the returned cell once the bridge is bound.
+/// The tools one run of `engine` exposes: `tools`, plus `run_python` bound to this run when nesting
+/// is allowed. `started` is when the run's clock starts (just before its child is spawned); the budget
+/// reads the run's bridge stats, set through the returned cell once the bridge is bound.
 pub(crate) fn tools_for_run(
-    engine: &RunPython,
+    tools: &ToolSet,
+    engine: Arc<dyn NestEngine>,
     started: Instant,
 ) -> Result<(ToolSet, Option<RunStats>), Error> {
-    let mut tools = engine.tools().clone();
+    let mut tools = tools.clone();
     if engine.nesting().is_none() {
         return Ok((tools, None));
     }
     let stats = RunStats::default();
     tools
         .insert(NestedRun {
-            engine: engine.clone(),
+            engine,
             run: Some((started, Arc::clone(&stats))),
         })
         .map_err(|e| Error::Config(e.to_string()))?;
@@ -213,26 +236,23 @@ pub(crate) fn tools_for_run(
 }
 
 /// The tools the code sees, for stubs and tool specs (with `run_python` when nesting is allowed).
-pub(crate) fn exposed_tools(engine: &RunPython) -> ToolSet {
-    let mut tools = engine.tools().clone();
+pub(crate) fn exposed_tools(tools: &ToolSet, engine: Arc<dyn NestEngine>) -> ToolSet {
+    let mut tools = tools.clone();
     if engine.nesting().is_some() {
         // A clash with a host tool of the same name is refused by the builder.
-        let _ = tools.insert(NestedRun {
-            engine: engine.clone(),
-            run: None,
-        });
+        let _ = tools.insert(NestedRun { engine, run: None });
     }
     tools
 }
 
 /// After a nested engine's run: reports its tool calls to the outer run's `run_python` call.
-pub(crate) fn report_calls(engine: &RunPython, stats: Option<&BridgeStats>) {
+pub(crate) fn report_calls(nesting: Option<&Nesting>, stats: Option<&BridgeStats>) {
     if let (
         Some(Nesting {
             spent: Some(spent), ..
         }),
         Some(stats),
-    ) = (engine.nesting(), stats)
+    ) = (nesting, stats)
     {
         spent.fetch_add(stats.calls(), Ordering::Relaxed);
     }

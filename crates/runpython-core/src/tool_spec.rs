@@ -8,11 +8,10 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::run::{RunPython, RunRequest};
-use crate::Error;
+use crate::engine::RunPython;
+use crate::error::Error;
+use crate::request::{run_python_schema, run_request_from, RUN_PYTHON_TOOL};
 
-/// The name of the tool that runs code.
-pub const RUN_PYTHON_TOOL: &str = "run_python";
 /// The name of the tool that reads a kept run's artifact.
 pub const GET_RUN_ARTIFACT_TOOL: &str = "get_run_artifact";
 /// The name of the tool that resumes a suspended run.
@@ -97,7 +96,7 @@ impl RunPython {
     /// The tools a model is given to drive this engine: `run_python` (its description lists the Python
     /// functions the code can call), `get_run_artifact` and `resume`.
     pub fn tool_definitions(&self) -> Vec<ToolDefinition> {
-        let stubs = runpython_bridge::python_stubs(&crate::nested::exposed_tools(self));
+        let stubs = runpython_bridge::python_stubs(&self.exposed_tools());
         let mut run_description = RUN_PYTHON_INTRO.to_owned();
         if !stubs.is_empty() {
             run_description.push_str(
@@ -216,69 +215,6 @@ impl RunPython {
     }
 }
 
-/// The input schema of `run_python` (shared with the nested `run_python` tool the code can call).
-pub(crate) fn run_python_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "code": {"type": "string", "description": "The Python source. The last expression is the return value."},
-            "dependencies": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Extra requirement specs (`pandas>=2`, `pkg[extra]`), on top of what the imports need.",
-            },
-            "inputs": {
-                "type": "object",
-                "additionalProperties": true,
-                "description": "JSON values bound as globals before the code runs, by name.",
-            },
-        },
-        "required": ["code"],
-        "additionalProperties": false,
-    })
-}
-
-/// A [`RunRequest`] from `run_python`'s arguments.
-pub(crate) fn run_request_from(input: &Map<String, Value>) -> Result<RunRequest, Error> {
-    let code = input
-        .get("code")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Error::InvalidInput("run_python needs `code`, a string".into()))?;
-    let mut request = RunRequest::new(code);
-    match input.get("dependencies") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(specs)) => {
-            for spec in specs {
-                let spec = spec.as_str().ok_or_else(|| {
-                    Error::InvalidInput(format!(
-                        "`dependencies` must be strings (requirement specs), not {spec}"
-                    ))
-                })?;
-                request = request.dependency(spec);
-            }
-        }
-        Some(other) => {
-            return Err(Error::InvalidInput(format!(
-                "`dependencies` must be an array of requirement specs, not {other}"
-            )))
-        }
-    }
-    match input.get("inputs") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(inputs)) => {
-            for (name, value) in inputs {
-                request = request.input(name, value.clone());
-            }
-        }
-        Some(other) => {
-            return Err(Error::InvalidInput(format!(
-                "`inputs` must be an object of globals by name, not {other}"
-            )))
-        }
-    }
-    Ok(request)
-}
-
 fn optional_usize(input: &Map<String, Value>, key: &str) -> Result<Option<usize>, Error> {
     match input.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -328,24 +264,5 @@ mod tests {
         );
         let v = artifact_slice("a", &[0xff, 0x00], 0, None);
         assert_eq!(v["base64"], "/wA=");
-    }
-
-    #[test]
-    fn run_requests_are_checked() {
-        let ok = json!({"code": "x", "dependencies": ["six"], "inputs": {"x": 1}});
-        let request = run_request_from(ok.as_object().unwrap()).unwrap();
-        assert_eq!(request.dependencies, ["six"]);
-        assert_eq!(request.inputs["x"], 1);
-        for bad in [
-            json!({}),
-            json!({"code": 1}),
-            json!({"code": "x", "dependencies": "six"}),
-            json!({"code": "x", "inputs": [1]}),
-        ] {
-            assert!(matches!(
-                run_request_from(bad.as_object().unwrap()),
-                Err(Error::InvalidInput(_))
-            ));
-        }
     }
 }

@@ -154,11 +154,19 @@ fn search_path() -> Result<Interpreter, Error> {
     })
 }
 
-fn cache_file() -> Option<PathBuf> {
+/// runpython's cache directory: `$XDG_CACHE_HOME/runpython`, else `$HOME/.cache/runpython`; `None` when
+/// neither variable is set. The one place it is resolved (the engine's code directory and prepared
+/// environments live under it too).
+pub fn cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("runpython").join("interpreter-v1.json"))
+    Some(base.join("runpython"))
+}
+
+fn cache_file() -> Option<PathBuf> {
+    Some(cache_dir()?.join("interpreter-v1.json"))
 }
 
 fn mtime(path: &Path) -> Option<SystemTime> {

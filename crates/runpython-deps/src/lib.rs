@@ -59,7 +59,7 @@ pub use detect::{
     detect_imports, detect_imports_async, ImportDetector, RuffImportDetector, MAX_SOURCE_BYTES,
 };
 pub use env::{gc, Environments, GcReport, PreparedEnv, DEFAULT_PREPARE_TIMEOUT};
-pub use interpreter::{Interpreter, MIN_VERSION};
+pub use interpreter::{cache_dir, Interpreter, MIN_VERSION};
 pub use mapping::distribution_for_import;
 pub use merge::{merge_requirements, DependencySources};
 pub use provider::{

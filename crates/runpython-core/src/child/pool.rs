@@ -10,11 +10,13 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::process::Spawned;
-use crate::sandbox::Isolation;
+use tokio::sync::Notify;
+
+use super::{Slot, SlotSpec};
+use crate::env_vars;
 
 /// Settings of the interpreter pool.
 #[derive(Debug, Clone)]
@@ -36,52 +38,104 @@ impl Default for PoolConfig {
     /// One interpreter per environment, unless `RUNPYTHON_POOL_SIZE` says otherwise (`0` turns the
     /// pool off: CI runs the suites both ways).
     fn default() -> Self {
-        let size = std::env::var("RUNPYTHON_POOL_SIZE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
+        let size = env_vars::parsed(env_vars::POOL_SIZE).unwrap_or(1);
         Self {
             size,
             idle: Duration::from_secs(120),
             warm_imports: Vec::new(),
-            prestart: std::env::var("RUNPYTHON_POOL_PRESTART").is_ok_and(|v| v == "1"),
+            prestart: env_vars::parsed::<u8>(env_vars::POOL_PRESTART) == Some(1),
         }
     }
-}
-
-/// An interpreter started for a run that has not come yet.
-#[derive(Debug)]
-pub(crate) struct Slot {
-    pub run_dir: tempfile::TempDir,
-    pub work_dir: PathBuf,
-    pub spawned: Spawned,
-    pub isolation: Isolation,
-    pub born: Instant,
 }
 
 /// What a pooled interpreter was prepared for: the interpreter and the environment's site directory.
 pub(crate) type PoolKey = (PathBuf, Option<PathBuf>);
 
+/// The pool of one engine: ready interpreters per key, started with the engine's [`SlotSpec`].
 #[derive(Debug)]
 pub(crate) struct Pool {
-    pub config: PoolConfig,
+    config: PoolConfig,
+    spec: SlotSpec,
     ready: Mutex<HashMap<PoolKey, Vec<Slot>>>,
     /// Refills in flight per key, so a burst does not start more than the pool's size.
     starting: Mutex<HashMap<PoolKey, usize>>,
+    /// Woken whenever a refill ends (with an interpreter or without one).
+    arrived: Notify,
 }
 
+/// How long a run waits for a pooled interpreter with `prestart` before starting one cold.
+const PRESTART_WAIT: Duration = Duration::from_secs(10);
+
 impl Pool {
-    pub fn new(config: PoolConfig) -> Self {
+    pub fn new(config: PoolConfig, spec: SlotSpec) -> Self {
         Self {
             config,
+            spec,
             ready: Mutex::default(),
             starting: Mutex::default(),
+            arrived: Notify::new(),
+        }
+    }
+
+    /// A pooled interpreter for `key`: one that is ready, or (with `prestart`) one started now and
+    /// waited for. `None`: start one cold.
+    pub async fn take_or_wait(self: &Arc<Self>, key: &PoolKey) -> Option<Slot> {
+        if let Some(slot) = self.take(key) {
+            return Some(slot);
+        }
+        if !self.config.prestart {
+            return None;
+        }
+        self.refill(key.clone());
+        let deadline = tokio::time::Instant::now() + PRESTART_WAIT;
+        loop {
+            let notified = self.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(slot) = self.take(key) {
+                return Some(slot);
+            }
+            if self.starting_for(key) == 0 {
+                return None; // every refill ended without an interpreter
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    fn starting_for(&self, key: &PoolKey) -> usize {
+        self.starting
+            .lock()
+            .map_or(0, |s| s.get(key).copied().unwrap_or(0))
+    }
+
+    /// Starts replacements for pooled interpreters in the background (off the run's critical path).
+    pub fn refill(self: &Arc<Self>, key: PoolKey) {
+        for _ in 0..self.reserve(&key) {
+            let pool = Arc::clone(self);
+            let key = key.clone();
+            tokio::spawn(async move {
+                let mut warm_up = Vec::new();
+                if let Some(site) = &key.1 {
+                    warm_up.extend(["--site".to_owned(), site.display().to_string()]);
+                }
+                // `_ast` is what the runner needs first for any code (~1.4 ms to import); then the
+                // modules the pool declares warm.
+                let mut warm = vec!["_ast".to_owned()];
+                warm.extend(pool.config.warm_imports.iter().cloned());
+                warm_up.extend(["--warm".to_owned(), warm.join(",")]);
+                let slot = super::code_dir::code_dir()
+                    .and_then(|dir| pool.spec.spawn(&key.0, dir, key.1.as_deref(), &warm_up));
+                // A pool that cannot start an interpreter just serves runs cold.
+                pool.put(key, slot.ok());
+            });
         }
     }
 
     /// A live, fresh interpreter for `key`, if one is ready. Dead or stale ones are dropped (which
     /// kills their process group).
-    pub fn take(&self, key: &PoolKey) -> Option<Slot> {
+    fn take(&self, key: &PoolKey) -> Option<Slot> {
         let mut ready = self.ready.lock().ok()?;
         let slots = ready.get_mut(key)?;
         while let Some(mut slot) = slots.pop() {
@@ -94,7 +148,7 @@ impl Pool {
     }
 
     /// How many more interpreters `key` needs, counting those being started; reserves them.
-    pub fn reserve(&self, key: &PoolKey) -> usize {
+    fn reserve(&self, key: &PoolKey) -> usize {
         let ready = self
             .ready
             .lock()
@@ -110,18 +164,21 @@ impl Pool {
     }
 
     /// A started interpreter joins the pool (or is dropped if the pool is full).
-    pub fn put(&self, key: PoolKey, slot: Option<Slot>) {
+    fn put(&self, key: PoolKey, slot: Option<Slot>) {
+        if let Some(slot) = slot {
+            if let Ok(mut ready) = self.ready.lock() {
+                let slots = ready.entry(key.clone()).or_default();
+                if slots.len() < self.config.size {
+                    slots.push(slot);
+                }
+            }
+        }
+        // After the slot is in: a waiter that sees no refill left also sees the slot.
         if let Ok(mut starting) = self.starting.lock() {
             if let Some(pending) = starting.get_mut(&key) {
                 *pending = pending.saturating_sub(1);
             }
         }
-        let Some(slot) = slot else { return };
-        if let Ok(mut ready) = self.ready.lock() {
-            let slots = ready.entry(key).or_default();
-            if slots.len() < self.config.size {
-                slots.push(slot);
-            }
-        }
+        self.arrived.notify_waiters();
     }
 }

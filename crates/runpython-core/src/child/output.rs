@@ -1,10 +1,16 @@
 //! Bounded capture of a stream: the first and last characters kept, the middle counted, memory fixed.
 
+use std::sync::{Arc, Mutex};
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+
 use crate::envelope::StreamTruncation;
+use crate::request::Event;
 
 /// Keeps the head and tail of a stream within `max_chars` characters, decoding UTF-8 across chunk edges.
 #[derive(Debug)]
-pub struct HeadTail {
+pub(crate) struct HeadTail {
     head_cap: usize,
     tail_cap: usize,
     head: String,
@@ -106,12 +112,8 @@ impl HeadTail {
         }
     }
 
-    /// Characters seen so far.
-    pub fn total_chars(&self) -> u64 {
-        self.total_chars
-    }
-
     /// The kept text (with an explicit marker where the middle was left out) and the truncation counts.
+    #[cfg(test)]
     pub fn finish(self) -> (String, Option<StreamTruncation>) {
         let max = self.head_cap + self.tail_cap;
         self.into_captured().render(max)
@@ -134,7 +136,7 @@ impl HeadTail {
 
 /// The head and tail of a finished stream.
 #[derive(Debug, Clone, Default)]
-pub struct Captured {
+pub(crate) struct Captured {
     head: String,
     tail: String,
     total_chars: u64,
@@ -167,6 +169,65 @@ impl Captured {
 
 fn byte_index_of_char(s: &str, n: usize) -> usize {
     s.char_indices().nth(n).map_or(s.len(), |(i, _)| i)
+}
+
+/// Counts the child's output channels that reached end of file.
+#[derive(Debug, Default)]
+pub(crate) struct Closed {
+    count: std::sync::atomic::AtomicUsize,
+    pub(crate) answered: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Closed {
+    pub(crate) fn mark(&self) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// Resolves once `n` channels are closed and the runner wrote a result.
+    pub(crate) async fn wait_for(&self, n: usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        while self.count.load(SeqCst) < n || !self.answered.load(SeqCst) {
+            if self.count.load(SeqCst) >= n {
+                return std::future::pending().await; // closed without an answer: wait for the exit
+            }
+            self.notify.notified().await;
+        }
+    }
+}
+
+pub(crate) async fn capture<R: tokio::io::AsyncRead + Unpin>(
+    mut pipe: R,
+    sink: Arc<Mutex<HeadTail>>,
+    events: Option<mpsc::Sender<Event>>,
+    wrap: fn(String) -> Event,
+) {
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut events = events;
+    loop {
+        let n = match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let text = match sink.lock() {
+            Ok(mut capture) => capture.push_bytes(&chunk[..n]),
+            Err(_) => break,
+        };
+        if let Some(tx) = &events {
+            if tx.send(wrap(text)).await.is_err() {
+                events = None; // nobody listens any more; keep capturing
+            }
+        }
+    }
+}
+
+pub(crate) fn take_capture(capture: &Arc<Mutex<HeadTail>>) -> Captured {
+    let mut guard = match capture.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    std::mem::replace(&mut *guard, HeadTail::new(2)).into_captured()
 }
 
 #[cfg(test)]

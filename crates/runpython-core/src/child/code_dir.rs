@@ -1,0 +1,133 @@
+//! runpython's Python modules (the runner and the bridge client) as files in a code directory named by
+//! their digest, so Python caches their bytecode, and compiled once per interpreter.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+
+use crate::error::Error;
+
+/// The runner that executes the code in the child (`runner.py`).
+pub(crate) const RUNNER_PY: &str = include_str!("../runner.py");
+
+/// Bootstrap passed with `-c`: imports the runner from the code directory (argv[1]), so Python caches its
+/// bytecode there instead of compiling it on every run.
+pub(crate) const BOOTSTRAP: &str =
+    "import sys;sys.path.insert(0,sys.argv[1]);import runpython_runner";
+
+/// The directory holding runpython's Python modules (`runpython_runner.py`, `runpython_tools.py`), written
+/// once per content version under the user's cache directory (or the temp directory), atomically.
+pub(crate) fn code_dir() -> Result<&'static Path, Error> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| write_code_dir().map_err(|e| e.to_string()))
+        .as_deref()
+        .map_err(|e| {
+            Error::io_pathless(
+                "writing runpython's Python modules to the cache directory",
+                std::io::Error::other(e.clone()),
+            )
+        })
+}
+
+/// Compiles the code directory's modules for `python` once (the sandboxed child may not write
+/// `__pycache__` there, and compiling the runner on every run would cost ~1 ms). Best effort.
+pub(crate) fn ensure_bytecode(python: &Path, version: (u32, u32, u32), dir: &Path) {
+    let tag = format!("cpython-{}{}", version.0, version.1);
+    let pyc = dir
+        .join("__pycache__")
+        .join(format!("runpython_runner.{tag}.pyc"));
+    if !pyc.is_file() {
+        compile_code_dir(python, dir);
+    }
+    if pyc.is_file() {
+        if let Ok(mut ready) = BYTECODE_READY.lock() {
+            ready.push(python.to_owned());
+        }
+    }
+}
+
+/// Interpreters whose bytecode this process already found in place: later runs skip the check.
+static BYTECODE_READY: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// True once [`ensure_bytecode`] found the code directory compiled for `python`.
+pub(crate) fn bytecode_ready(python: &Path) -> bool {
+    BYTECODE_READY
+        .lock()
+        .is_ok_and(|ready| ready.iter().any(|p| p == python))
+}
+
+fn compile_code_dir(python: &Path, dir: &Path) {
+    let _ = std::process::Command::new(python)
+        .args([
+            "-I",
+            "-S",
+            "-c",
+            "import compileall, sys; compileall.compile_dir(sys.argv[1], quiet=1)",
+        ])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A digest of the Python that runs in the child (the runner and the bridge client), computed once:
+/// it names the code directory and goes into memo keys.
+pub(crate) fn code_version() -> &'static str {
+    static VERSION: OnceLock<String> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        // blake3, not `DefaultHasher`: the value is persisted in memo keys, and std's hasher may change
+        // between Rust releases.
+        let mut hasher = blake3::Hasher::new();
+        for part in [RUNNER_PY, runpython_bridge::CLIENT_PY] {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+        hasher.finalize().to_hex()[..16].to_owned()
+    })
+}
+
+fn write_code_dir() -> std::io::Result<PathBuf> {
+    let name = format!("py-{}", code_version());
+    let bases = [
+        crate::env_vars::cache_dir(),
+        Some(std::env::temp_dir().join("runpython")),
+    ];
+    let mut last_error = std::io::Error::other("no cache directory");
+    for base in bases.into_iter().flatten() {
+        let dir = base.join(&name);
+        let complete = |d: &Path| {
+            d.join("runpython_runner.py").is_file() && d.join("runpython_tools.py").is_file()
+        };
+        if complete(&dir) {
+            return Ok(dir);
+        }
+        let attempt = (|| {
+            std::fs::create_dir_all(&base)?;
+            let tmp = tempfile::Builder::new()
+                .prefix(".py-tmp-")
+                .tempdir_in(&base)?;
+            std::fs::write(tmp.path().join("runpython_runner.py"), RUNNER_PY)?;
+            std::fs::write(
+                tmp.path().join("runpython_tools.py"),
+                runpython_bridge::CLIENT_PY,
+            )?;
+            std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))?;
+            match std::fs::rename(tmp.path(), &dir) {
+                Ok(()) => {
+                    let _ = tmp.keep();
+                    Ok(dir.clone())
+                }
+                // Another process won the race: its copy is identical.
+                Err(_) if complete(&dir) => Ok(dir.clone()),
+                Err(e) => Err(e),
+            }
+        })();
+        match attempt {
+            Ok(dir) => return Ok(dir),
+            Err(e) => last_error = e,
+        }
+    }
+    Err(last_error)
+}

@@ -1,0 +1,136 @@
+//! Spawning the child and making sure nothing it started outlives the run.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Stdio;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::error::Error;
+
+/// Where the runner writes its result. The child gets the write end as this descriptor.
+pub(crate) const RESULT_FD: i32 = 3;
+
+/// Kills the child's whole process group when dropped, so a timeout, a cancellation or a dropped future
+/// leaves no survivor behind (children that stay in the group included).
+/// Without a PID namespace but with a run uid, every process of that uid is killed too (a `setsid`
+/// daemon leaves the group, not the uid).
+#[derive(Debug)]
+pub(crate) struct GroupGuard {
+    pgid: Pid,
+    sweep_uid: Option<u32>,
+}
+
+impl GroupGuard {
+    pub(crate) fn kill(&self) {
+        // ESRCH (nobody left in the group) is the normal case after a clean exit.
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        if let Some(uid) = self.sweep_uid {
+            crate::sandbox::kill_all_of_uid(uid);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+        // The run is over: make up for the network namespace it took, off any run's critical path.
+        crate::sandbox::refill_netns();
+    }
+}
+
+/// A started child with its pipes.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    pub child: tokio::process::Child,
+    pub guard: GroupGuard,
+    pub result: tokio::net::unix::pipe::Receiver,
+}
+
+/// Starts `python -I -S -X utf8 -c BOOTSTRAP CODE_DIR` in `cwd`, in a new process group, with a scrubbed
+/// environment, piped stdio, the result pipe as descriptor 3, inside the sandbox `plan` describes.
+pub(crate) fn spawn_runner(
+    python: &Path,
+    code_dir: &Path,
+    warm_up: &[String],
+    cwd: &Path,
+    env: &[(String, String)],
+    mut plan: crate::sandbox::Plan,
+) -> Result<Spawned, Error> {
+    let sweep_uid = plan.sweep_uid;
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "-I".as_ref(),
+        "-S".as_ref(),
+        "-X".as_ref(),
+        "utf8".as_ref(),
+        "-c".as_ref(),
+        super::code_dir::BOOTSTRAP.as_ref(),
+        code_dir.as_os_str(),
+    ];
+    args.extend(warm_up.iter().map(|a| std::ffi::OsStr::new(a.as_str())));
+    plan.exec_with(python, &args, env)?;
+    let (result_read, result_write): (OwnedFd, OwnedFd) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| Error::io_pathless("creating the result pipe", e.into()))?;
+    let write_fd = result_write.as_raw_fd();
+
+    let mut command = tokio::process::Command::new(python);
+    command
+        .args(&args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe system calls
+    // (prctl, dup2, fcntl, and the sandbox's, see `sandbox::enter`) on descriptors open in the child.
+    unsafe {
+        command.pre_exec(move || {
+            // If the host dies, even by SIGKILL, the child dies with it.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if write_fd == RESULT_FD {
+                nix::fcntl::fcntl(
+                    std::os::fd::BorrowedFd::borrow_raw(write_fd),
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            } else {
+                // dup2 leaves the new descriptor without close-on-exec: the runner inherits it.
+                let rc = libc_dup2(write_fd, RESULT_FD);
+                if rc < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            crate::sandbox::enter(&plan)
+        });
+    }
+    let child = command
+        .spawn()
+        .map_err(|source| Error::spawn(python, source))?;
+    drop(result_write); // the child holds the only write end now: EOF comes when it exits
+    let pid = child.id().ok_or_else(|| {
+        Error::io_pathless(
+            "reading the child's pid",
+            std::io::Error::other("the child exited before it could be tracked"),
+        )
+    })?;
+    let guard = GroupGuard {
+        pgid: Pid::from_raw(pid as i32),
+        sweep_uid,
+    };
+    let result = tokio::net::unix::pipe::Receiver::from_owned_fd(result_read)
+        .map_err(|e| Error::io_pathless("reading the result pipe", e))?;
+    Ok(Spawned {
+        child,
+        guard,
+        result,
+    })
+}
+
+fn libc_dup2(old: i32, new: i32) -> i32 {
+    // SAFETY: dup2 on two plain descriptor numbers; failure is reported through the return value.
+    unsafe { libc::dup2(old, new) }
+}

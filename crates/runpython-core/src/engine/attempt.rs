@@ -1,0 +1,335 @@
+//! One attempt's child: from an interpreter slot (pooled or cold) to the raw outcome — how it ended,
+//! what the runner answered, its captured output, the files it left and its bridge's journal.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use runpython_bridge::{Bridge, BridgeStats, Journal, ReplayPlan};
+use runpython_deps::{Interpreter, PreparedEnv};
+use runpython_store::CollectedFiles;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use super::tools::RunTools;
+use super::RunPython;
+use crate::child::{
+    capture, code_dir, discard_run_dir, take_capture, Captured, Closed, HeadTail, PoolKey, Slot,
+};
+use crate::envelope::Isolation;
+use crate::error::Error;
+use crate::outcome::{Answer, Ending};
+use crate::request::{Event, RunRequest};
+
+/// How long the host keeps reading a child's pipes after the process group was killed. Only a process
+/// that escaped the group (a `setsid` daemon) can hold them open that long.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Slack on top of `max_return_bytes` for the result record's own fields.
+const RESULT_OVERHEAD: usize = 64 * 1024;
+
+/// The interpreter and environment a run needs.
+pub(super) struct Prepared {
+    pub interpreter: Interpreter,
+    pub env: Option<PreparedEnv>,
+}
+
+impl Prepared {
+    fn python(&self) -> PathBuf {
+        self.env.as_ref().map_or_else(
+            || self.interpreter.executable.clone(),
+            |env| env.interpreter.clone(),
+        )
+    }
+
+    fn site_dir(&self) -> Option<PathBuf> {
+        self.env.as_ref().and_then(|env| env.site_dir.clone())
+    }
+}
+
+/// What one attempt's child did.
+pub(super) struct Attempt {
+    pub ending: Ending,
+    pub answer: Answer,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    pub isolation: Isolation,
+    /// The files the run left, when runs are kept (and the run got far enough to leave any).
+    pub files: Option<CollectedFiles>,
+    pub bridge_stats: Option<Arc<BridgeStats>>,
+    pub journal: Option<Journal>,
+}
+
+impl RunPython {
+    /// An interpreter for the run: one started ahead of time for this environment, or a fresh one
+    /// (the cold path). A replacement is started in the background either way.
+    pub(super) async fn slot_for(&self, prepared: &Prepared) -> Result<Slot, Error> {
+        let python = prepared.python();
+        let site_dir = prepared.site_dir();
+        let code_dir = code_dir()?;
+        if !crate::child::bytecode_ready(&python) {
+            let (python, version) = (python.clone(), prepared.interpreter.version);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::child::ensure_bytecode(&python, version, code_dir)
+            })
+            .await;
+        }
+        let key: PoolKey = (python.clone(), site_dir.clone());
+        let pooled = match &self.inner.pool {
+            Some(pool) => pool.take_or_wait(&key).await,
+            None => None,
+        };
+        let slot = match pooled {
+            Some(slot) => slot,
+            None => crate::child::SlotSpec {
+                sandbox: self.inner.sandbox.clone(),
+                timeout: self.inner.limits.timeout,
+                env_passthrough: self.inner.env_passthrough.clone(),
+            }
+            .spawn(&python, code_dir, site_dir.as_deref(), &[])?,
+        };
+        if let Some(pool) = &self.inner.pool {
+            pool.refill(key);
+        }
+        Ok(slot)
+    }
+
+    /// Serves one child from its slot to its end: the bridge, the request on stdin, output capture,
+    /// the race of exit / answer / timeout / cancellation / bridge stop, the kill, the files it left.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn drive(
+        &self,
+        slot: Slot,
+        request: &RunRequest,
+        run_id: &str,
+        replay: Option<ReplayPlan>,
+        site_dir: Option<PathBuf>,
+        timeout: Duration,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Result<Attempt, Error> {
+        let limits = &self.inner.limits;
+        let code_dir = code_dir()?;
+        let Slot {
+            run_dir,
+            work_dir,
+            spawned,
+            isolation,
+            ..
+        } = slot;
+
+        let RunTools {
+            tools,
+            nested_stats,
+            saved: saved_artifacts,
+        } = self.run_tools(Instant::now())?;
+        let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
+        let durable = match &self.inner.keep {
+            Some(keep) if self.inner.durable => Some(
+                crate::resume::durable_sink(&keep.store, run_id, request, replay.is_some()).await?,
+            ),
+            _ => None,
+        };
+        let (bridge_spec, bridge_future, bridge_stats, journal) = if tools.is_empty() {
+            (Value::Null, None, None, None)
+        } else {
+            let mut bridge = Bridge::bind(
+                &run_dir.path().join("bridge.sock"),
+                tools,
+                self.inner.bridge.clone(),
+            )?;
+            if let Some(plan) = replay {
+                bridge = bridge.with_replay(plan);
+            }
+            if let Some(sink) = durable {
+                bridge = bridge.with_sink(sink);
+            }
+            // The child runs as the run's uid: the socket must be its to connect to.
+            if isolation.uid != nix::unistd::geteuid().as_raw() {
+                std::os::unix::fs::lchown(
+                    run_dir.path().join("bridge.sock"),
+                    Some(isolation.uid),
+                    Some(isolation.uid),
+                )
+                .map_err(|source| {
+                    Error::io(
+                        "handing the bridge socket to the run's uid",
+                        run_dir.path().join("bridge.sock"),
+                        source,
+                    )
+                })?;
+            }
+            let stats = bridge.stats();
+            if let Some(cell) = &nested_stats {
+                let _ = cell.set(Arc::clone(&stats));
+            }
+            let journal = bridge.journal();
+            (
+                bridge.client_spec(),
+                Some(bridge.serve()),
+                Some(stats),
+                Some(journal),
+            )
+        };
+
+        let runner_request = serde_json::json!({
+            "code_dir": code_dir,
+            "code": &request.code,
+            "inputs": &request.inputs,
+            "input_artifacts": input_artifacts,
+            "artifact_helpers": self.inner.keep.is_some(),
+            "max_return_bytes": limits.max_return_bytes,
+            "inline_return_bytes": limits.inline_return_bytes,
+            "site_dir": site_dir,
+            "bridge": bridge_spec,
+        });
+        let runner_request =
+            serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
+
+        let mut child = spawned.child;
+        let guard = spawned.guard;
+
+        let mut stdin = child.stdin.take();
+        let writer = tokio::spawn(async move {
+            if let Some(stdin) = stdin.as_mut() {
+                // A child that dies early closes the pipe; its exit is reported, not this write.
+                let _ = stdin.write_all(&runner_request).await;
+            }
+        });
+        let stdout_capture = Arc::new(Mutex::new(HeadTail::new(limits.max_output_chars)));
+        let stderr_capture = Arc::new(Mutex::new(HeadTail::new(limits.max_output_chars)));
+        // The runner closes stdout, stderr and the result pipe once it has answered: when all three
+        // are at end of file the envelope is complete, before the interpreter has finished exiting.
+        let closed = Arc::new(Closed::default());
+        let stdout_reader = child.stdout.take().map(|pipe| {
+            let (sink, events, closed) = (
+                Arc::clone(&stdout_capture),
+                events.clone(),
+                Arc::clone(&closed),
+            );
+            tokio::spawn(async move {
+                capture(pipe, sink, events, Event::Stdout).await;
+                closed.mark();
+            })
+        });
+        let stderr_reader = child.stderr.take().map(|pipe| {
+            let (sink, events, closed) = (
+                Arc::clone(&stderr_capture),
+                events.clone(),
+                Arc::clone(&closed),
+            );
+            tokio::spawn(async move {
+                capture(pipe, sink, events, Event::Stderr).await;
+                closed.mark();
+            })
+        });
+        let result_cap = limits.max_return_bytes + RESULT_OVERHEAD;
+        let mut result_pipe = spawned.result;
+        let result_closed = Arc::clone(&closed);
+        let result_reader = tokio::spawn(async move {
+            let mut answer = Answer::default();
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                match result_pipe.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) if answer.bytes.len() + n <= result_cap => {
+                        answer.bytes.extend_from_slice(&chunk[..n])
+                    }
+                    Ok(_) => answer.overflow = true, // keep draining so the child never blocks on it
+                }
+            }
+            if !answer.bytes.is_empty() {
+                result_closed
+                    .answered
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            result_closed.mark();
+            answer
+        });
+        // The runner answers after doing what the interpreter's exit would (threads joined, exit
+        // handlers run, the code's globals and open files released), so the run may end as soon as the
+        // answer is complete instead of waiting for the interpreter and its namespaces to go away.
+        let answered = closed.wait_for(3);
+
+        let cancelled = async {
+            if let Some(rx) = cancel {
+                if rx.await.is_ok() {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        let bridge_failed = async {
+            match bridge_future {
+                Some(serve) => serve.await,
+                None => std::future::pending().await,
+            }
+        };
+        let ending = tokio::select! {
+            status = child.wait() => match status {
+                Ok(status) => Ending::Exited(status),
+                Err(source) => return Err(Error::io_pathless("waiting for the child", source)),
+            },
+            _ = tokio::time::sleep(timeout) => Ending::TimedOut,
+            _ = cancelled => Ending::Cancelled,
+            _ = answered => Ending::Answered,
+            e = bridge_failed => Ending::Bridge(e),
+        };
+        // Whatever happened, nothing the code started may outlive the run.
+        guard.kill();
+        match ending {
+            // Killed above; tokio reaps it in the background.
+            Ending::Exited(_) | Ending::Answered => {}
+            _ => {
+                let _ = child.wait().await;
+            }
+        }
+        writer.abort();
+        for reader in [stdout_reader, stderr_reader].into_iter().flatten() {
+            let abort = reader.abort_handle();
+            if tokio::time::timeout(DRAIN_GRACE, reader).await.is_err() {
+                abort.abort();
+            }
+        }
+        let answer = match tokio::time::timeout(DRAIN_GRACE, result_reader).await {
+            Ok(Ok(answer)) => answer,
+            _ => Answer::default(),
+        };
+        let files = match (&self.inner.keep, &ending) {
+            (
+                Some(keep),
+                Ending::Exited(_) | Ending::Answered | Ending::TimedOut | Ending::Bridge(_),
+            ) => {
+                let mut files =
+                    crate::persist::collect_run_files(work_dir.clone(), keep.collect.clone())
+                        .await?;
+                // What the code saved with save_artifact() is kept beside the files it wrote.
+                merge_saved(&mut files, &saved_artifacts);
+                Some(files)
+            }
+            _ => None,
+        };
+        discard_run_dir(run_dir);
+
+        Ok(Attempt {
+            ending,
+            answer,
+            stdout: take_capture(&stdout_capture),
+            stderr: take_capture(&stderr_capture),
+            isolation,
+            files,
+            bridge_stats,
+            journal: journal.and_then(|j| j.lock().ok().map(|j| j.clone())),
+        })
+    }
+}
+
+/// What the code kept with `save_artifact` replaces the file of the same name it may have written.
+fn merge_saved(files: &mut CollectedFiles, saved: &Mutex<Vec<runpython_store::RunFile>>) {
+    let saved = std::mem::take(&mut *saved.lock().unwrap_or_else(|p| p.into_inner()));
+    files
+        .files
+        .retain(|f| !saved.iter().any(|s| s.name == f.name));
+    files.files.extend(saved);
+}

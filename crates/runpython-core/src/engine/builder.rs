@@ -1,0 +1,290 @@
+//! [`RunPythonBuilder`]: every knob of an engine, checked once by `build`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use runpython_bridge::{BridgeConfig, Tool, ToolSet};
+use runpython_deps::EnvProvider;
+use runpython_store::{CollectLimits, Store, Tier};
+
+use super::{Inner, RunPython};
+use crate::child::{Pool, PoolConfig, SlotSpec};
+use crate::deps::DepsConfig;
+use crate::error::Error;
+use crate::nested::Nesting;
+use crate::persist::Keeping;
+use crate::request::{Limits, RUN_PYTHON_TOOL};
+use crate::sandbox::Sandbox;
+
+/// Builds a [`RunPython`].
+#[derive(Debug, Default)]
+pub struct RunPythonBuilder {
+    limits: Limits,
+    env_passthrough: Vec<String>,
+    python: Option<PathBuf>,
+    tools: ToolSet,
+    bridge: BridgeConfig,
+    keep: Option<Keeping>,
+    memo_ttl: Option<Duration>,
+    deps: DepsConfig,
+    durable: bool,
+    sandbox: Sandbox,
+    pool: PoolConfig,
+    nested: Option<u32>,
+    errors: Vec<String>,
+}
+
+impl RunPythonBuilder {
+    /// Wall-clock limit of one run.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.limits.timeout = timeout;
+        self
+    }
+    /// Longest code accepted, in characters.
+    pub fn max_code_chars(mut self, n: usize) -> Self {
+        self.limits.max_code_chars = n;
+        self
+    }
+    /// Largest return value, in bytes of JSON.
+    pub fn max_return_bytes(mut self, n: usize) -> Self {
+        self.limits.max_return_bytes = n;
+        self
+    }
+    /// Characters kept per output stream.
+    pub fn max_output_chars(mut self, n: usize) -> Self {
+        self.limits.max_output_chars = n;
+        self
+    }
+    /// Largest return value carried inline in the envelope, in bytes of JSON.
+    pub fn inline_return_bytes(mut self, n: usize) -> Self {
+        self.limits.inline_return_bytes = n;
+        self
+    }
+    /// Largest envelope, in bytes of JSON.
+    pub fn envelope_budget(mut self, n: usize) -> Self {
+        self.limits.envelope_budget = n;
+        self
+    }
+    /// Lets the host's environment variable `name` through to the code (everything not on the
+    /// allowlist is dropped otherwise).
+    pub fn env_passthrough(mut self, name: impl Into<String>) -> Self {
+        self.env_passthrough.push(name.into());
+        self
+    }
+    /// The Python interpreter to use instead of discovering one.
+    pub fn python(mut self, path: impl Into<PathBuf>) -> Self {
+        self.python = Some(path.into());
+        self
+    }
+    /// Exposes a tool to the code.
+    pub fn tool(mut self, tool: impl Tool + 'static) -> Self {
+        if let Err(e) = self.tools.insert(tool) {
+            self.errors.push(e.to_string());
+        }
+        self
+    }
+    /// Exposes every tool of a set.
+    pub fn tools(mut self, tools: &ToolSet) -> Self {
+        for tool in tools.iter() {
+            if let Err(e) = self.tools.insert_arc(Arc::clone(tool)) {
+                self.errors.push(e.to_string());
+            }
+        }
+        self
+    }
+    /// Tool calls allowed per run (default 1,000).
+    pub fn max_tool_calls(mut self, n: u32) -> Self {
+        self.bridge.max_calls = n;
+        self
+    }
+    /// How long one tool call may take (default 60 s).
+    pub fn tool_call_timeout(mut self, timeout: Duration) -> Self {
+        self.bridge.call_timeout = timeout;
+        self
+    }
+    /// Exposes a human-approval tool under `name` (e.g. `request_approval`): calling it suspends the run
+    /// until [`RunPython::resume`] supplies the decision, which the call then returns. Needs a store.
+    pub fn approval(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.durable = true;
+        if let Err(e) = self.tools.insert(crate::resume::ApprovalTool::new(name)) {
+            self.errors.push(e.to_string());
+        }
+        self
+    }
+    /// Suspensions allowed over a run's life (default 10).
+    pub fn max_suspensions(mut self, n: usize) -> Self {
+        self.bridge.max_suspensions = n;
+        self
+    }
+    /// Journals every tool call in the store before and after it runs, so a run whose host died can
+    /// be resumed without repeating finished calls (on by default with an approval tool). Needs a store.
+    pub fn durable(mut self, on: bool) -> Self {
+        self.durable = on;
+        self
+    }
+    /// Largest bridge frame either side may send (default 16 MiB).
+    pub fn max_frame_bytes(mut self, n: usize) -> Self {
+        self.bridge.max_frame = n;
+        self
+    }
+
+    /// Keeps every run in `store` (script, output, return value, files the code wrote), in the
+    /// ephemeral tier unless [`RunPythonBuilder::tier`] says otherwise. The envelope's `run_id` then
+    /// names the kept run and `artifacts` lists what was kept.
+    pub fn store(mut self, store: Store) -> Self {
+        match &mut self.keep {
+            Some(keep) => keep.store = store,
+            None => self.keep = Some(Keeping::new(store)),
+        }
+        self
+    }
+    /// How long kept runs stay (default: ephemeral, 24 h).
+    pub fn tier(mut self, tier: Tier) -> Self {
+        if let Some(keep) = &mut self.keep {
+            keep.tier = tier;
+        } else {
+            self.errors
+                .push("tier() needs a store: call store() first".into());
+        }
+        self
+    }
+    /// Limits on the files kept from a run's directory.
+    pub fn collect_limits(mut self, limits: CollectLimits) -> Self {
+        if let Some(keep) = &mut self.keep {
+            keep.collect = limits;
+        } else {
+            self.errors
+                .push("collect_limits() needs a store: call store() first".into());
+        }
+        self
+    }
+    /// Memoizes successful runs that called no tools (or only pure ones) for `ttl`: the same code,
+    /// inputs, interpreter, runner, tools and limits return the kept envelope with `cached: true` and
+    /// spawn nothing. Without a store, memo entries live in a `memory://` store.
+    pub fn memoize(mut self, ttl: Duration) -> Self {
+        self.memo_ttl = Some(ttl);
+        self
+    }
+
+    /// A requirement spec every run gets (merged with each run's own, its PEP 723 block and its imports).
+    pub fn dependency(mut self, spec: impl Into<String>) -> Self {
+        self.deps.defaults.push(spec.into());
+        self
+    }
+    /// Whether imports detected in the code become dependencies (default: on). Off, only explicit specs
+    /// and the PEP 723 block count.
+    pub fn auto_deps(mut self, on: bool) -> Self {
+        self.deps.auto = on;
+        self
+    }
+    /// Where prepared environments live (default: `runpython/envs` under the user's cache directory).
+    pub fn env_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.deps.root = Some(root.into());
+        self
+    }
+    /// The installer (default: uv when found, else venv + pip).
+    pub fn env_provider(mut self, provider: Arc<dyn EnvProvider>) -> Self {
+        self.deps.provider = Some(provider);
+        self
+    }
+    /// How long preparing an environment may take (default 10 minutes).
+    pub fn prepare_timeout(mut self, timeout: Duration) -> Self {
+        self.deps.timeout = Some(timeout);
+        self
+    }
+    /// The sandbox's layers and limits (default: every layer the kernel allows, network off).
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = sandbox;
+        self
+    }
+    /// The pool of interpreters started ahead of their runs (default: one per environment, kept two
+    /// minutes; `size: 0` turns it off). See [`PoolConfig`].
+    pub fn pool(mut self, pool: PoolConfig) -> Self {
+        self.pool = pool;
+        self
+    }
+    /// Shares the host's network with the code (default: an empty network namespace).
+    pub fn allow_network(mut self, allow: bool) -> Self {
+        self.sandbox.allow_network = allow;
+        self
+    }
+
+    /// Lets the code call `run_python(code, dependencies=None, inputs=None)`, which runs more code in
+    /// its own sandboxed child and returns that run's envelope as a dict, up to `depth` levels down.
+    /// The inner run's timeout and tool calls come out of the outer run's remaining budget; a call
+    /// from the deepest level raises `NestingLimit` in the code.
+    pub fn allow_nested(mut self, depth: u32) -> Self {
+        self.nested = Some(depth);
+        self
+    }
+
+    /// Checks the configuration.
+    pub fn build(self) -> Result<RunPython, Error> {
+        let mut errors = self.errors;
+        if self.limits.timeout.is_zero() {
+            errors.push("the timeout must be longer than zero".into());
+        }
+        if self.limits.max_output_chars < 2 {
+            errors.push("max_output_chars must be at least 2 (a head and a tail)".into());
+        }
+        if self.nested == Some(0) {
+            errors.push("allow_nested needs a depth of at least 1".into());
+        }
+        if self.nested.is_some() && self.tools.get(RUN_PYTHON_TOOL).is_some() {
+            errors
+                .push("a host tool named run_python clashes with allow_nested's run_python".into());
+        }
+        let mut keep = self.keep;
+        if let Some(ttl) = self.memo_ttl {
+            if keep.is_none() {
+                keep = Some(Keeping::new(Store::open("memory://")?));
+            }
+            if let Some(keep) = &mut keep {
+                keep.memo_ttl = Some(ttl);
+            }
+        }
+        if self.durable && keep.is_none() {
+            errors.push(
+                "approval tools and durable runs need a store to keep their journal: call store() first"
+                    .into(),
+            );
+        }
+        if !errors.is_empty() {
+            return Err(Error::Config(errors.join("; ")));
+        }
+        for path in self.python.iter().chain(&self.sandbox.read_paths) {
+            if path.as_os_str().as_encoded_bytes().contains(&0) {
+                errors.push(format!(
+                    "the path {} contains a NUL byte; pass a path without one",
+                    path.display()
+                ));
+            }
+        }
+        if !errors.is_empty() {
+            return Err(Error::Config(errors.join("; ")));
+        }
+        let spec = SlotSpec {
+            sandbox: self.sandbox.clone(),
+            timeout: self.limits.timeout,
+            env_passthrough: self.env_passthrough.clone(),
+        };
+        Ok(RunPython {
+            inner: Arc::new(Inner {
+                limits: self.limits,
+                env_passthrough: self.env_passthrough,
+                python: self.python,
+                tools: self.tools,
+                bridge: self.bridge,
+                keep,
+                deps: self.deps.build()?,
+                durable: self.durable,
+                sandbox: self.sandbox,
+                pool: (self.pool.size > 0).then(|| Arc::new(Pool::new(self.pool, spec))),
+                interpreter: tokio::sync::OnceCell::new(),
+                nesting: self.nested.map(Nesting::top),
+            }),
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! One request end to end: validate → memo → attempt → checkpoint → keep → budget.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use runpython_bridge::ReplayPlan;
+use runpython_store::Computed;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::attempt::{Attempt, Prepared};
+use super::RunPython;
+use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
+use crate::error::Error;
+use crate::outcome::{apply_ending, apply_tool_limit};
+use crate::persist::{self, Keeping, MemoParts};
+use crate::request::{check_input_names, new_run_id, Event, RunRequest};
+
+pub(crate) fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RunPython {
+    pub(super) async fn execute(
+        &self,
+        request: RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Result<Envelope, Error> {
+        let started = Instant::now();
+        let limits = &self.inner.limits;
+        check_input_names(&request)?;
+        let code_chars = request.code.chars().count();
+        if code_chars > limits.max_code_chars {
+            let mut envelope = Envelope::failed(
+                Status::Error,
+                ErrorInfo::new(
+                    "CodeTooLarge",
+                    format!(
+                        "the code is {code_chars} characters, over the limit of {}; send less code (move data into inputs or files)",
+                        limits.max_code_chars
+                    ),
+                ),
+                new_run_id(),
+            );
+            envelope.duration_ms = elapsed_ms(started);
+            return Ok(envelope);
+        }
+        match &self.inner.keep {
+            Some(keep) if keep.memo_ttl.is_some() && request.use_memo => {
+                self.execute_memoized(keep, request, events, cancel, started)
+                    .await
+            }
+            _ => Ok(self
+                .execute_attempt(&request, events, cancel, started, None)
+                .await?
+                .0),
+        }
+    }
+
+    async fn execute_memoized(
+        &self,
+        keep: &Keeping,
+        request: RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        started: Instant,
+    ) -> Result<Envelope, Error> {
+        let interpreter = self.interpreter().await?;
+        let key = persist::memo_key_of(&MemoParts {
+            request: &request,
+            deps: self.inner.deps.memo_part(&request),
+            interpreter,
+            tools_fingerprint: self.tools().fingerprint(),
+            limits: &self.inner.limits,
+            passthrough: &self.inner.env_passthrough,
+            code_version: crate::child::code_version(),
+        });
+        let memo = keep
+            .store
+            .memoized(&key, keep.memo_ttl, || async {
+                let (envelope, memoizable) = self
+                    .execute_attempt(&request, events, cancel, started, None)
+                    .await?;
+                // The memo entry is persisted: it carries no secret the code printed or returned.
+                let envelope = persist::redact_envelope(
+                    envelope,
+                    &persist::redactor(&self.inner.env_passthrough),
+                );
+                let json =
+                    serde_json::to_string(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
+                Ok::<_, Error>(if memoizable {
+                    Computed::keep(json)
+                } else {
+                    Computed::once(json)
+                })
+            })
+            .await
+            .map_err(|shared| {
+                Arc::try_unwrap(shared).unwrap_or_else(|e| Error::Internal(e.to_string()))
+            })?;
+        let mut envelope: Envelope = serde_json::from_str(&memo.json)
+            .map_err(|e| Error::Internal(format!("a memo entry is not an envelope: {e}")))?;
+        if memo.cached {
+            envelope.cached = true;
+            envelope.duration_ms = elapsed_ms(started);
+        }
+        Ok(envelope)
+    }
+
+    /// One attempt at a run: a fresh one, or a resumed one replaying its journal under its old id.
+    /// Also says whether the envelope may be memoized.
+    pub(super) async fn execute_attempt(
+        &self,
+        request: &RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        started: Instant,
+        resume: Option<(String, ReplayPlan)>,
+    ) -> Result<(Envelope, bool), Error> {
+        let resumed = resume.is_some();
+        let (run_id, replay) = match resume {
+            Some((run_id, plan)) => (run_id, Some(plan)),
+            None => (new_run_id(), None),
+        };
+        let limits = &self.inner.limits;
+        let timeout = request
+            .timeout
+            .map_or(limits.timeout, |t| t.min(limits.timeout));
+        let interpreter = self.interpreter().await?.clone();
+        // The script is known now: a kept run stores it while the code runs, off the critical path.
+        let script_blob = self.inner.keep.as_ref().map(|keep| {
+            let (store, code) = (keep.store.clone(), request.code.clone());
+            tokio::spawn(async move { store.put_blob(code.into_bytes()).await })
+        });
+        let env = match self
+            .inner
+            .deps
+            .prepare(request, &interpreter, events.as_ref())
+            .await
+        {
+            Ok(env) => env,
+            Err(e) => {
+                let mut envelope = Envelope::failed(
+                    Status::Error,
+                    ErrorInfo::new("DependencyError", e.to_string()),
+                    run_id,
+                );
+                envelope.duration_ms = elapsed_ms(started);
+                return Ok((envelope, false));
+            }
+        };
+        let prepared = Prepared { interpreter, env };
+        let slot = self.slot_for(&prepared).await?;
+        let site_dir = prepared.env.as_ref().and_then(|env| env.site_dir.clone());
+        let attempt = self
+            .drive(
+                slot, request, &run_id, replay, site_dir, timeout, events, cancel,
+            )
+            .await?;
+        let Attempt {
+            ending,
+            answer,
+            stdout: stdout_captured,
+            stderr: stderr_captured,
+            isolation,
+            files,
+            bridge_stats,
+            journal,
+        } = attempt;
+
+        let (stdout, stdout_trunc) = stdout_captured.render(limits.max_output_chars);
+        let (stderr, stderr_trunc) = stderr_captured.render(limits.max_output_chars);
+        let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then_some(Truncated {
+            stdout: stdout_trunc,
+            stderr: stderr_trunc,
+            artifacts: None,
+        });
+        let mut envelope = Envelope {
+            stdout,
+            stderr,
+            truncated,
+            isolation: Some(isolation),
+            ..Envelope::empty(run_id)
+        };
+        apply_ending(
+            &mut envelope,
+            ending,
+            &answer,
+            limits.max_return_bytes,
+            timeout,
+        )?;
+        if bridge_stats.as_ref().is_some_and(|s| s.limit_exceeded()) {
+            apply_tool_limit(&mut envelope, self.inner.bridge.max_calls);
+        }
+        envelope.duration_ms = elapsed_ms(started);
+        crate::nested::report_calls(self.inner.nesting.as_ref(), bridge_stats.as_deref());
+        let memoizable = envelope.status == Status::Success
+            && !resumed
+            && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);
+        if let Some(keep) = &self.inner.keep {
+            crate::resume::after_attempt(
+                &keep.store,
+                &envelope.run_id.clone(),
+                request,
+                &envelope,
+                journal,
+                self.inner.durable || resumed,
+            )
+            .await?;
+        }
+        if let Some(blob) = script_blob {
+            // put_run finds it written (or writes it, if this failed).
+            let _ = blob.await;
+        }
+        if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
+            persist::keep_run(
+                keep,
+                request,
+                &mut envelope,
+                files,
+                &prepared.interpreter,
+                prepared.env.as_ref(),
+                &self.inner.env_passthrough,
+            )
+            .await?;
+        }
+        if envelope.return_preview.is_some() {
+            // The full value went to the store (when there is one); the envelope carries the preview.
+            envelope.return_value = Value::Null;
+        }
+        crate::budget::fit(
+            &mut envelope,
+            limits.envelope_budget,
+            &stdout_captured,
+            &stderr_captured,
+            limits.max_output_chars,
+        );
+        Ok((envelope, memoizable))
+    }
+}

@@ -1,0 +1,262 @@
+//! The engine: [`RunPython`] and its [`RunHandle`]. `execute` runs one request end to end (validate →
+//! memo → attempt → checkpoint → keep → budget); `attempt` drives one child from its slot to a raw
+//! outcome; `tools` is the tool set one run serves.
+
+mod attempt;
+mod builder;
+mod execute;
+mod tools;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runpython_bridge::{BoxFuture, BridgeConfig, ToolSet};
+use runpython_deps::Interpreter;
+use runpython_store::Store;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+pub use builder::RunPythonBuilder;
+
+use crate::child::Pool;
+use crate::deps::Deps;
+use crate::envelope::{Envelope, Isolation};
+use crate::error::Error;
+use crate::nested::{NestEngine, Nesting};
+use crate::persist::Keeping;
+use crate::request::{Event, Limits, RunRequest};
+use crate::sandbox::Sandbox;
+
+/// Runs LLM-authored Python in an isolated CPython subprocess and returns an [`Envelope`].
+///
+/// Cheap to clone; clones share the discovered interpreter.
+#[derive(Debug, Clone)]
+pub struct RunPython {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    limits: Limits,
+    env_passthrough: Vec<String>,
+    python: Option<PathBuf>,
+    tools: ToolSet,
+    bridge: BridgeConfig,
+    keep: Option<Keeping>,
+    deps: Deps,
+    durable: bool,
+    sandbox: Sandbox,
+    pool: Option<Arc<Pool>>,
+    interpreter: tokio::sync::OnceCell<Interpreter>,
+    nesting: Option<Nesting>,
+}
+
+/// A run in progress: its events as they happen, cancellation, and the envelope at the end.
+/// Dropping the handle stops the run and kills its processes.
+#[derive(Debug)]
+pub struct RunHandle {
+    events: mpsc::Receiver<Event>,
+    cancel: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<Envelope, Error>>>,
+}
+
+impl RunHandle {
+    /// The next event, or `None` once the run has ended and every event was delivered.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Stops the run: its processes are killed and reaped, and [`RunHandle::wait`] returns
+    /// [`Error::Cancelled`].
+    pub fn cancel(&mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            let _ = cancel.send(());
+        }
+    }
+
+    /// Waits for the envelope. Events not yet read are discarded.
+    pub async fn wait(mut self) -> Result<Envelope, Error> {
+        self.events.close();
+        let Some(task) = self.task.take() else {
+            return Err(Error::Cancelled);
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_cancelled() => Err(Error::Cancelled),
+            Err(e) => Err(Error::Internal(format!("the run's task failed: {e}"))),
+        }
+    }
+}
+
+impl Drop for RunHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort(); // dropping the run's future kills its process group
+        }
+    }
+}
+
+impl RunPython {
+    /// A builder with the default limits.
+    pub fn builder() -> RunPythonBuilder {
+        RunPythonBuilder::default()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The sandbox configuration.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
+    /// Which isolation layers runs get on this machine (probed once per process), without running
+    /// anything. `Err` when the sandbox requires a layer that is missing.
+    pub fn isolation_report(&self) -> Result<Isolation, Error> {
+        crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout)
+    }
+
+    /// The tools exposed to the code.
+    pub fn tools(&self) -> &ToolSet {
+        &self.inner.tools
+    }
+
+    /// The tools the code sees, `run_python` included when nesting is allowed (for stubs and specs).
+    pub(crate) fn exposed_tools(&self) -> ToolSet {
+        crate::nested::exposed_tools(&self.inner.tools, Arc::new(self.clone()))
+    }
+
+    /// The store runs are kept in, if any.
+    pub fn store(&self) -> Option<&Store> {
+        self.inner.keep.as_ref().map(|k| &k.store)
+    }
+
+    /// Runs the code to the end. What the code does (raise, time out, exit) is an `Ok` envelope with a
+    /// status; `Err` means runpython itself failed. Dropping the future kills the run's processes.
+    pub async fn run(&self, request: impl Into<RunRequest>) -> Result<Envelope, Error> {
+        self.execute(request.into(), None, None).await
+    }
+
+    /// Starts the code and returns a handle streaming its events. Must be called inside a Tokio runtime.
+    pub fn start(&self, request: impl Into<RunRequest>) -> RunHandle {
+        let (tx, rx) = mpsc::channel(256);
+        let (cancel_tx, cancel_rx) = oneshot::channel();
+        let this = self.clone();
+        let request = request.into();
+        let task =
+            tokio::spawn(async move { this.execute(request, Some(tx), Some(cancel_rx)).await });
+        RunHandle {
+            events: rx,
+            cancel: Some(cancel_tx),
+            task: Some(task),
+        }
+    }
+
+    /// The interpreter runs use, discovered once.
+    pub async fn interpreter(&self) -> Result<&Interpreter, Error> {
+        self.inner
+            .interpreter
+            .get_or_try_init(|| async {
+                let preferred = self.inner.python.clone();
+                tokio::task::spawn_blocking(move || Interpreter::discover(preferred.as_deref()))
+                    .await
+                    .map_err(|e| Error::Internal(format!("interpreter discovery panicked: {e}")))?
+                    .map_err(Error::from)
+            })
+            .await
+    }
+
+    /// Continues a suspended run (or one whose host died mid-run): the code runs again from the top
+    /// under the same run id; calls the journal has as applied return their recorded results without
+    /// running again, each suspended call returns its decision from `decisions` (by suspension id), and
+    /// the code goes on live to its end or its next suspension.
+    ///
+    /// Errors: no store, an unknown run, a finished run, a decision for a suspension the run does not
+    /// have.
+    pub async fn resume(
+        &self,
+        run_id: &str,
+        decisions: HashMap<String, Value>,
+    ) -> Result<Envelope, Error> {
+        let started = Instant::now();
+        let keep = self.inner.keep.as_ref().ok_or_else(|| {
+            Error::Config("resume needs the store the run was kept in: call store()".into())
+        })?;
+        let (request, plan) =
+            crate::resume::load_for_resume(&keep.store, run_id, decisions).await?;
+        let (envelope, _) = self
+            .execute_attempt(
+                &request,
+                None,
+                None,
+                started,
+                Some((run_id.to_owned(), plan)),
+            )
+            .await?;
+        Ok(envelope)
+    }
+
+    /// The suspensions `run_id` waits on, from its checkpoint (none for a run whose host died mid-run);
+    /// an error for a finished run.
+    pub async fn pending_suspensions(&self, run_id: &str) -> Result<Vec<String>, Error> {
+        let keep = self
+            .inner
+            .keep
+            .as_ref()
+            .ok_or_else(|| Error::Config("no store configured".into()))?;
+        crate::resume::pending_suspensions(&keep.store, run_id).await
+    }
+
+    /// The artifact `id` of a kept run (its bytes), from this engine's store.
+    pub async fn get_run_artifact(&self, id: &str) -> Result<Vec<u8>, Error> {
+        let store = self.store().ok_or_else(|| {
+            Error::Config(
+                "this RunPython keeps no runs: configure a store to read artifacts".into(),
+            )
+        })?;
+        Ok(store.get_run_artifact(id).await?.to_vec())
+    }
+}
+
+impl NestEngine for RunPython {
+    fn timeout(&self) -> Duration {
+        self.inner.limits.timeout
+    }
+
+    fn max_tool_calls(&self) -> u32 {
+        self.inner.bridge.max_calls
+    }
+
+    fn nesting(&self) -> Option<&Nesting> {
+        self.inner.nesting.as_ref()
+    }
+
+    fn deeper(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> Arc<dyn NestEngine> {
+        let mut inner = (*self.inner).clone();
+        inner.limits.timeout = timeout;
+        inner.bridge.max_calls = max_calls;
+        inner.nesting = Some(nesting);
+        inner.pool = None; // pooled interpreters are prepared for this engine's limits
+        Arc::new(RunPython {
+            inner: Arc::new(inner),
+        })
+    }
+
+    fn run(&self, request: RunRequest) -> BoxFuture<Result<Envelope, Error>> {
+        let this = self.clone();
+        Box::pin(async move { this.execute(request, None, None).await })
+    }
+
+    fn resume(
+        &self,
+        run_id: String,
+        decisions: HashMap<String, Value>,
+    ) -> BoxFuture<Result<Envelope, Error>> {
+        let this = self.clone();
+        Box::pin(async move { RunPython::resume(&this, &run_id, decisions).await })
+    }
+}

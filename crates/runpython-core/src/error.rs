@@ -1,0 +1,121 @@
+//! runpython-core's one error type: runpython's own failures. What the user's code does is never an
+//! `Error`; it is an [`crate::Envelope`] with a status.
+
+use std::path::{Path, PathBuf};
+
+/// runpython's own failures. What the user's code does is never an `Error`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No usable interpreter.
+    #[error(transparent)]
+    Interpreter(#[from] runpython_deps::Error),
+    /// The child could not be started.
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        /// The interpreter.
+        program: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Setting up the sandbox failed at a named step (in the host or in one of the run's processes).
+    #[error("the sandbox could not be set up: {step} failed: {source}; turn the layer off or run where the kernel allows it")]
+    SandboxSetup {
+        /// The step that failed.
+        step: &'static str,
+        /// The system call's error.
+        source: std::io::Error,
+    },
+    /// A system call on the host failed.
+    #[error("{what}{}: {source}", path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory it was done to, when there is one.
+        path: Option<PathBuf>,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The store failed (opening it, keeping a run, reading an artifact, memo entries).
+    #[error(transparent)]
+    Store(#[from] runpython_store::Error),
+    /// The tool bridge could not be set up.
+    #[error(transparent)]
+    Bridge(#[from] runpython_bridge::Error),
+    /// The builder's settings are inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The request is malformed (for example an input name that is not an identifier).
+    #[error("invalid request: {0}")]
+    InvalidInput(String),
+    /// An MCP server used for tools failed (starting it, the handshake, listing its tools).
+    #[error("MCP server `{command}`: {message}")]
+    Mcp {
+        /// The command that starts the server.
+        command: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The run was cancelled through its handle.
+    #[error("the run was cancelled")]
+    Cancelled,
+    /// The sandbox requires an isolation layer this machine does not provide.
+    #[error("isolation required but unavailable: {0}; run where the kernel allows it, or stop requiring it")]
+    IsolationUnavailable(String),
+    /// A bug in runpython.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// An I/O failure of `what`, done to `path`.
+    pub(crate) fn io(what: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        Self::Io {
+            what,
+            path: Some(path.as_ref().to_owned()),
+            source,
+        }
+    }
+
+    /// An I/O failure of `what` that concerns no particular path.
+    pub(crate) fn io_pathless(what: &'static str, source: std::io::Error) -> Self {
+        Self::Io {
+            what,
+            path: None,
+            source,
+        }
+    }
+
+    /// The child's spawn failed: a sandbox step when the error carries one, else the spawn itself.
+    pub(crate) fn spawn(program: &Path, source: std::io::Error) -> Self {
+        match crate::sandbox::StepError::from_io(&source) {
+            Some(step) => Self::SandboxSetup {
+                step: step.step.describe(),
+                source: step.source(),
+            },
+            None => Self::Spawn {
+                program: program.to_owned(),
+                source,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_error_names_its_path() {
+        let e = Error::io(
+            "creating the run directory",
+            "/tmp/x",
+            std::io::Error::from_raw_os_error(libc::EACCES),
+        );
+        assert!(
+            e.to_string()
+                .starts_with("creating the run directory (/tmp/x): "),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! Keeping runs in the store and the memo: what to keep, how it is redacted, what a memo key holds.
+//! Functions over the store and the run's data; the engine decides when to call them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use runpython_bridge::canonical_json;
+use runpython_deps::{Interpreter, PreparedEnv};
+use runpython_store::{
+    memo_key, CollectLimits, CollectedFiles, MemoKey, Redactor, RunRecord, Store, Tier,
+};
+use serde_json::Value;
+
+use crate::envelope::Envelope;
+use crate::error::Error;
+use crate::request::{Limits, RunRequest};
+
+/// Where and how runs are kept.
+#[derive(Debug, Clone)]
+pub(crate) struct Keeping {
+    pub store: Store,
+    pub tier: Tier,
+    pub collect: CollectLimits,
+    pub memo_ttl: Option<Duration>,
+}
+
+impl Keeping {
+    pub fn new(store: Store) -> Self {
+        Self {
+            store,
+            tier: Tier::ephemeral(),
+            collect: CollectLimits::default(),
+            memo_ttl: None,
+        }
+    }
+}
+
+/// Walks the run's working directory off the async workers.
+pub(crate) async fn collect_run_files(
+    dir: PathBuf,
+    limits: CollectLimits,
+) -> Result<CollectedFiles, Error> {
+    tokio::task::spawn_blocking(move || runpython_store::collect_files(&dir, &limits))
+        .await
+        .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))?
+        .map_err(Error::from)
+}
+
+/// Masks the host's secret-looking variables and every passed-through variable.
+pub(crate) fn redactor(passthrough: &[String]) -> Redactor {
+    let mut redactor = Redactor::from_env(std::env::vars());
+    for name in passthrough {
+        if let Ok(value) = std::env::var(name) {
+            redactor.add(name, value);
+        }
+    }
+    redactor
+}
+
+pub(crate) fn redact_envelope(mut envelope: Envelope, redactor: &Redactor) -> Envelope {
+    if redactor.is_empty() {
+        return envelope;
+    }
+    envelope.stdout = redactor.redact(&envelope.stdout).into_owned();
+    envelope.stderr = redactor.redact(&envelope.stderr).into_owned();
+    envelope.return_value = redactor.redact_json(&envelope.return_value);
+    if let Some(error) = &mut envelope.error {
+        error.message = redactor.redact(&error.message).into_owned();
+        if let Some(tb) = &error.traceback {
+            error.traceback = Some(redactor.redact(tb).into_owned());
+        }
+    }
+    envelope
+}
+
+/// The bytes of each input artifact, base64 for the runner's request.
+pub(crate) async fn fetch_input_artifacts(
+    store: Option<&Store>,
+    request: &RunRequest,
+) -> Result<serde_json::Map<String, Value>, Error> {
+    use base64::Engine;
+    let mut out = serde_json::Map::new();
+    if request.input_artifacts.is_empty() {
+        return Ok(out);
+    }
+    let store = store.ok_or_else(|| {
+        Error::InvalidInput("artifact inputs need an engine with a store (store())".into())
+    })?;
+    for (name, id) in &request.input_artifacts {
+        let bytes = store.get_run_artifact(id).await.map_err(|e| match e {
+            runpython_store::Error::NotFound { .. } => Error::InvalidInput(format!(
+                "input {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
+                store.url()
+            )),
+            other => Error::Store(other),
+        })?;
+        out.insert(
+            name.clone(),
+            Value::String(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+        );
+    }
+    Ok(out)
+}
+
+/// What a memo key holds: everything that decides a run's envelope.
+pub(crate) struct MemoParts<'a> {
+    pub request: &'a RunRequest,
+    /// What the dependencies are resolved from (defaults, explicit specs, auto-detection).
+    pub deps: String,
+    pub interpreter: &'a Interpreter,
+    pub tools_fingerprint: String,
+    pub limits: &'a Limits,
+    pub passthrough: &'a [String],
+    /// The digest of runpython's Python (runner and bridge client).
+    pub code_version: &'a str,
+}
+
+/// The memo key of a run.
+pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
+    let request = parts.request;
+    let passthrough: Vec<String> = parts
+        .passthrough
+        .iter()
+        .map(|name| format!("{name}={}", std::env::var(name).unwrap_or_default()))
+        .collect();
+    let limits = parts.limits;
+    memo_key([
+        request.code.clone(),
+        // What the dependencies are resolved from: a pure function of these and the code.
+        parts.deps.clone(),
+        canonical_json(&Value::Object(request.inputs.clone())),
+        format!(
+            "{}|{:?}",
+            parts.interpreter.executable.display(),
+            parts.interpreter.version
+        ),
+        format!("runner-{}", parts.code_version),
+        parts.tools_fingerprint.clone(),
+        format!(
+            "{:?}|{}|{}|{}",
+            request
+                .timeout
+                .map_or(limits.timeout, |t| t.min(limits.timeout)),
+            limits.max_code_chars,
+            limits.max_return_bytes,
+            limits.max_output_chars
+        ),
+        passthrough.join("\u{0}"),
+        // Artifacts are content-addressed: their ids stand for their bytes.
+        format!("{:?}", request.input_artifacts),
+    ])
+}
+
+/// Redacts and stores the run; the envelope's `artifacts` then lists what was kept.
+pub(crate) async fn keep_run(
+    keep: &Keeping,
+    request: &RunRequest,
+    envelope: &mut Envelope,
+    files: CollectedFiles,
+    interpreter: &Interpreter,
+    env: Option<&PreparedEnv>,
+    passthrough: &[String],
+) -> Result<(), Error> {
+    let redactor = redactor(passthrough);
+    let record = RunRecord {
+        run_id: envelope.run_id.clone(),
+        created_at: std::time::SystemTime::now() - Duration::from_millis(envelope.duration_ms),
+        tier: keep.tier,
+        script: request.code.clone(),
+        stdout: redactor.redact(&envelope.stdout).into_owned(),
+        stderr: redactor.redact(&envelope.stderr).into_owned(),
+        return_value_json: redactor.redact_json(&envelope.return_value).to_string(),
+        deps: env.map(|env| env.specs.clone()).unwrap_or_default(),
+        env_fingerprint: match env {
+            Some(env) => env.fingerprint.clone(),
+            None => format!(
+                "cpython-{}.{}.{}:{}",
+                interpreter.version.0,
+                interpreter.version.1,
+                interpreter.version.2,
+                interpreter.executable.display()
+            ),
+        },
+        isolation_json: "{}".into(),
+        files: files.files,
+        skipped_files: files.skipped,
+    };
+    let manifest = keep.store.put_run(record).await?;
+    envelope.artifacts = manifest.artifacts;
+    Ok(())
+}

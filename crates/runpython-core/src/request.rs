@@ -1,0 +1,264 @@
+//! What a run is asked to do: [`RunRequest`], the [`Limits`] it runs under and the [`Event`]s it
+//! reports. A leaf: every other module may use it, it uses none of them.
+
+use std::time::Duration;
+
+use runpython_deps::Progress as DepsProgress;
+use serde_json::{json, Map, Value};
+
+use crate::error::Error;
+
+/// The name of the tool that runs code (offered to models, and to the code itself for nested runs).
+pub const RUN_PYTHON_TOOL: &str = "run_python";
+
+/// Limits and policy of a [`crate::RunPython`].
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Wall-clock limit of one run (default 60 s).
+    pub timeout: Duration,
+    /// Longest code accepted, in characters, checked before anything is spawned (default 200,000).
+    pub max_code_chars: usize,
+    /// Largest return value, in bytes of JSON (default 1,000,000).
+    pub max_return_bytes: usize,
+    /// Characters kept per output stream, head and tail (default 10,000).
+    pub max_output_chars: usize,
+    /// Largest return value carried inline, in bytes of JSON (default 4 KiB); a larger one is
+    /// replaced by a preview and kept whole as an artifact.
+    pub inline_return_bytes: usize,
+    /// Largest envelope, in bytes of JSON (default 8 KiB), met by shrinking output and previews.
+    pub envelope_budget: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(60),
+            max_code_chars: 200_000,
+            max_return_bytes: 1_000_000,
+            max_output_chars: 10_000,
+            inline_return_bytes: 4096,
+            envelope_budget: 8192,
+        }
+    }
+}
+
+/// Something that happened during a run, delivered as it happens by [`crate::RunHandle::next_event`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A chunk the code wrote to stdout.
+    Stdout(String),
+    /// A chunk the code wrote to stderr.
+    Stderr(String),
+    /// A step of preparing the run's dependencies (before the code starts).
+    Dependencies(DepsProgress),
+}
+
+/// One piece of code to run, with the globals it sees.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// The Python source.
+    pub code: String,
+    /// JSON values bound as globals before the code runs.
+    pub inputs: Map<String, Value>,
+    /// Globals bound to stored artifacts, by id: parsed as JSON or CSV where they can be, else bytes.
+    pub input_artifacts: Vec<(String, String)>,
+    /// Requirement specs for this run (`six==1.15.0`, `pkg[extra]>=2`, `name @ URL`), merged with the
+    /// engine's defaults, the code's PEP 723 block and its detected imports.
+    pub dependencies: Vec<String>,
+    /// Whether a memoizing [`crate::RunPython`] may serve this run from, and record it in, its memo cache.
+    pub use_memo: bool,
+    /// This run's wall-clock limit, when shorter than the engine's (a longer one is capped to it).
+    pub timeout: Option<Duration>,
+}
+
+impl RunRequest {
+    /// A request for `code` with no inputs.
+    pub fn new(code: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            inputs: Map::new(),
+            input_artifacts: Vec::new(),
+            dependencies: Vec::new(),
+            use_memo: true,
+            timeout: None,
+        }
+    }
+
+    /// A wall-clock limit for this run only, capped by the engine's [`Limits::timeout`].
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Binds `name` to the stored artifact `id` (pass by reference: the data never goes through the
+    /// model). Needs an engine with a store.
+    pub fn input_artifact(mut self, name: impl Into<String>, id: impl Into<String>) -> Self {
+        self.input_artifacts.push((name.into(), id.into()));
+        self
+    }
+
+    /// Adds a requirement spec for this run.
+    pub fn dependency(mut self, spec: impl Into<String>) -> Self {
+        self.dependencies.push(spec.into());
+        self
+    }
+
+    /// Neither serve this run from the memo cache nor record it there.
+    pub fn no_memo(mut self) -> Self {
+        self.use_memo = false;
+        self
+    }
+
+    /// Binds `name` to `value` as a global.
+    pub fn input(mut self, name: impl Into<String>, value: Value) -> Self {
+        self.inputs.insert(name.into(), value);
+        self
+    }
+}
+
+impl From<&str> for RunRequest {
+    fn from(code: &str) -> Self {
+        Self::new(code)
+    }
+}
+
+impl From<String> for RunRequest {
+    fn from(code: String) -> Self {
+        Self::new(code)
+    }
+}
+
+/// The input schema of `run_python` (shared with the nested `run_python` tool the code can call).
+pub(crate) fn run_python_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "description": "The Python source. The last expression is the return value."},
+            "dependencies": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Extra requirement specs (`pandas>=2`, `pkg[extra]`), on top of what the imports need.",
+            },
+            "inputs": {
+                "type": "object",
+                "additionalProperties": true,
+                "description": "JSON values bound as globals before the code runs, by name.",
+            },
+        },
+        "required": ["code"],
+        "additionalProperties": false,
+    })
+}
+
+/// A [`RunRequest`] from `run_python`'s arguments.
+pub(crate) fn run_request_from(input: &Map<String, Value>) -> Result<RunRequest, Error> {
+    let code = input
+        .get("code")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::InvalidInput("run_python needs `code`, a string".into()))?;
+    let mut request = RunRequest::new(code);
+    match input.get("dependencies") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(specs)) => {
+            for spec in specs {
+                let spec = spec.as_str().ok_or_else(|| {
+                    Error::InvalidInput(format!(
+                        "`dependencies` must be strings (requirement specs), not {spec}"
+                    ))
+                })?;
+                request = request.dependency(spec);
+            }
+        }
+        Some(other) => {
+            return Err(Error::InvalidInput(format!(
+                "`dependencies` must be an array of requirement specs, not {other}"
+            )))
+        }
+    }
+    match input.get("inputs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(inputs)) => {
+            for (name, value) in inputs {
+                request = request.input(name, value.clone());
+            }
+        }
+        Some(other) => {
+            return Err(Error::InvalidInput(format!(
+                "`inputs` must be an object of globals by name, not {other}"
+            )))
+        }
+    }
+    Ok(request)
+}
+
+/// Whether `name` can be a Python global the code refers to.
+pub(crate) fn check_input_names(request: &RunRequest) -> Result<(), Error> {
+    for name in request
+        .inputs
+        .keys()
+        .chain(request.input_artifacts.iter().map(|(name, _)| name))
+    {
+        if !runpython_bridge::is_python_identifier(name) {
+            return Err(Error::InvalidInput(format!(
+                "input name {name:?} is not a Python identifier (letters, digits and _, not a keyword); rename it"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A sortable, unique run id: milliseconds since the epoch, then 64 random bits, in hex.
+pub(crate) fn new_run_id() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let mut random = [0u8; 8];
+    let _ = getrandom::fill(&mut random);
+    format!("{ms:012x}{:016x}", u64::from_be_bytes(random))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_requests_are_checked() {
+        let ok = json!({"code": "x", "dependencies": ["six"], "inputs": {"x": 1}});
+        let request = run_request_from(ok.as_object().unwrap()).unwrap();
+        assert_eq!(request.dependencies, ["six"]);
+        assert_eq!(request.inputs["x"], 1);
+        for bad in [
+            json!({}),
+            json!({"code": 1}),
+            json!({"code": "x", "dependencies": "six"}),
+            json!({"code": "x", "inputs": [1]}),
+        ] {
+            assert!(matches!(
+                run_request_from(bad.as_object().unwrap()),
+                Err(Error::InvalidInput(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn input_names_must_be_identifiers_and_not_keywords() {
+        for bad in ["1x", "a-b", "class", ""] {
+            let request = RunRequest::new("1").input(bad, json!(1));
+            assert!(
+                matches!(check_input_names(&request), Err(Error::InvalidInput(_))),
+                "{bad}"
+            );
+        }
+        assert!(check_input_names(&RunRequest::new("1").input("_ok1", json!(1))).is_ok());
+    }
+
+    #[test]
+    fn run_ids_sort_by_time() {
+        let a = new_run_id();
+        std::thread::sleep(Duration::from_millis(2));
+        let b = new_run_id();
+        assert!(a < b && a.len() == 28);
+    }
+}

@@ -1,0 +1,414 @@
+//! Deciding a run's layers: a pure function of the configuration, what the kernel allows and who the
+//! host is. No system call, no file: the plan is data, printed by `isolation_report` and unit-tested
+//! over the matrix of probe results and requested layers.
+
+use std::path::PathBuf;
+
+use super::probe::{Kernel, NS_NAMES};
+use super::Sandbox;
+use crate::envelope::{Isolation, RlimitReport};
+
+/// Who the host is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Host {
+    pub euid: u32,
+    pub egid: u32,
+}
+
+/// The layers a run gets, and what was requested but is missing (with why).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decision {
+    /// `unshare` flags (a network namespace made ahead of time may later replace `CLONE_NEWNET`).
+    pub unshare: libc::c_int,
+    /// A PID namespace whose init is the run.
+    pub pid_ns: bool,
+    /// A root host runs the code as a fresh uid.
+    pub drop_privileges: bool,
+    /// The run's user namespace forbids user namespaces below it.
+    pub forbid_nested_userns: bool,
+    /// Landlock at this ABI.
+    pub landlock_abi: Option<i32>,
+    /// The seccomp deny-list.
+    pub seccomp: bool,
+    /// The rlimits (memory, CPU, file size, open files).
+    pub rlimits: bool,
+    /// `RLIMIT_NPROC`, when it can be enforced.
+    pub nproc: Option<u64>,
+    /// Requested layers that are not available, each with the reason.
+    pub missing: Vec<String>,
+}
+
+impl Decision {
+    /// The `isolation` report for a run that runs as `uid`, with `cpu_seconds` of CPU.
+    pub(crate) fn report(&self, config: &Sandbox, uid: u32, cpu_seconds: u64) -> Isolation {
+        let namespaces = NS_NAMES
+            .iter()
+            .filter(|(flag, _)| self.unshare & flag != 0)
+            .map(|(_, name)| (*name).to_owned())
+            .collect();
+        let rlimits = if self.rlimits {
+            RlimitReport {
+                address_space_bytes: Some(config.memory_bytes),
+                cpu_seconds: Some(cpu_seconds),
+                file_size_bytes: Some(config.file_size_bytes),
+                open_files: Some(config.open_files),
+                processes: self.nproc,
+            }
+        } else {
+            RlimitReport::default()
+        };
+        Isolation {
+            namespaces,
+            landlock: match (self.landlock_abi, config.landlock) {
+                (Some(abi), _) => format!("abi-{abi}"),
+                (None, false) => "off".into(),
+                (None, true) => "unavailable".into(),
+            },
+            rlimits,
+            seccomp: match (self.seccomp, config.seccomp) {
+                (true, _) => "deny-list".into(),
+                (false, false) => "off".into(),
+                (false, true) => "unavailable".into(),
+            },
+            network: if self.unshare & libc::CLONE_NEWNET != 0 {
+                "off".into()
+            } else {
+                "host".into()
+            },
+            uid,
+            kill: if self.pid_ns {
+                "pid-namespace"
+            } else {
+                "process-group"
+            }
+            .into(),
+            missing: self.missing.clone(),
+        }
+    }
+}
+
+/// Decides the layers. `closed_read_dir` is asked only when a dropped uid would run without a mount
+/// namespace: the first directory the code must read that other users cannot traverse.
+pub(crate) fn decide(
+    config: &Sandbox,
+    kernel: &Kernel,
+    host: Host,
+    closed_read_dir: impl FnOnce() -> Option<PathBuf>,
+) -> Decision {
+    let mut missing = Vec::new();
+    let root = host.euid == 0;
+    let mut drop_privileges = root && config.drop_privileges;
+
+    let mut unshare = 0;
+    if config.namespaces {
+        if kernel.ns_flags == 0 {
+            let why = kernel
+                .ns_refused
+                .iter()
+                .find(|(f, _)| *f == libc::CLONE_NEWUSER)
+                .map_or("not available to this user", |(_, why)| why.as_str());
+            missing.push(format!("namespaces: user namespaces are refused: {why}"));
+        } else {
+            unshare = kernel.ns_flags;
+            if config.allow_network {
+                unshare &= !libc::CLONE_NEWNET;
+            }
+            for (flag, name) in NS_NAMES {
+                if kernel.ns_flags & flag == 0
+                    && (flag != libc::CLONE_NEWNET || !config.allow_network)
+                {
+                    let why = kernel
+                        .ns_refused
+                        .iter()
+                        .find(|(f, _)| f & flag != 0)
+                        .map_or("refused by the kernel", |(_, why)| why.as_str());
+                    missing.push(format!("{name} namespace: {why}"));
+                }
+            }
+        }
+    }
+    let pid_mnt = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+    let pid_ns = unshare & pid_mnt == pid_mnt && kernel.proc_mount.is_ok();
+    if unshare & libc::CLONE_NEWPID != 0 && !pid_ns {
+        let why = kernel.proc_mount.as_ref().err().map_or("", String::as_str);
+        missing.push(format!(
+            "pid namespace: a fresh /proc cannot be mounted: {why}"
+        ));
+        unshare &= !libc::CLONE_NEWPID;
+    }
+    let forbid_nested_userns = unshare & libc::CLONE_NEWUSER != 0 && kernel.userns_limit.is_ok();
+    if unshare & libc::CLONE_NEWUSER != 0 && !forbid_nested_userns {
+        missing.push(format!(
+            "user namespace: nested user namespaces cannot be forbidden (no per-namespace \
+             max_user_namespaces: {}), so the code can gain capabilities in namespaces of its own",
+            kernel
+                .userns_limit
+                .as_ref()
+                .err()
+                .map_or("", String::as_str)
+        ));
+    }
+
+    // Without a mount namespace a dropped uid can only use what others may traverse.
+    if drop_privileges && unshare & libc::CLONE_NEWNS == 0 {
+        if let Some(closed) = closed_read_dir() {
+            missing.push(format!(
+                "dropped uid: {} is closed to other users and there is no mount namespace to bind it",
+                closed.display()
+            ));
+            drop_privileges = false;
+        }
+    }
+    let uid_is_root = root && !drop_privileges;
+
+    let landlock_abi = if !config.landlock {
+        None
+    } else if kernel.landlock_abi == 0 {
+        missing.push("landlock: not supported or not enabled by the kernel".into());
+        None
+    } else {
+        Some(kernel.landlock_abi)
+    };
+
+    let mut nproc = None;
+    if config.rlimits {
+        // The count is per user namespace (or per uid): enforceable for a run's own user namespace or
+        // its own uid, never for root (exempt) nor for a shared uid without a namespace.
+        if !uid_is_root && (unshare & libc::CLONE_NEWUSER != 0 || drop_privileges) {
+            nproc = Some(config.processes);
+        } else {
+            missing.push(if uid_is_root {
+                "processes limit: not enforced for root (enable drop_privileges)".into()
+            } else {
+                "processes limit: needs a user namespace or a dropped uid".into()
+            });
+        }
+    }
+
+    let seccomp = config.seccomp && kernel.seccomp.is_ok();
+    if config.seccomp && !seccomp {
+        missing.push(format!(
+            "seccomp: {}",
+            kernel.seccomp.as_ref().err().map_or("", String::as_str)
+        ));
+    }
+
+    Decision {
+        unshare,
+        pid_ns,
+        drop_privileges,
+        forbid_nested_userns,
+        landlock_abi,
+        seccomp,
+        rlimits: config.rlimits,
+        nproc,
+        missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::probe::ALL_NS;
+    use super::*;
+
+    const ROOT: Host = Host { euid: 0, egid: 0 };
+    const USER: Host = Host {
+        euid: 1000,
+        egid: 1000,
+    };
+
+    fn open() -> Option<PathBuf> {
+        None
+    }
+
+    #[test]
+    fn everything_allowed_gives_every_layer_and_misses_nothing() {
+        for host in [ROOT, USER] {
+            let d = decide(&Sandbox::default(), &Kernel::permissive(), host, open);
+            assert_eq!(d.unshare, ALL_NS);
+            assert!(d.pid_ns && d.forbid_nested_userns && d.seccomp && d.rlimits);
+            assert_eq!(d.landlock_abi, Some(7));
+            assert_eq!(d.nproc, Some(256));
+            assert_eq!(d.drop_privileges, host == ROOT);
+            assert!(d.missing.is_empty(), "{:?}", d.missing);
+            let report = d.report(&Sandbox::default(), 5, 61);
+            assert_eq!(
+                report.namespaces,
+                ["user", "pid", "mount", "net", "ipc", "uts"]
+            );
+            assert_eq!(
+                (report.network.as_str(), report.kill.as_str()),
+                ("off", "pid-namespace")
+            );
+        }
+    }
+
+    #[test]
+    fn layers_turned_off_are_off_not_missing() {
+        let d = decide(&Sandbox::off(), &Kernel::permissive(), USER, open);
+        assert_eq!(d.unshare, 0);
+        assert!(!d.pid_ns && !d.seccomp && !d.rlimits);
+        assert_eq!(d.landlock_abi, None);
+        assert!(d.missing.is_empty(), "{:?}", d.missing);
+        let report = d.report(&Sandbox::off(), 1000, 61);
+        assert_eq!(report.landlock, "off");
+        assert_eq!(report.seccomp, "off");
+        assert_eq!(report.network, "host");
+        assert_eq!(report.kill, "process-group");
+    }
+
+    #[test]
+    fn allowing_the_network_keeps_the_host_network_without_calling_it_missing() {
+        let config = Sandbox {
+            allow_network: true,
+            ..Sandbox::default()
+        };
+        let kernel = Kernel {
+            ns_flags: ALL_NS & !libc::CLONE_NEWNET,
+            ns_refused: vec![(libc::CLONE_NEWNET, "EPERM".into())],
+            ..Kernel::permissive()
+        };
+        let d = decide(&config, &kernel, USER, open);
+        assert_eq!(d.unshare & libc::CLONE_NEWNET, 0);
+        assert!(d.missing.is_empty(), "{:?}", d.missing);
+        assert_eq!(d.report(&config, 1000, 1).network, "host");
+    }
+
+    #[test]
+    fn no_user_namespaces_misses_namespaces_and_the_process_limit_with_the_reason() {
+        let kernel = Kernel {
+            ns_flags: 0,
+            ns_refused: vec![(
+                libc::CLONE_NEWUSER,
+                "writing /proc/self/uid_map failed: EPERM".into(),
+            )],
+            proc_mount: Err("no PID and mount namespaces".into()),
+            userns_limit: Err("no user namespaces".into()),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert_eq!(d.unshare, 0);
+        assert!(!d.pid_ns);
+        assert_eq!(d.nproc, None);
+        assert_eq!(
+            d.missing,
+            [
+                "namespaces: user namespaces are refused: writing /proc/self/uid_map failed: EPERM",
+                "processes limit: needs a user namespace or a dropped uid",
+            ]
+        );
+        // As root, the dropped uid alone still enforces the process limit.
+        let d = decide(&Sandbox::default(), &kernel, ROOT, open);
+        assert!(d.drop_privileges);
+        assert_eq!(d.nproc, Some(256));
+    }
+
+    #[test]
+    fn a_refused_namespace_is_missing_with_the_probes_reason() {
+        let kernel = Kernel {
+            ns_flags: ALL_NS & !libc::CLONE_NEWIPC,
+            ns_refused: vec![(
+                libc::CLONE_NEWIPC,
+                "creating the run's namespaces (unshare) failed: EINVAL".into(),
+            )],
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert_eq!(d.unshare & libc::CLONE_NEWIPC, 0);
+        assert_eq!(
+            d.missing,
+            ["ipc namespace: creating the run's namespaces (unshare) failed: EINVAL"]
+        );
+    }
+
+    #[test]
+    fn no_fresh_proc_drops_the_pid_namespace() {
+        let kernel = Kernel {
+            proc_mount: Err("mounting the run's /proc failed: EPERM".into()),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert!(!d.pid_ns);
+        assert_eq!(d.unshare & libc::CLONE_NEWPID, 0);
+        assert_eq!(
+            d.missing,
+            ["pid namespace: a fresh /proc cannot be mounted: mounting the run's /proc failed: EPERM"]
+        );
+        assert_eq!(d.report(&Sandbox::default(), 1, 1).kill, "process-group");
+    }
+
+    #[test]
+    fn nested_user_namespaces_that_cannot_be_forbidden_are_reported() {
+        let kernel = Kernel {
+            userns_limit: Err("EACCES".into()),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert!(!d.forbid_nested_userns);
+        assert_eq!(d.missing.len(), 1);
+        assert!(
+            d.missing[0].starts_with("user namespace: nested user namespaces cannot be forbidden")
+        );
+    }
+
+    #[test]
+    fn a_root_host_without_drop_privileges_cannot_limit_processes() {
+        let config = Sandbox {
+            drop_privileges: false,
+            ..Sandbox::default()
+        };
+        let d = decide(&config, &Kernel::permissive(), ROOT, open);
+        assert!(!d.drop_privileges);
+        assert_eq!(d.nproc, None);
+        assert_eq!(
+            d.missing,
+            ["processes limit: not enforced for root (enable drop_privileges)"]
+        );
+    }
+
+    #[test]
+    fn a_closed_directory_without_a_mount_namespace_keeps_root() {
+        let config = Sandbox {
+            namespaces: false,
+            ..Sandbox::default()
+        };
+        let d = decide(&config, &Kernel::permissive(), ROOT, || {
+            Some(PathBuf::from("/root/.cache"))
+        });
+        assert!(!d.drop_privileges);
+        assert_eq!(
+            d.missing,
+            [
+                "dropped uid: /root/.cache is closed to other users and there is no mount namespace to bind it",
+                "processes limit: not enforced for root (enable drop_privileges)",
+            ]
+        );
+        // With a mount namespace the closed directory is bound in: the question is never asked.
+        let d = decide(&Sandbox::default(), &Kernel::permissive(), ROOT, || {
+            panic!("asked with a mount namespace")
+        });
+        assert!(d.drop_privileges);
+    }
+
+    #[test]
+    fn missing_landlock_and_seccomp_say_why() {
+        let kernel = Kernel {
+            landlock_abi: 0,
+            seccomp: Err("no seccomp filter for this architecture".into()),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert_eq!(
+            d.missing,
+            [
+                "landlock: not supported or not enabled by the kernel",
+                "seccomp: no seccomp filter for this architecture",
+            ]
+        );
+        let report = d.report(&Sandbox::default(), 1, 1);
+        assert_eq!(
+            (report.landlock.as_str(), report.seccomp.as_str()),
+            ("unavailable", "unavailable")
+        );
+    }
+}

@@ -1,0 +1,426 @@
+//! Between fork and exec: the run's processes S, G and H and the steps each takes.
+//!
+//! ```text
+//! host ── S (tokio's child: host PID ns, own process group; waits, replicates the status)
+//!          └─ G (PID 1 of the run's PID ns: mounts /proc, reaps orphans, reports H's status)
+//!               └─ H (the Python interpreter)
+//! ```
+//!
+//! S is std's fork of the host; G and H share S's memory (`CLONE_VM`, H vfork-style until it execs),
+//! so the host's page tables are copied once per run, not three times. Everything here makes plain
+//! system calls on values the host prepared ([`Plan`]); a failure names its [`Step`].
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use super::sys::{
+    close_from, cvt, read_exact_fd, set_pdeathsig, set_rlimit, write_all_fd, AtStep, Step,
+    StepError,
+};
+use super::userns::{drop_ids, forbid_nested_user_namespaces};
+use super::{landlock, mounts, seccomp, Plan};
+
+/// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
+/// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
+/// A failure reaches the host's `spawn` as an `io::Error` that [`StepError::from_io`] decodes.
+pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
+    enter_steps(plan).map_err(StepError::to_io)
+}
+
+fn enter_steps(plan: &Plan) -> Result<(), StepError> {
+    // Replicating a crash signal must not write a core file.
+    set_rlimit(libc::RLIMIT_CORE, 0, 0).at(Step::Rlimit)?;
+    if plan.mounts_as_root {
+        // SAFETY: unshare with a constant flag.
+        cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).at(Step::Unshare)?;
+        mounts::run(&plan.mounts)?;
+    }
+    if let Some(netns) = &plan.netns {
+        if let Some(owner) = &netns.owner {
+            // SAFETY: setns into a user namespace the host's uid owns; S is single-threaded.
+            cvt(unsafe { libc::setns(owner.as_raw_fd(), libc::CLONE_NEWUSER) })
+                .at(Step::JoinOwnerUserns)?;
+        }
+        // SAFETY: setns on a namespace descriptor the host prepared; root, or its owner's root.
+        cvt(unsafe { libc::setns(netns.net.as_raw_fd(), libc::CLONE_NEWNET) })
+            .at(Step::JoinNetns)?;
+    }
+    if let Some((uid, gid)) = plan.drop_to {
+        drop_ids(uid, gid)?;
+    }
+    if plan.unshare != 0 {
+        // SAFETY: unshare with flags the probe found to work.
+        cvt(unsafe { libc::unshare(plan.unshare) }).at(Step::Unshare)?;
+        if plan.unshare & libc::CLONE_NEWUSER != 0 {
+            plan.ids.write()?;
+            if plan.forbid_nested_userns {
+                forbid_nested_user_namespaces()?;
+            }
+            // Entering a user namespace changed the credentials.
+            set_pdeathsig().at(Step::Pdeathsig)?;
+        }
+        if plan.unshare & libc::CLONE_NEWUTS != 0 {
+            let name = b"runpython";
+            // SAFETY: a live buffer and its length.
+            cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
+                .at(Step::Hostname)?;
+        }
+        if !plan.mounts_as_root {
+            mounts::run(&plan.mounts)?;
+        }
+    }
+    if let Some(n) = plan.nproc {
+        // Set after entering the user namespace: the limit then counts the run's own processes.
+        set_rlimit(libc::RLIMIT_NPROC, n, n).at(Step::Rlimit)?;
+    }
+    if plan.unshare & libc::CLONE_NEWPID != 0 {
+        let exec = plan
+            .exec
+            .as_ref()
+            .ok_or(StepError::new(Step::Exec, libc::EINVAL))?;
+        return start_init(plan, exec);
+    }
+    inner_setup(plan)?;
+    // H: the interpreter.
+    restrict_interpreter(plan)
+}
+
+/// H's last steps before exec: parent-death signal, rlimits, no new privileges, Landlock, seccomp.
+fn restrict_interpreter(plan: &Plan) -> Result<(), StepError> {
+    set_pdeathsig().at(Step::Pdeathsig)?;
+    for &(resource, value) in &plan.rlimits {
+        let hard = if resource == libc::RLIMIT_CPU {
+            value + 1 // SIGXCPU at the soft limit, SIGKILL a second later
+        } else {
+            value
+        };
+        set_rlimit(resource, value, hard).at(Step::Rlimit)?;
+    }
+    // SAFETY: prctl with integer arguments.
+    cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(Step::NoNewPrivs)?;
+    if let Some(ruleset) = &plan.landlock {
+        landlock::restrict_self(ruleset)?;
+    }
+    if let Some(filter) = plan.seccomp {
+        seccomp::install(filter)?;
+    }
+    Ok(())
+}
+
+/// In the innermost namespace, after `/proc` is mounted: Landlock rules on the run's own tmpfs and
+/// `/proc`, and the working directory again (the /tmp it was in is now the private one).
+fn inner_setup(plan: &Plan) -> Result<(), StepError> {
+    if let Some(ruleset) = &plan.landlock {
+        for (path, access) in &plan.landlock_inner {
+            landlock::add_inner_rule(ruleset, path, *access)?;
+        }
+    }
+    if !plan.mounts.ops.is_empty() {
+        // SAFETY: chdir to a NUL-terminated path.
+        cvt(unsafe { libc::chdir(plan.work_dir.as_ptr()) }).at(Step::Chdir)?;
+    }
+    Ok(())
+}
+
+/// The interpreter's command line, prepared in the host so that H can exec it itself.
+#[derive(Debug)]
+pub(crate) struct Exec {
+    pub program: std::ffi::CString,
+    pub _strings: Vec<std::ffi::CString>,
+    pub argv: Vec<*const libc::c_char>,
+    pub envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into `program`/`strings`, owned by the same value and never mutated.
+unsafe impl Send for Exec {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Exec {}
+
+/// Stack of G and of H (each), which run on their own stacks in S's memory.
+const CHILD_STACK: usize = 256 << 10;
+
+/// What G and H read when they start (copied: S's stack may change once S moves on).
+#[derive(Clone, Copy)]
+struct InitArgs {
+    plan: *const Plan,
+    exec: *const Exec,
+    /// The shared status page (never unmapped).
+    page: *mut libc::c_int,
+    /// Write end of the pipe through which G and H report a setup failure (a [`StepError`]); nothing
+    /// is written on success (the pipe closes when H execs and G closes its copies).
+    report: RawFd,
+    h_stack_top: *mut libc::c_void,
+}
+
+/// S with a PID namespace and a prepared exec: starts G (and G starts H) sharing S's memory, so
+/// neither copies the host's page tables nor takes copy-on-write faults, and H execs directly. S
+/// returns only on a setup failure; otherwise it supervises G.
+fn start_init(plan: &Plan, exec: &Exec) -> Result<(), StepError> {
+    let page = SharedStatus::new()?;
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 into a live array; mmap of anonymous private memory.
+    let stacks = unsafe {
+        cvt(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC)).at(Step::ReportPipe)?;
+        let stacks = libc::mmap(
+            std::ptr::null_mut(),
+            2 * CHILD_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        );
+        if stacks == libc::MAP_FAILED {
+            return Err(StepError::last(Step::ChildStacks));
+        }
+        stacks.cast::<u8>()
+    };
+    let [read_end, write_end] = fds;
+    let args = InitArgs {
+        plan,
+        exec,
+        page: page.0,
+        report: write_end,
+        // SAFETY: both offsets stay within (or one past) the mapping.
+        h_stack_top: unsafe { stacks.add(2 * CHILD_STACK) }.cast(),
+    };
+    page.arm();
+    // SAFETY: G runs `init_main` on its own stack in our memory and only makes system calls; `args`
+    // outlives its first reads (S blocks on the pipe until G and H are done with setup). The kernel
+    // clears and wakes the page's `alive` word when G exits (CLONE_CHILD_CLEARTID).
+    let init = unsafe {
+        libc::clone(
+            init_main,
+            stacks.add(CHILD_STACK).cast(),
+            libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
+            std::ptr::addr_of!(args).cast_mut().cast(),
+            std::ptr::null_mut::<libc::pid_t>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            page.alive(),
+        )
+    };
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(write_end) };
+    // A report is a failure; end of file with G alive means H exec'd and G is reaping.
+    let reported = read_exact_fd::<8>(read_end);
+    // SAFETY: closing the read end.
+    unsafe { libc::close(read_end) };
+    if init < 0 {
+        return Err(StepError::last(Step::CloneInit));
+    }
+    match reported.and_then(StepError::decode) {
+        Some(failure) => Err(failure),
+        None if page.released_without_report() => Err(StepError::new(Step::InitDied, libc::ECHILD)),
+        None => supervise(init, &page),
+    }
+}
+
+/// G: PID 1 of the run. Mounts `/proc`, starts H (suspended until H has exec'd), then reaps.
+extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at S's `InitArgs`, live until G reports; the plan and page outlive G.
+    let args = unsafe { *arg.cast::<InitArgs>() };
+    // SAFETY: as above.
+    let plan = unsafe { &*args.plan };
+    let setup = || -> Result<libc::pid_t, StepError> {
+        set_pdeathsig().at(Step::Pdeathsig)?;
+        // G holds a copy of the host's memory: nothing in the run may read it through /proc/1.
+        // SAFETY: prctl with integer arguments (the flag belongs to the memory S and G share).
+        cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).at(Step::Dumpable)?;
+        mounts::mount_proc()?;
+        inner_setup(plan)?;
+        let mut h_args = args;
+        // SAFETY: H runs `interpreter_main` on its own stack; we are suspended until it execs or
+        // exits (CLONE_VFORK), so `h_args` outlives its use.
+        cvt(unsafe {
+            libc::clone(
+                interpreter_main,
+                args.h_stack_top,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                std::ptr::addr_of_mut!(h_args).cast(),
+            )
+        })
+        .at(Step::CloneInterpreter)
+    };
+    match setup() {
+        Ok(python) => {
+            // A failed exec already wrote H's report; S reads it, or end of file once G closes all.
+            reap(python, &SharedStatus(args.page))
+        }
+        Err(e) => {
+            write_all_fd(args.report, &e.encode());
+            // SAFETY: _exit ends G only.
+            unsafe { libc::_exit(125) }
+        }
+    }
+}
+
+/// H: the interpreter. Restricts itself and execs; on failure reports the step and exits.
+extern "C" fn interpreter_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at G's copy of the arguments; G is suspended until we exec or exit.
+    let args = unsafe { *arg.cast::<InitArgs>() };
+    // SAFETY: as above; the plan and exec outlive H's use of them.
+    let (plan, exec) = unsafe { (&*args.plan, &*args.exec) };
+    let error = match restrict_interpreter(plan) {
+        // SAFETY: execve with NUL-terminated strings and NULL-terminated arrays prepared in the host.
+        Ok(()) => unsafe {
+            libc::execve(
+                exec.program.as_ptr(),
+                exec.argv.as_ptr(),
+                exec.envp.as_ptr(),
+            );
+            StepError::last(Step::Exec)
+        },
+        Err(e) => e,
+    };
+    write_all_fd(args.report, &error.encode());
+    // SAFETY: _exit ends H only.
+    unsafe { libc::_exit(127) }
+}
+
+/// A page shared between S and G through which G reports the interpreter's wait status: word 0 is
+/// set once word 1 holds the status; word 2 (`alive`) is cleared, with a futex wake, when G has
+/// reported or has exited.
+struct SharedStatus(*mut libc::c_int);
+
+impl SharedStatus {
+    fn new() -> Result<Self, StepError> {
+        // SAFETY: an anonymous shared mapping; never unmapped (the processes _exit).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(StepError::last(Step::SharedPage));
+        }
+        Ok(Self(ptr.cast()))
+    }
+
+    fn set(&self, status: libc::c_int) {
+        // SAFETY: the mapping is live and holds three ints.
+        unsafe {
+            self.0.add(1).write_volatile(status);
+            self.0.write_volatile(1);
+        }
+    }
+
+    fn alive(&self) -> *mut libc::c_int {
+        // SAFETY: within the page.
+        unsafe { self.0.add(2) }
+    }
+
+    fn arm(&self) {
+        // SAFETY: as above.
+        unsafe { self.alive().write_volatile(1) }
+    }
+
+    /// True when G has gone (its `alive` word cleared) without reporting a status: it died during setup.
+    fn released_without_report(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { self.alive().read_volatile() == 0 && self.0.read_volatile() != 1 }
+    }
+
+    /// G: the status is set; wake S.
+    fn release(&self) {
+        // SAFETY: as above; a (process-shared) futex wake on the page.
+        unsafe {
+            self.alive().write_volatile(0);
+            libc::syscall(libc::SYS_futex, self.alive(), libc::FUTEX_WAKE, 1);
+        }
+    }
+
+    /// S: sleeps until G has reported or exited.
+    fn wait_released(&self) {
+        // SAFETY: as above; a futex wait that returns at once when the word is already 0.
+        unsafe {
+            while self.alive().read_volatile() != 0 {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.alive(),
+                    libc::FUTEX_WAIT,
+                    1,
+                    std::ptr::null::<libc::timespec>(),
+                );
+            }
+        }
+    }
+
+    fn get(&self) -> Option<libc::c_int> {
+        // SAFETY: as above.
+        unsafe { (self.0.read_volatile() == 1).then(|| self.0.add(1).read_volatile()) }
+    }
+}
+
+/// S: waits for G's report and leaves with the interpreter's status (same exit code, or the same
+/// signal) at once. G, which shares S's memory and namespaces, is still alive then, so S's exit is
+/// cheap and the host hears of the end before the run's memory and namespaces are torn down; that
+/// teardown happens in G, which S's exit kills (PDEATHSIG).
+fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
+    close_from(0);
+    page.wait_released();
+    let mut status = 0;
+    // SAFETY: waitpid/kill/signal/_exit on our own processes.
+    unsafe {
+        let status = match page.get() {
+            Some(status) => status,
+            None => {
+                // G ended without a report (killed): leave with its status.
+                while libc::waitpid(init, &mut status, 0) < 0
+                    && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+                {
+                }
+                status
+            }
+        };
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            1
+        })
+    }
+}
+
+/// G: reaps every process of the run (orphans are re-parented to it) until the interpreter ends, then
+/// kills whatever is left in the namespace, reports the interpreter's status and waits for S's exit
+/// to kill it (the kernel then tears the run's namespaces down).
+fn reap(python: libc::pid_t, page: &SharedStatus) -> ! {
+    close_from(0);
+    let mut status = 0;
+    // SAFETY: waitpid, kill, nanosleep and _exit.
+    unsafe {
+        loop {
+            let r = libc::waitpid(-1, &mut status, 0);
+            if r == python {
+                break;
+            }
+            if r < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                libc::_exit(1); // no report: S leaves with this status
+            }
+        }
+        // From PID 1, -1 is every other process of this PID namespace and nothing outside it.
+        libc::kill(-1, libc::SIGKILL);
+        page.set(status);
+        page.release();
+        // S's exit kills G (PDEATHSIG); should that never come, G leaves by itself.
+        let second = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        libc::nanosleep(&second, std::ptr::null_mut());
+        libc::_exit(0)
+    }
+}

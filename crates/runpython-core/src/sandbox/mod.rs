@@ -1,0 +1,415 @@
+//! The sandbox around the child: a PID namespace whose init is the run (nothing the code starts
+//! outlives it), user/mount/network/IPC/UTS namespaces, a dropped uid (so `RLIMIT_NPROC` holds even
+//! when the host is root), Landlock, seccomp, `PR_SET_NO_NEW_PRIVS` and rlimits.
+//!
+//! Decide first, then build: [`decide::decide`] turns the configuration, what the kernel allows
+//! ([`probe::kernel`], probed once per process) and who the host is into a [`decide::Decision`] (pure
+//! data: `RunPython::isolation_report` prints it without building anything); [`prepare`] builds that
+//! decision into a [`Plan`] (the uid, the mount plan, the Landlock ruleset, the rlimits, a network
+//! namespace made ahead of time); [`init::enter`] runs between fork and exec and makes plain system
+//! calls on the plan's precomputed C strings. A failure in any process of the run names its step
+//! ([`sys::StepError`]).
+//!
+//! # How a run is built
+//!
+//! Processes of one run: S (tokio's child, host PID namespace, own group) → G (PID 1 of the run's PID
+//! namespace: mounts a fresh `/proc`, reaps orphans, reports H's wait status through a shared page) → H
+//! (Python). S is std's fork of the host; G and H are `CLONE_VM` children on their own stacks (no copy
+//! of the host's page tables, no copy-on-write faults), H vfork-style: it execs the command line
+//! prepared by [`Plan::exec_with`]. When H ends, G kills the rest of the namespace (`kill(-1)` from PID
+//! 1), reports H's status and wakes S (futex on the shared page; `CLONE_CHILD_CLEARTID` wakes it too if
+//! G dies first); S leaves at once with the same status (same code, or re-raises the same signal) so
+//! `Child::wait` sees the real one, and the teardown of the run's memory and namespaces happens in G
+//! after the host was told (S's exit kills G via PDEATHSIG). G is not dumpable: it holds a copy of the
+//! host's memory.
+//!
+//! As root, S first builds the filesystem view in a root-owned mount namespace (tmpfs over `/tmp`,
+//! `/dev/shm` and every directory the run uid cannot traverse, e.g. `/root`, with the interpreter
+//! prefix, the code dir and the run dir bound back in place), joins a fresh empty network namespace made
+//! ahead of time ([`netns`]), then drops to a fresh uid in `[2^30, 2^30+2^24)`, then unshares
+//! user+pid+mount+ipc+uts(+net when no ready one) and maps inside uid/gid 1000 to that uid (a non-root
+//! host maps its own uid). The code is not uid 0 inside, so H's exec leaves it no capability in its user
+//! namespace (the creator holds them all until then, and G and S need them for `/proc` and the mounts),
+//! and S sets the namespace's own `max_user_namespaces` to 0 (a per-namespace limit; the host's is
+//! untouched), so the code cannot make a user namespace of its own to regain them: it can create no
+//! namespace at all, which keeps netfilter and the other namespace-gated kernel surface out of reach.
+//! `RLIMIT_NPROC` is set after entering the user namespace, so it counts the run's own processes. H sets
+//! `PR_SET_NO_NEW_PRIVS`, the rlimits (AS, CPU = timeout+1 s, FSIZE, NOFILE) and restricts itself with
+//! Landlock (reads: system dirs, the interpreter prefix, the code dir, `read_paths`; writes: run dir,
+//! private `/tmp` and `/dev/shm`, a few devices; signals and abstract sockets scoped to the run at ABI ≥
+//! 6), then installs the seccomp deny-list ([`seccomp`]).
+//!
+//! # Invariants
+//!
+//! - Nothing a run starts outlives it: with a PID namespace G SIGKILLs every other process of the run
+//!   before the host is told the run ended, and the kernel kills any left when G dies (G dies with S via
+//!   PDEATHSIG, S with the host or the group kill); without one, the group is killed and, with a run
+//!   uid, every process of that uid is swept ([`kill_all_of_uid`]).
+//! - PDEATHSIG is set again after every fork and credential change (both clear it).
+//! - S and G close every descriptor, so pipes reach end of file when H's last holder exits.
+//! - The code never runs as host root when `drop_privileges` is on (root is exempt from `RLIMIT_NPROC`).
+//! - Every layer that is off or refused is reported in `isolation`; nothing degrades silently.
+
+mod decide;
+mod init;
+mod landlock;
+mod mounts;
+mod netns;
+mod probe;
+mod seccomp;
+mod sys;
+mod userns;
+
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub(crate) use init::enter;
+pub(crate) use netns::refill as refill_netns;
+pub(crate) use sys::StepError;
+pub(crate) use userns::{is_run_uid, kill_all_of_uid};
+
+use crate::envelope::Isolation;
+use crate::error::Error;
+use decide::{decide, Decision, Host};
+use init::Exec;
+use mounts::{cstring, MountPlan};
+use netns::ReadyNetns;
+use sys::{getegid, geteuid};
+use userns::IdMaps;
+
+/// The sandbox layers a [`crate::RunPython`] asks for, and the limits it sets. Every layer can be
+/// turned off (to measure it, or where a host provides its own); [`Sandbox::require`] refuses to run
+/// when a requested layer is unavailable instead of degrading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sandbox {
+    /// User, PID, mount, IPC, UTS (and network, unless allowed) namespaces (default on).
+    pub namespaces: bool,
+    /// Share the host's network instead of an empty network namespace (default off).
+    pub allow_network: bool,
+    /// Landlock: writes only in the run directory and the private tmp, reads of the system, the
+    /// interpreter and runpython's code only (default on).
+    pub landlock: bool,
+    /// Resource limits (default on).
+    pub rlimits: bool,
+    /// Seccomp: system calls the code never needs and whose kernel code has a long record of
+    /// privilege escalations (io_uring, bpf, userfaultfd, perf events, keyrings, ...) fail with
+    /// `EPERM` (default on).
+    pub seccomp: bool,
+    /// When the host is root: run the code as a fresh unprivileged uid per run (default on). Without it
+    /// `RLIMIT_NPROC` is not enforced and a fork bomb is only stopped by the timeout.
+    pub drop_privileges: bool,
+    /// Refuse to run (an `Err`) when a requested layer is unavailable (default off: degrade and report).
+    pub require: bool,
+    /// `RLIMIT_AS` of the interpreter (default 4 GiB).
+    pub memory_bytes: u64,
+    /// `RLIMIT_FSIZE`: the largest file the code may write (default 1 GiB).
+    pub file_size_bytes: u64,
+    /// `RLIMIT_NOFILE` (default 1024).
+    pub open_files: u64,
+    /// `RLIMIT_NPROC`: processes and threads inside the run (default 256).
+    pub processes: u64,
+    /// Size of the private `/tmp` and `/dev/shm` (default 256 MiB each).
+    pub tmp_bytes: u64,
+    /// More directories the code may read (a prepared environment, data).
+    pub read_paths: Vec<PathBuf>,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self {
+            namespaces: true,
+            allow_network: false,
+            landlock: true,
+            rlimits: true,
+            seccomp: true,
+            drop_privileges: true,
+            require: false,
+            memory_bytes: 4 << 30,
+            file_size_bytes: 1 << 30,
+            open_files: 1024,
+            processes: 256,
+            tmp_bytes: 256 << 20,
+            read_paths: Vec::new(),
+        }
+    }
+}
+
+impl Sandbox {
+    /// Every layer off: the child only gets its process group, PDEATHSIG and a scrubbed environment.
+    pub fn off() -> Self {
+        Self {
+            namespaces: false,
+            landlock: false,
+            rlimits: false,
+            seccomp: false,
+            drop_privileges: false,
+            ..Self::default()
+        }
+    }
+}
+
+/// Everything the child needs, prepared in the host. Used between fork and exec by [`enter`].
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// Mount operations run as root before dropping privileges (root host) instead of after entering
+    /// the user namespace.
+    mounts_as_root: bool,
+    mounts: MountPlan,
+    drop_to: Option<(u32, u32)>,
+    unshare: libc::c_int,
+    ids: IdMaps,
+    /// Forbid user namespaces below the run's.
+    forbid_nested_userns: bool,
+    /// Installed by H last, just before exec.
+    seccomp: Option<&'static seccompiler::BpfProgram>,
+    nproc: Option<u64>,
+    /// Limits set in the interpreter just before exec.
+    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    landlock: Option<OwnedFd>,
+    /// Landlock rules on directories that only exist inside the run (its tmpfs, its `/proc`).
+    landlock_inner: Vec<(CString, u64)>,
+    /// A fresh, empty network namespace created ahead of time by the host ([`netns::take`]); S joins
+    /// it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
+    netns: Option<ReadyNetns>,
+    /// The interpreter's command line, when the caller lets H exec it (see [`Plan::exec_with`]).
+    exec: Option<Exec>,
+    work_dir: CString,
+    /// The uid whose every process is killed at the end when there is no PID namespace.
+    pub(crate) sweep_uid: Option<u32>,
+    /// What is in force, for the envelope.
+    pub(crate) report: Isolation,
+}
+
+fn host() -> Host {
+    Host {
+        euid: geteuid(),
+        egid: getegid(),
+    }
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
+}
+
+/// The directories the code reads: the interpreter's prefix, runpython's code dir, `read_paths`, and
+/// `extra_reads` (the run's environment).
+fn read_dirs(
+    config: &Sandbox,
+    python: &Path,
+    code_dir: &Path,
+    extra_reads: &[&Path],
+) -> Vec<PathBuf> {
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .map(canonical)
+        .unwrap_or_else(|| PathBuf::from("/usr"));
+    let mut dirs = vec![prefix, canonical(code_dir)];
+    dirs.extend(config.read_paths.iter().map(|p| canonical(p)));
+    dirs.extend(extra_reads.iter().map(|p| canonical(p)));
+    dirs
+}
+
+/// Decides the run's layers and prepares them: the uid, the mount plan, the Landlock ruleset, the
+/// rlimits, a ready network namespace; hands the run directory to the uid.
+pub(crate) fn prepare(
+    config: &Sandbox,
+    python: &Path,
+    code_dir: &Path,
+    extra_reads: &[&Path],
+    run_dir: &Path,
+    timeout: Duration,
+) -> Result<Plan, Error> {
+    let kernel = probe::kernel();
+    let read_dirs = read_dirs(config, python, code_dir, extra_reads);
+    let mut decision = decide(config, kernel, host(), || {
+        read_dirs
+            .iter()
+            .find_map(|d| mounts::first_untraversable(d))
+    });
+    let run_dir = canonical(run_dir);
+    let drop_to = decision.drop_privileges.then(|| {
+        let uid = userns::random_run_uid();
+        (uid, uid)
+    });
+    let (uid, gid) = drop_to.unwrap_or_else(|| (geteuid(), getegid()));
+
+    let mounts = if decision.unshare & libc::CLONE_NEWNS != 0 {
+        mounts::plan(&read_dirs, &run_dir, config.tmp_bytes, drop_to.is_some())?
+    } else {
+        MountPlan::default()
+    };
+
+    let mut landlock_inner = Vec::new();
+    let landlock = match decision.landlock_abi {
+        None => None,
+        Some(abi) => match landlock::ruleset(abi, &read_dirs, &run_dir) {
+            Ok(fd) => {
+                let (all, read) = (landlock::access_all(abi), landlock::access_read(abi));
+                if decision.unshare & libc::CLONE_NEWNS != 0 {
+                    landlock_inner.push((c"/tmp".to_owned(), all));
+                    if Path::new("/dev/shm").is_dir() {
+                        landlock_inner.push((c"/dev/shm".to_owned(), all));
+                    }
+                }
+                if decision.pid_ns {
+                    landlock_inner.push((c"/proc".to_owned(), read));
+                }
+                Some(fd)
+            }
+            Err(e) => {
+                decision.missing.push(format!("landlock: {e}"));
+                decision.landlock_abi = None;
+                None
+            }
+        },
+    };
+
+    if config.require && !decision.missing.is_empty() {
+        return Err(Error::IsolationUnavailable(decision.missing.join("; ")));
+    }
+
+    let cpu = cpu_seconds(timeout);
+    let rlimits = if decision.rlimits {
+        vec![
+            (libc::RLIMIT_AS, config.memory_bytes),
+            (libc::RLIMIT_CPU, cpu),
+            (libc::RLIMIT_FSIZE, config.file_size_bytes),
+            (libc::RLIMIT_NOFILE, config.open_files),
+        ]
+    } else {
+        Vec::new()
+    };
+
+    if let Some((uid, gid)) = drop_to {
+        let work = run_dir.join("work");
+        for path in [
+            run_dir.as_path(),
+            work.as_path(),
+            &run_dir.join("bridge.sock"),
+        ] {
+            match std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && path != run_dir => {}
+                r => r.map_err(|source| {
+                    Error::io("handing the run directory to the run's uid", path, source)
+                })?,
+            }
+        }
+    }
+
+    let report = decision.report(config, uid, cpu);
+    let Decision {
+        mut unshare,
+        pid_ns,
+        forbid_nested_userns,
+        seccomp,
+        nproc,
+        ..
+    } = decision;
+    // A network namespace made ahead of time saves the run the kernel's ~1 ms to create one. A root
+    // host's S joins it before dropping privileges (joining needs CAP_SYS_ADMIN over the namespace's
+    // owner, the host's user namespace); a non-root host's S first joins the user namespace made
+    // with it, and the run's own user namespace is made inside that one (ids mapped from its 0).
+    let netns = if unshare & libc::CLONE_NEWNET != 0 && (geteuid() == 0 || kernel.owned_netns) {
+        netns::take()
+    } else {
+        None
+    };
+    if netns.is_some() {
+        unshare &= !libc::CLONE_NEWNET;
+    }
+    let ids = match netns.as_ref().and_then(|n| n.owner.as_ref()) {
+        Some(_) => IdMaps::new(0, 0),
+        None => IdMaps::new(uid, gid),
+    };
+    Ok(Plan {
+        mounts_as_root: drop_to.is_some(),
+        mounts,
+        drop_to,
+        unshare,
+        ids,
+        forbid_nested_userns,
+        seccomp: if seccomp { seccomp::filter() } else { None },
+        nproc,
+        rlimits,
+        landlock,
+        landlock_inner,
+        netns,
+        exec: None,
+        work_dir: cstring(&run_dir.join("work"))?,
+        sweep_uid: drop_to.filter(|_| !pid_ns).map(|(uid, _)| uid),
+        report,
+    })
+}
+
+/// `RLIMIT_CPU` for a run of `timeout`: one second more than its wall-clock limit.
+fn cpu_seconds(timeout: Duration) -> u64 {
+    timeout.as_secs() + 1
+}
+
+/// What [`prepare`] would decide for `config`, without building anything (for
+/// `RunPython::isolation_report`). The uid is the host's, or the first of the run range when runs get a
+/// fresh one.
+pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, Error> {
+    let read_dirs = read_dirs(
+        config,
+        Path::new("/usr/bin/python3"),
+        Path::new("/usr"),
+        &[],
+    );
+    let decision = decide(config, probe::kernel(), host(), || {
+        read_dirs
+            .iter()
+            .find_map(|d| mounts::first_untraversable(d))
+    });
+    if config.require && !decision.missing.is_empty() {
+        return Err(Error::IsolationUnavailable(decision.missing.join("; ")));
+    }
+    let uid = if decision.drop_privileges {
+        userns::RUN_UID_BASE
+    } else {
+        geteuid()
+    };
+    Ok(decision.report(config, uid, cpu_seconds(timeout)))
+}
+
+impl Plan {
+    /// Lets the run's processes G and H share S's memory instead of copying it (`CLONE_VM`): H then
+    /// execs `program` with `args` and `env` itself, as std would have.
+    pub(crate) fn exec_with(
+        &mut self,
+        program: &Path,
+        args: &[&std::ffi::OsStr],
+        env: &[(String, String)],
+    ) -> Result<(), Error> {
+        let nul = |what: &str| {
+            Error::InvalidInput(format!("{what} contains a NUL byte; pass one without"))
+        };
+        let program = cstring(program)?;
+        let mut strings = vec![program.clone()];
+        for arg in args {
+            strings.push(CString::new(arg.as_bytes()).map_err(|_| nul("an argument"))?);
+        }
+        let argc = strings.len();
+        for (k, v) in env {
+            strings.push(
+                CString::new(format!("{k}={v}"))
+                    .map_err(|_| nul(&format!("the environment variable {k}")))?,
+            );
+        }
+        let mut argv: Vec<_> = strings[..argc].iter().map(|s| s.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<_> = strings[argc..].iter().map(|s| s.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        self.exec = Some(Exec {
+            program,
+            _strings: strings,
+            argv,
+            envp,
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,155 @@
+//! What the kernel allows this host process to do, probed once per process, each refusal with the step
+//! and errno that failed (for `isolation.missing`).
+
+use std::sync::OnceLock;
+
+use super::sys::{cvt, getegid, geteuid, in_forked_child, AtStep, Step, StepError};
+use super::userns::{drop_ids, forbid_nested_user_namespaces, IdMaps, RUN_UID_BASE};
+use super::{mounts, netns, seccomp};
+
+/// Every namespace flag the sandbox uses.
+pub(crate) const ALL_NS: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS;
+
+/// Namespace flags and their names in the `isolation` report.
+pub(crate) const NS_NAMES: [(libc::c_int, &str); 6] = [
+    (libc::CLONE_NEWUSER, "user"),
+    (libc::CLONE_NEWPID, "pid"),
+    (libc::CLONE_NEWNS, "mount"),
+    (libc::CLONE_NEWNET, "net"),
+    (libc::CLONE_NEWIPC, "ipc"),
+    (libc::CLONE_NEWUTS, "uts"),
+];
+
+/// What the kernel allows. Plain data, so [`super::decide`] can be tested over every combination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kernel {
+    /// Namespace flags that work (including `CLONE_NEWUSER`), 0 when user namespaces do not.
+    pub ns_flags: libc::c_int,
+    /// Why each refused flag (or user namespaces as a whole) was refused.
+    pub ns_refused: Vec<(libc::c_int, String)>,
+    /// A fresh `/proc` can be mounted in a new PID + mount namespace, or why not.
+    pub proc_mount: Result<(), String>,
+    /// A new user namespace can forbid user namespaces below it, or why not.
+    pub userns_limit: Result<(), String>,
+    /// A non-root host can hand runs network namespaces made ahead of time.
+    pub owned_netns: bool,
+    /// The seccomp filter installs and refuses a denied call, or why not.
+    pub seccomp: Result<(), String>,
+    /// Landlock ABI version, 0 when unavailable.
+    pub landlock_abi: i32,
+}
+
+impl Kernel {
+    /// A kernel that allows everything (for tests of [`super::decide`]).
+    #[cfg(test)]
+    pub(crate) fn permissive() -> Self {
+        Self {
+            ns_flags: ALL_NS,
+            ns_refused: Vec::new(),
+            proc_mount: Ok(()),
+            userns_limit: Ok(()),
+            owned_netns: true,
+            seccomp: Ok(()),
+            landlock_abi: 7,
+        }
+    }
+}
+
+/// The probe, run once per process.
+pub(crate) fn kernel() -> &'static Kernel {
+    static KERNEL: OnceLock<Kernel> = OnceLock::new();
+    KERNEL.get_or_init(run)
+}
+
+fn reason(e: StepError) -> String {
+    e.to_string()
+}
+
+fn run() -> Kernel {
+    let probe_uid = (geteuid() == 0).then_some(RUN_UID_BASE - 1);
+    let try_flags = |flags| try_namespaces(flags, probe_uid, false, false);
+    let mut ns_refused = Vec::new();
+    let ns_flags = if try_namespaces(ALL_NS, probe_uid, true, false).is_ok() {
+        ALL_NS
+    } else if let Err(e) = try_flags(libc::CLONE_NEWUSER) {
+        ns_refused.push((libc::CLONE_NEWUSER, reason(e)));
+        0
+    } else {
+        let mut flags = libc::CLONE_NEWUSER;
+        for f in [
+            libc::CLONE_NEWPID | libc::CLONE_NEWNS,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWIPC,
+            libc::CLONE_NEWUTS,
+        ] {
+            match try_flags(libc::CLONE_NEWUSER | f) {
+                Ok(()) => flags |= f,
+                Err(e) => ns_refused.push((f, reason(e))),
+            }
+        }
+        flags
+    };
+    let pid_mnt = libc::CLONE_NEWPID | libc::CLONE_NEWNS;
+    let proc_mount = if ns_flags == ALL_NS {
+        Ok(())
+    } else if ns_flags & pid_mnt != pid_mnt {
+        Err("no PID and mount namespaces".into())
+    } else {
+        try_namespaces(libc::CLONE_NEWUSER | pid_mnt, probe_uid, true, false).map_err(reason)
+    };
+    let userns_limit = if ns_flags == 0 {
+        Err("no user namespaces".into())
+    } else {
+        try_namespaces(libc::CLONE_NEWUSER, probe_uid, false, true).map_err(reason)
+    };
+    let owned_netns = ns_flags == ALL_NS
+        && geteuid() != 0
+        && netns::new_owned_netns().is_ok_and(|ready| netns::probe_owned(&ready).is_ok());
+    let seccomp = match seccomp::filter() {
+        None => Err("no seccomp filter for this architecture".into()),
+        Some(filter) => seccomp::probe(filter).map_err(reason),
+    };
+    Kernel {
+        ns_flags,
+        ns_refused,
+        proc_mount,
+        userns_limit,
+        owned_netns,
+        seccomp,
+        landlock_abi: super::landlock::abi(),
+    }
+}
+
+/// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write
+/// the id maps, with `limit` forbid nested user namespaces, and with `proc` mount a fresh `/proc`
+/// from PID 1 of the new namespace.
+fn try_namespaces(
+    flags: libc::c_int,
+    uid: Option<u32>,
+    proc: bool,
+    limit: bool,
+) -> Result<(), StepError> {
+    let ids = IdMaps::new(uid.unwrap_or_else(geteuid), uid.unwrap_or_else(getegid));
+    in_forked_child(Step::Fork, || {
+        if let Some(uid) = uid {
+            drop_ids(uid, uid)?;
+        }
+        // SAFETY: unshare with the flags being probed.
+        cvt(unsafe { libc::unshare(flags) }).at(Step::Unshare)?;
+        ids.write()?;
+        if limit {
+            forbid_nested_user_namespaces()?;
+        }
+        // The first child of the new PID namespace is its PID 1, which may mount its `/proc`.
+        if proc {
+            in_forked_child(Step::Fork, mounts::mount_proc)?;
+        }
+        Ok(())
+    })
+}
