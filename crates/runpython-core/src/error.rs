@@ -85,20 +85,6 @@ impl Error {
             source,
         }
     }
-
-    /// The child's spawn failed: a sandbox step when the error carries one, else the spawn itself.
-    pub(crate) fn spawn(program: &Path, source: std::io::Error) -> Self {
-        match crate::sandbox::StepError::from_io(&source) {
-            Some(step) => Self::SandboxSetup {
-                step: step.step.describe(),
-                source: step.source(),
-            },
-            None => Self::Spawn {
-                program: program.to_owned(),
-                source,
-            },
-        }
-    }
 }
 
 #[cfg(test)]

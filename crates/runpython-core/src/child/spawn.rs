@@ -109,7 +109,7 @@ pub(crate) fn spawn_runner(
     }
     let child = command
         .spawn()
-        .map_err(|source| Error::spawn(python, source))?;
+        .map_err(|source| spawn_error(python, source))?;
     drop(result_write); // the child holds the only write end now: EOF comes when it exits
     let pid = child.id().ok_or_else(|| {
         Error::io_pathless(
@@ -128,6 +128,20 @@ pub(crate) fn spawn_runner(
         guard,
         result,
     })
+}
+
+/// The child's spawn failed: a sandbox step when the error carries one, else the spawn itself.
+fn spawn_error(program: &Path, source: std::io::Error) -> Error {
+    match crate::sandbox::StepError::from_io(&source) {
+        Some(step) => Error::SandboxSetup {
+            step: step.step.describe(),
+            source: step.source(),
+        },
+        None => Error::Spawn {
+            program: program.to_owned(),
+            source,
+        },
+    }
 }
 
 fn libc_dup2(old: i32, new: i32) -> i32 {
