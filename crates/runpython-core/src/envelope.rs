@@ -74,9 +74,32 @@ pub struct Isolation {
     pub uid: u32,
     /// How the run's processes are ended: `"pid-namespace"` or `"process-group"`.
     pub kill: String,
+    /// `"allowlist"` when the code sees a fresh root holding only allowlisted directories (the system
+    /// read-only, its code and environment read-only, its scratch, a minimal `/dev`, its own `/proc`);
+    /// `"host"` when it sees the host's tree (Landlock alone restricts it).
+    #[serde(default)]
+    pub filesystem: String,
+    /// The run's total memory (every process, shared memory and tmpfs pages together) and what
+    /// enforces it: `"cgroup-v2"`, `"cgroup-v1"`, or `"rlimit"` (each process's address space only;
+    /// `memfd_create` and SysV shared memory are then refused).
+    #[serde(default)]
+    pub memory: LimitReport,
+    /// Everything the run may write (its working directory, `/tmp`, `/dev/shm`) and what enforces it:
+    /// `"tmpfs"`, or `"none"`.
+    #[serde(default)]
+    pub disk: LimitReport,
     /// Requested layers that were not available, each with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+}
+
+/// A limit on the whole run and what enforces it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReport {
+    /// The limit, `null` when none holds.
+    pub bytes: Option<u64>,
+    /// What enforces it.
+    pub enforced_by: String,
 }
 
 /// The rlimits in force; `null` when not enforced.

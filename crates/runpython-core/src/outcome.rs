@@ -110,6 +110,22 @@ pub(crate) fn apply_tool_limit(envelope: &mut Envelope, max_calls: u32) {
     ));
 }
 
+/// The kernel killed a process of the run for going over the run's memory limit: when that ended the
+/// run, the error says so instead of a bare SIGKILL.
+pub(crate) fn apply_memory_limit(envelope: &mut Envelope, limit_bytes: u64) {
+    let Some(error) = &mut envelope.error else {
+        return;
+    };
+    if error.kind == "ProcessExited" && error.signal == Some(libc::SIGKILL) {
+        error.message = format!(
+            "the run went over its memory limit of {} MiB (everything its processes held, shared \
+             memory and files in /tmp included) and the kernel killed it; use less memory or raise \
+             the limit",
+            limit_bytes >> 20
+        );
+    }
+}
+
 /// Fills the envelope from the runner's result record, or explains why there is none.
 fn apply_result(
     envelope: &mut Envelope,

@@ -1,12 +1,13 @@
 //! Keeping runs in the store and the memo: what to keep, how it is redacted, what a memo key holds.
 //! Functions over the store and the run's data; the engine decides when to call them.
 
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use runpython_bridge::canonical_json;
 use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{
+    BeneathDir,
     memo_key, CollectLimits, CollectedFiles, MemoKey, Redactor, RunRecord, Store, Tier,
 };
 use serde_json::Value;
@@ -35,15 +36,25 @@ impl Keeping {
     }
 }
 
-/// Walks the run's working directory off the async workers.
+/// Reads the files the run left in its working directory, beneath the scratch the host has held since
+/// before the code started, off the async workers. Whatever the code did to the directory (replaced it
+/// with a link, a file, a FIFO), the result is a list of kept and skipped files, never an error.
 pub(crate) async fn collect_run_files(
-    dir: PathBuf,
+    scratch: Arc<BeneathDir>,
     limits: CollectLimits,
 ) -> Result<CollectedFiles, Error> {
-    tokio::task::spawn_blocking(move || runpython_store::collect_files(&dir, &limits))
-        .await
-        .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))?
-        .map_err(Error::from)
+    tokio::task::spawn_blocking(move || match scratch.dir("work") {
+        Ok(work) => runpython_store::collect_files_in(&work, &limits),
+        Err(e) => CollectedFiles {
+            files: Vec::new(),
+            skipped: vec![runpython_store::SkippedFile {
+                name: "work".into(),
+                reason: format!("the working directory is no longer a directory ({e})"),
+            }],
+        },
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))
 }
 
 /// Masks the host's secret-looking variables and every passed-through variable.

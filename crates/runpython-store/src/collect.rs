@@ -1,9 +1,11 @@
-//! Gathering the files a run created, within limits, without following links.
+//! Gathering the files a run created, within limits, beneath a directory the host holds, without
+//! following links.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -63,96 +65,263 @@ pub struct CollectedFiles {
     pub skipped: Vec<SkippedFile>,
 }
 
+/// A directory the host reads without ever leaving it: every open is beneath it (`openat2` with
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, one name at a
+/// time, `O_NOFOLLOW`), so a path the code controls (a directory swapped for a symlink, a FIFO, a
+/// socket) can never lead the host elsewhere.
+#[derive(Debug)]
+pub struct BeneathDir(OwnedFd);
+
+impl BeneathDir {
+    /// Opens the directory at `path` (which must not be a symlink itself).
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: open of a NUL-terminated path; the descriptor is new and owned here.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The directory behind `fd` (an `O_PATH` descriptor will do), reopened for reading.
+    pub fn from_fd(fd: BorrowedFd<'_>) -> std::io::Result<Self> {
+        open_beneath(fd, c".", libc::O_RDONLY | libc::O_DIRECTORY).map(Self)
+    }
+
+    /// The subdirectory `name` (a single name: no `/`, not `..`).
+    pub fn dir(&self, name: &str) -> std::io::Result<Self> {
+        open_beneath(self.0.as_fd(), &single_name(name)?, libc::O_RDONLY | libc::O_DIRECTORY)
+            .map(Self)
+    }
+
+    /// The regular file `name`, open for reading (a FIFO, socket or device is refused, never opened
+    /// in a way that blocks).
+    pub fn file(&self, name: &str) -> std::io::Result<File> {
+        let fd = open_beneath(
+            self.0.as_fd(),
+            &single_name(name)?,
+            libc::O_RDONLY | libc::O_NONBLOCK,
+        )?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        Ok(file)
+    }
+
+    /// Removes the file `name` (never following a link: a link is removed, not its target).
+    pub fn remove_file(&self, name: &str) -> std::io::Result<()> {
+        let name = single_name(name)?;
+        // SAFETY: unlinkat relative to our descriptor with a single NUL-terminated name.
+        if unsafe { libc::unlinkat(self.0.as_raw_fd(), name.as_ptr(), 0) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The names in the directory, sorted, without `.` and `..`.
+    pub fn names(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
+        use std::os::unix::ffi::OsStrExt;
+        // fdopendir takes the descriptor it is given: hand it a duplicate.
+        let dup = self.0.try_clone()?;
+        // SAFETY: fdopendir takes ownership of `dup` (closed by closedir below).
+        let dir = unsafe { libc::fdopendir(dup.into_raw_fd()) };
+        if dir.is_null() {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut names = Vec::new();
+        loop {
+            // SAFETY: readdir on a live DIR*; the entry is copied before the next call.
+            let entry = unsafe { libc::readdir64(dir) };
+            if entry.is_null() {
+                break;
+            }
+            // SAFETY: d_name is NUL-terminated within the entry.
+            let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+            let bytes = name.to_bytes();
+            if bytes != b"." && bytes != b".." {
+                names.push(std::ffi::OsStr::from_bytes(bytes).to_owned());
+            }
+        }
+        // SAFETY: closing the DIR* opened above (and its descriptor).
+        unsafe { libc::closedir(dir) };
+        names.sort();
+        Ok(names)
+    }
+}
+
+fn single_name(name: &str) -> std::io::Result<std::ffi::CString> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a single file name"),
+        ));
+    }
+    std::ffi::CString::new(name).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+/// `openat2(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)` resolving beneath `dir` only, with no link of
+/// any kind and no mount crossing; `openat` with `O_NOFOLLOW` where the kernel has no `openat2` (the
+/// name is a single component, so it cannot leave `dir` either).
+fn open_beneath(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> std::io::Result<OwnedFd> {
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // `struct open_how` of openat2(2) (libc's is non-exhaustive).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: flags as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH
+            | libc::RESOLVE_NO_SYMLINKS
+            | libc::RESOLVE_NO_MAGICLINKS
+            | libc::RESOLVE_NO_XDEV,
+    };
+    // SAFETY: openat2 with a live open_how and its size; the result is a new descriptor or -1.
+    let mut fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    } as i32;
+    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        // SAFETY: openat of a single NUL-terminated name relative to `dir`.
+        fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    }
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// Walks `dir` (blocking: call it from `spawn_blocking`) and reads its regular files within `limits`.
 ///
-/// Symbolic links are reported and never followed, neither to directories nor to files (the file is
-/// opened with `O_NOFOLLOW`, so a link swapped in after the check is refused too); FIFOs, sockets and
-/// devices are reported and never opened. Names are visited in sorted order, so which files exceed a
-/// cap is deterministic.
+/// Symbolic links are reported and never followed, neither to directories nor to files; FIFOs,
+/// sockets and devices are reported and never opened in a way that blocks. Names are visited in sorted
+/// order, so which files exceed a cap is deterministic. See [`collect_files_in`] for a directory the
+/// caller already holds.
 pub fn collect_files(dir: &Path, limits: &CollectLimits) -> Result<CollectedFiles> {
+    let held = BeneathDir::open(dir).map_err(|source| Error::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    Ok(collect_files_in(&held, limits))
+}
+
+/// [`collect_files`] beneath a directory the caller holds: nothing outside it is ever opened, whatever
+/// was done to the paths inside. Everything unreadable is reported in `skipped`, never an error.
+pub fn collect_files_in(dir: &BeneathDir, limits: &CollectLimits) -> CollectedFiles {
     let mut out = CollectedFiles::default();
     let mut total = 0u64;
-    walk(dir, "", 0, limits, &mut total, &mut out)?;
-    Ok(out)
+    walk(dir, "", 0, limits, &mut total, &mut out);
+    out
 }
 
 fn walk(
-    dir: &Path,
+    dir: &BeneathDir,
     rel: &str,
     depth: usize,
     limits: &CollectLimits,
     total: &mut u64,
     out: &mut CollectedFiles,
-) -> Result<()> {
-    let io = |path: PathBuf| move |source| Error::Io { path, source };
-    let mut entries = std::fs::read_dir(dir)
-        .map_err(io(dir.to_owned()))?
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(io(dir.to_owned()))?;
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let file_name = entry.file_name();
-        let file_name = file_name.to_string_lossy();
+) {
+    let names = match dir.names() {
+        Ok(names) => names,
+        Err(e) => {
+            out.skipped.push(SkippedFile {
+                name: if rel.is_empty() { ".".into() } else { rel.to_owned() },
+                reason: format!("unreadable directory: {e}"),
+            });
+            return;
+        }
+    };
+    for file_name in names {
+        let file_name = file_name.to_string_lossy().into_owned();
         if depth == 0 && limits.ignore.iter().any(|i| *i == file_name) {
             continue;
         }
         let name = if rel.is_empty() {
-            file_name.into_owned()
+            file_name.clone()
         } else {
             format!("{rel}/{file_name}")
         };
-        let path = entry.path();
         let mut skip = |reason: String| {
             out.skipped.push(SkippedFile {
                 name: name.clone(),
                 reason,
             })
         };
-        // `DirEntry::file_type` does not follow symlinks.
-        let kind = entry.file_type().map_err(io(path.clone()))?;
-        if kind.is_symlink() {
-            skip("symlink (never followed)".into());
-        } else if kind.is_dir() {
-            if depth + 1 >= limits.max_depth {
-                skip(format!("directory deeper than {} levels", limits.max_depth));
-            } else {
-                walk(&path, &name, depth + 1, limits, total, out)?;
+        match dir.dir(&file_name) {
+            Ok(sub) => {
+                if depth + 1 >= limits.max_depth {
+                    skip(format!("directory deeper than {} levels", limits.max_depth));
+                } else {
+                    walk(&sub, &name, depth + 1, limits, total, out);
+                }
+                continue;
             }
-        } else if !kind.is_file() {
-            skip("not a regular file (fifo, socket or device)".into());
-        } else if out.files.len() >= limits.max_files {
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                skip("symlink (never followed)".into());
+                continue;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                skip("a mount point (never crossed)".into());
+                continue;
+            }
+            Err(_) => {} // not a directory: a file, or something else
+        }
+        if out.files.len() >= limits.max_files {
             skip(format!("more than {} files", limits.max_files));
-        } else {
-            match read_capped(&path, limits.max_file_bytes) {
-                Ok(None) => skip(format!("larger than {} bytes", limits.max_file_bytes)),
-                Ok(Some(bytes)) if *total + bytes.len() as u64 > limits.max_total_bytes => {
-                    skip(format!(
-                        "total size of kept files would exceed {} bytes",
-                        limits.max_total_bytes
-                    ))
-                }
-                Ok(Some(bytes)) => {
-                    *total += bytes.len() as u64;
-                    out.files.push(RunFile { name, bytes });
-                }
-                Err(e) => skip(format!("unreadable: {e}")),
+            continue;
+        }
+        let file = match dir.file(&file_name) {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                skip("symlink (never followed)".into());
+                continue;
             }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) || e.to_string() == "not a regular file" => {
+                skip("not a regular file (fifo, socket or device)".into());
+                continue;
+            }
+            Err(e) => {
+                skip(format!("unreadable: {e}"));
+                continue;
+            }
+        };
+        match read_capped(file, limits.max_file_bytes) {
+            Ok(None) => skip(format!("larger than {} bytes", limits.max_file_bytes)),
+            Ok(Some(bytes)) if *total + bytes.len() as u64 > limits.max_total_bytes => skip(format!(
+                "total size of kept files would exceed {} bytes",
+                limits.max_total_bytes
+            )),
+            Ok(Some(bytes)) => {
+                *total += bytes.len() as u64;
+                out.files.push(RunFile { name, bytes });
+            }
+            Err(e) => skip(format!("unreadable: {e}")),
         }
     }
-    Ok(())
 }
 
 /// The file's bytes, or `None` when it holds more than `cap` bytes (read at most `cap + 1`).
-fn read_capped(path: &Path, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
-    let file: File = OpenOptions::new()
-        .read(true)
-        // Refuse a symlink swapped in since the walk looked; never block on a FIFO swapped in.
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
+fn read_capped(file: File, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
     let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("no longer a regular file"));
-    }
     if meta.len() > cap {
         return Ok(None);
     }
@@ -200,6 +369,25 @@ mod tests {
         assert!(c.files.is_empty(), "{c:?}");
         assert!(reason(&c, "link").contains("symlink"));
         assert!(reason(&c, "dirlink").contains("symlink"));
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_is_never_entered() {
+        let d = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "s").unwrap();
+        std::fs::create_dir(d.path().join("work")).unwrap();
+        let held = BeneathDir::open(d.path()).unwrap();
+        let work = held.dir("work").unwrap();
+        // The code renames its directory and leaves a link to the host's files in its place.
+        std::fs::rename(d.path().join("work"), d.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.path().join("work")).unwrap();
+        assert!(held.dir("work").is_err());
+        assert_eq!(held.file("work").unwrap_err().raw_os_error(), Some(libc::ELOOP));
+        assert!(collect_files_in(&work, &CollectLimits::default()).files.is_empty());
+        let c = collect_files_in(&held, &CollectLimits::default());
+        assert!(c.files.is_empty(), "{c:?}");
+        assert!(reason(&c, "work").contains("symlink"));
     }
 
     #[test]

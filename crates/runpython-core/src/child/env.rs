@@ -1,10 +1,15 @@
 //! The child's environment: an allowlist, never the host's secrets.
 
+use std::path::Path;
+
 /// Environment variables a child keeps by default; everything else (API keys included) is dropped.
 pub(crate) const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TERM", "TMPDIR"];
 
-/// The child's environment: the allowlist, every `LC_*`, and the explicit passthrough names.
-pub(crate) fn child_env(passthrough: &[String]) -> Vec<(String, String)> {
+/// The child's environment: the allowlist, every `LC_*`, and the explicit passthrough names; `HOME`,
+/// the caches and configuration libraries write (matplotlib's, fontconfig's) in the run's own scratch
+/// (`scratch/home`, never collected), and with a filesystem view `TMPDIR=/tmp` (the host's does not
+/// exist there).
+pub(crate) fn child_env(passthrough: &[String], scratch: &Path, view: bool) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = std::env::vars()
         .filter(|(name, _)| {
             ENV_ALLOWLIST.contains(&name.as_str())
@@ -15,6 +20,20 @@ pub(crate) fn child_env(passthrough: &[String]) -> Vec<(String, String)> {
     // There is no display: matplotlib draws off-screen, and open figures are saved as PNG artifacts.
     if !env.iter().any(|(name, _)| name == "MPLBACKEND") {
         env.push(("MPLBACKEND".into(), "Agg".into()));
+    }
+    let home = scratch.join("home");
+    let mut set = |name: &str, value: String| {
+        if !passthrough.iter().any(|p| p == name) {
+            env.retain(|(n, _)| n != name);
+            env.push((name.into(), value));
+        }
+    };
+    set("HOME", home.display().to_string());
+    set("XDG_CACHE_HOME", home.join(".cache").display().to_string());
+    set("XDG_CONFIG_HOME", home.join(".config").display().to_string());
+    set("MPLCONFIGDIR", home.join(".config/matplotlib").display().to_string());
+    if view {
+        set("TMPDIR", "/tmp".into());
     }
     env
 }

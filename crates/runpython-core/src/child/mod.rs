@@ -9,8 +9,12 @@ mod pool;
 mod run_dir;
 mod spawn;
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use runpython_store::BeneathDir;
 
 pub(crate) use code_dir::{bytecode_ready, code_dir, code_version, ensure_bytecode};
 pub(crate) use output::{capture, take_capture, Captured, Closed, HeadTail};
@@ -27,8 +31,12 @@ use crate::sandbox::Sandbox;
 #[derive(Debug)]
 pub(crate) struct Slot {
     pub run_dir: tempfile::TempDir,
-    pub work_dir: PathBuf,
     pub spawned: Spawned,
+    /// Where the run writes (its scratch: `work/`, `saved/`, ...), held since before the code started:
+    /// the host reads the run's files beneath it only.
+    pub scratch: Arc<BeneathDir>,
+    /// Where `save_artifact` writes, as the code sees it.
+    pub saved_dir: PathBuf,
     pub isolation: Isolation,
     pub born: Instant,
 }
@@ -64,12 +72,42 @@ impl SlotSpec {
             self.timeout,
         )?;
         let isolation = plan.report.clone();
-        let env = env::child_env(&self.env_passthrough);
-        let spawned = spawn::spawn_runner(python, code_dir, warm_up, &work_dir, &env, plan)?;
+        // The scratch as the code sees it: inside the view, or the host's run directory.
+        let scratch_path = if plan.has_view() {
+            PathBuf::from(crate::sandbox::SCRATCH)
+        } else {
+            run_dir.path().to_owned()
+        };
+        let env = env::child_env(&self.env_passthrough, &scratch_path, plan.has_view());
+        let held = if plan.has_view() {
+            None
+        } else {
+            Some(BeneathDir::open(run_dir.path()).map_err(|source| {
+                Error::io("opening the run directory", run_dir.path(), source)
+            })?)
+        };
+        let mut spawned = spawn::spawn_runner(python, code_dir, warm_up, &work_dir, &env, plan)?;
+        let scratch = match (held, spawned.handoff.take()) {
+            (Some(held), _) => held,
+            (None, Some(handoff)) => {
+                // The run's first process sent it before the interpreter could start.
+                let fd = crate::sandbox::recv_fd(handoff.as_raw_fd())
+                    .and_then(|fd| BeneathDir::from_fd(fd.as_fd()))
+                    .map_err(|source| Error::SandboxSetup {
+                        step: "handing the run's scratch directory to the host",
+                        source,
+                    })?;
+                fd
+            }
+            (None, None) => {
+                return Err(Error::Internal("a run with a view has no handoff socket".into()))
+            }
+        };
         Ok(Slot {
             run_dir,
-            work_dir,
             spawned,
+            scratch: Arc::new(scratch),
+            saved_dir: scratch_path.join("saved"),
             isolation,
             born: Instant::now(),
         })

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 
-/// A fresh private run directory with its `work` subdirectory (the code's cwd).
+/// A fresh private run directory with its `work` (the code's cwd without a view), `saved` and `home`.
 pub(crate) fn create() -> Result<(tempfile::TempDir, std::path::PathBuf), Error> {
     sweep_stale_run_dirs();
     let tmp = std::env::temp_dir();
@@ -16,9 +16,20 @@ pub(crate) fn create() -> Result<(tempfile::TempDir, std::path::PathBuf), Error>
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir_in(&tmp)
         .map_err(|source| Error::io("creating the run directory", &tmp, source))?;
+    // Without a filesystem view the code works here; with one, these stay empty (its scratch, with
+    // the same layout, is a tmpfs inside the view).
+    for (dir, mode) in crate::sandbox::SCRATCH_DIRS {
+        if dir == "tmp" || dir == "shm" {
+            continue;
+        }
+        let path = run_dir.path().join(dir);
+        std::fs::create_dir(&path)
+            .and_then(|()| {
+                std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            })
+            .map_err(|source| Error::io("creating the run directory", &path, source))?;
+    }
     let work_dir = run_dir.path().join("work");
-    std::fs::create_dir(&work_dir)
-        .map_err(|source| Error::io("creating the run's working directory", &work_dir, source))?;
     Ok((run_dir, work_dir))
 }
 

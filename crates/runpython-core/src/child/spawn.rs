@@ -46,6 +46,10 @@ pub(crate) struct Spawned {
     pub child: tokio::process::Child,
     pub guard: GroupGuard,
     pub result: tokio::net::unix::pipe::Receiver,
+    /// The run's cgroup: removed when the run is over (dropped after the group is killed).
+    pub cgroup: Option<crate::sandbox::RunCgroup>,
+    /// With a filesystem view: the host's end of the socket the run's scratch arrives through.
+    pub handoff: Option<OwnedFd>,
 }
 
 /// Starts `python -I -S -X utf8 -c BOOTSTRAP CODE_DIR` in `cwd`, in a new process group, with a scrubbed
@@ -59,6 +63,15 @@ pub(crate) fn spawn_runner(
     mut plan: crate::sandbox::Plan,
 ) -> Result<Spawned, Error> {
     let sweep_uid = plan.sweep_uid;
+    let cgroup = plan.take_cgroup();
+    let handoff = if plan.has_view() {
+        let (host, child) = crate::sandbox::seqpacket_pair()
+            .map_err(|e| Error::io_pathless("creating the socket the run's scratch comes through", e))?;
+        plan.set_handoff(child);
+        Some(host)
+    } else {
+        None
+    };
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "-I".as_ref(),
         "-S".as_ref(),
@@ -127,6 +140,8 @@ pub(crate) fn spawn_runner(
         child,
         guard,
         result,
+        cgroup,
+        handoff,
     })
 }
 

@@ -59,6 +59,8 @@ pub(super) struct Attempt {
     pub files: Option<CollectedFiles>,
     pub bridge_stats: Option<Arc<BridgeStats>>,
     pub journal: Option<Journal>,
+    /// The kernel killed a process of the run for going over the run's memory limit (its cgroup).
+    pub oom_killed: bool,
 }
 
 impl RunPython {
@@ -113,8 +115,9 @@ impl RunPython {
         let code_dir = code_dir()?;
         let Slot {
             run_dir,
-            work_dir,
             spawned,
+            scratch,
+            saved_dir,
             isolation,
             ..
         } = slot;
@@ -189,6 +192,7 @@ impl RunPython {
 
         let mut child = spawned.child;
         let guard = spawned.guard;
+        let cgroup = spawned.cgroup;
 
         let mut stdin = child.stdin.take();
         let writer = tokio::spawn(async move {
@@ -302,7 +306,7 @@ impl RunPython {
                 Ending::Exited(_) | Ending::Answered | Ending::TimedOut | Ending::Bridge(_),
             ) => {
                 let mut files =
-                    crate::persist::collect_run_files(work_dir.clone(), keep.collect.clone())
+                    crate::persist::collect_run_files(Arc::clone(&scratch), keep.collect.clone())
                         .await?;
                 // What the code saved with save_artifact() is kept beside the files it wrote.
                 merge_saved(&mut files, &saved_artifacts);
@@ -310,6 +314,8 @@ impl RunPython {
             }
             _ => None,
         };
+        let oom_killed = cgroup.as_ref().is_some_and(|cg| cg.oom_killed());
+        drop(cgroup); // removed once its processes are gone, off this task
         discard_run_dir(run_dir);
 
         Ok(Attempt {
@@ -321,6 +327,7 @@ impl RunPython {
             files,
             bridge_stats,
             journal: journal.and_then(|j| j.lock().ok().map(|j| j.clone())),
+            oom_killed,
         })
     }
 }

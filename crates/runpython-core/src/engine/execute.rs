@@ -167,6 +167,7 @@ impl RunPython {
             files,
             bridge_stats,
             journal,
+            oom_killed,
         } = attempt;
 
         let (stdout, stdout_trunc) = stdout_captured.render(limits.max_output_chars);
@@ -190,6 +191,9 @@ impl RunPython {
             limits.max_return_bytes,
             timeout,
         )?;
+        if oom_killed {
+            crate::outcome::apply_memory_limit(&mut envelope, self.inner.sandbox.run_memory_bytes);
+        }
         if bridge_stats.as_ref().is_some_and(|s| s.limit_exceeded()) {
             apply_tool_limit(&mut envelope, self.inner.bridge.max_calls);
         }

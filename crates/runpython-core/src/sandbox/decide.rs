@@ -5,8 +5,9 @@
 use std::path::PathBuf;
 
 use super::probe::{Kernel, NS_NAMES};
+use super::seccomp::Extra;
 use super::Sandbox;
-use crate::envelope::{Isolation, RlimitReport};
+use crate::envelope::{Isolation, LimitReport, RlimitReport};
 
 /// Who the host is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,12 @@ pub(crate) struct Decision {
     pub rlimits: bool,
     /// `RLIMIT_NPROC`, when it can be enforced.
     pub nproc: Option<u64>,
+    /// The code sees a filesystem view built from an allowlist, with a size-capped scratch.
+    pub view: bool,
+    /// The run gets a cgroup of this hierarchy (`"cgroup-v2"`, `"cgroup-v1"`).
+    pub cgroup: Option<&'static str>,
+    /// What the seccomp filter refuses on top of the deny-list.
+    pub seccomp_extra: Extra,
     /// Requested layers that are not available, each with the reason.
     pub missing: Vec<String>,
 }
@@ -82,6 +89,32 @@ impl Decision {
                 "process-group"
             }
             .into(),
+            filesystem: if self.view { "allowlist" } else { "host" }.into(),
+            memory: match (self.cgroup, self.rlimits) {
+                (Some(kind), _) => LimitReport {
+                    bytes: Some(config.run_memory_bytes),
+                    enforced_by: kind.into(),
+                },
+                (None, true) => LimitReport {
+                    bytes: Some(config.memory_bytes),
+                    enforced_by: "rlimit".into(),
+                },
+                (None, false) => LimitReport {
+                    bytes: None,
+                    enforced_by: "none".into(),
+                },
+            },
+            disk: if self.view {
+                LimitReport {
+                    bytes: Some(config.disk_bytes),
+                    enforced_by: "tmpfs".into(),
+                }
+            } else {
+                LimitReport {
+                    bytes: None,
+                    enforced_by: "none".into(),
+                }
+            },
             missing: self.missing.clone(),
         }
     }
@@ -193,6 +226,32 @@ pub(crate) fn decide(
         ));
     }
 
+    // The filesystem view and its size-capped scratch need a mount namespace.
+    let view = unshare & libc::CLONE_NEWNS != 0;
+    if config.namespaces && !view {
+        missing.push(
+            "filesystem view: needs a mount namespace, so the code sees the host's tree (Landlock \
+             alone restricts it) and nothing caps what it writes"
+                .into(),
+        );
+    }
+
+    let cgroup = match (&kernel.cgroup, config.cgroups) {
+        (Ok(kind), true) => Some(*kind),
+        (Err(why), true) => {
+            missing.push(format!(
+                "memory limit for the whole run: no cgroup ({why}); each process's address space is \
+                 limited instead, and memfd_create and SysV shared memory are refused"
+            ));
+            None
+        }
+        (_, false) => None,
+    };
+    let seccomp_extra = Extra {
+        shared_memory: cgroup.is_none(),
+        vsock: unshare & libc::CLONE_NEWNET != 0,
+    };
+
     Decision {
         unshare,
         pid_ns,
@@ -202,6 +261,9 @@ pub(crate) fn decide(
         seccomp,
         rlimits: config.rlimits,
         nproc,
+        view,
+        cgroup,
+        seccomp_extra,
         missing,
     }
 }

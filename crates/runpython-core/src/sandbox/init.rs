@@ -14,11 +14,11 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use super::sys::{
-    close_from, cvt, read_exact_fd, set_pdeathsig, set_rlimit, write_all_fd, AtStep, Step,
-    StepError,
+    cloexec_from, close_from, cvt, read_exact_fd, send_fd, set_pdeathsig, set_rlimit,
+    write_all_fd, zero_host_args, AtStep, Step, StepError,
 };
 use super::userns::{drop_ids, forbid_nested_user_namespaces};
-use super::{landlock, mounts, seccomp, Plan};
+use super::{cgroup, landlock, mounts, seccomp, Plan};
 
 /// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
 /// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
@@ -28,12 +28,18 @@ pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
 }
 
 fn enter_steps(plan: &Plan) -> Result<(), StepError> {
+    // First of all, so every process of the run is counted (and limited) by its cgroup.
+    let procs: &[RawFd] = match plan.cgroup_procs.iter().position(|&fd| fd < 0) {
+        Some(n) => &plan.cgroup_procs[..n],
+        None => &plan.cgroup_procs,
+    };
+    cgroup::join(procs)?;
     // Replicating a crash signal must not write a core file.
     set_rlimit(libc::RLIMIT_CORE, 0, 0).at(Step::Rlimit)?;
-    if plan.mounts_as_root {
+    if let (true, Some(view)) = (plan.view_as_root, &plan.view) {
         // SAFETY: unshare with a constant flag.
         cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).at(Step::Unshare)?;
-        mounts::run(&plan.mounts)?;
+        mounts::build(view)?;
     }
     if let Some(netns) = &plan.netns {
         if let Some(owner) = &netns.owner {
@@ -65,9 +71,21 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
             cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
                 .at(Step::Hostname)?;
         }
-        if !plan.mounts_as_root {
-            mounts::run(&plan.mounts)?;
+        if let (false, Some(view)) = (plan.view_as_root, &plan.view) {
+            mounts::build(view)?;
         }
+    }
+    if let Some(view) = &plan.view {
+        // The host's tree goes; the host gets the scratch (before any code runs) to read the run's
+        // files beneath it.
+        let scratch = mounts::pivot(view)?;
+        let sent = match &plan.handoff {
+            Some(sock) => send_fd(sock.as_raw_fd(), scratch).at(Step::HandOverScratch),
+            None => Ok(()),
+        };
+        // SAFETY: closing the descriptor pivot opened.
+        unsafe { libc::close(scratch) };
+        sent?;
     }
     if let Some(n) = plan.nproc {
         // Set after entering the user namespace: the limit then counts the run's own processes.
@@ -104,7 +122,8 @@ fn restrict_interpreter(plan: &Plan) -> Result<(), StepError> {
     if let Some(filter) = plan.seccomp {
         seccomp::install(filter)?;
     }
-    Ok(())
+    // The interpreter gets stdin, stdout, stderr, the result pipe and the bridge, nothing else.
+    cloexec_from(5).at(Step::CloseDescriptors)
 }
 
 /// In the innermost namespace, after `/proc` is mounted: Landlock rules on the run's own tmpfs and
@@ -115,7 +134,7 @@ fn inner_setup(plan: &Plan) -> Result<(), StepError> {
             landlock::add_inner_rule(ruleset, path, *access)?;
         }
     }
-    if !plan.mounts.ops.is_empty() {
+    if plan.view.is_none() && plan.unshare & libc::CLONE_NEWNS != 0 {
         // SAFETY: chdir to a NUL-terminated path.
         cvt(unsafe { libc::chdir(plan.work_dir.as_ptr()) }).at(Step::Chdir)?;
     }
@@ -156,6 +175,9 @@ struct InitArgs {
 /// neither copies the host's page tables nor takes copy-on-write faults, and H execs directly. S
 /// returns only on a setup failure; otherwise it supervises G.
 fn start_init(plan: &Plan, exec: &Exec) -> Result<(), StepError> {
+    // G shares this memory, which is a copy of the host's: its `/proc/1/cmdline` must not show the
+    // host's command line (inputs, tool commands, store URLs).
+    zero_host_args(plan.host_args);
     let page = SharedStatus::new()?;
     let mut fds = [-1; 2];
     // SAFETY: pipe2 into a live array; mmap of anonymous private memory.
@@ -225,6 +247,9 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
         // G holds a copy of the host's memory: nothing in the run may read it through /proc/1.
         // SAFETY: prctl with integer arguments (the flag belongs to the memory S and G share).
         cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).at(Step::Dumpable)?;
+        // Its name in the run's /proc is its own, not the host binary's.
+        // SAFETY: prctl with a NUL-terminated constant.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c"runpython-init".as_ptr(), 0, 0, 0) };
         mounts::mount_proc()?;
         inner_setup(plan)?;
         let mut h_args = args;

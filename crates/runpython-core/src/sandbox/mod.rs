@@ -50,6 +50,7 @@
 //! - The code never runs as host root when `drop_privileges` is on (root is exempt from `RLIMIT_NPROC`).
 //! - Every layer that is off or refused is reported in `isolation`; nothing degrades silently.
 
+mod cgroup;
 mod decide;
 mod init;
 mod landlock;
@@ -61,21 +62,24 @@ mod sys;
 mod userns;
 
 use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
+pub(crate) use cgroup::RunCgroup;
 pub(crate) use init::enter;
+pub(crate) use mounts::{SCRATCH, SCRATCH_DIRS};
 pub(crate) use netns::refill as refill_netns;
-pub(crate) use sys::StepError;
+pub(crate) use sys::{recv_fd, seqpacket_pair, StepError};
 pub(crate) use userns::{is_run_uid, kill_all_of_uid};
 
 use crate::envelope::Isolation;
 use crate::error::Error;
 use decide::{decide, Decision, Host};
 use init::Exec;
-use mounts::{cstring, MountPlan};
+use mounts::{cstring, View, ViewSpec};
 use netns::ReadyNetns;
 use sys::{getegid, geteuid};
 use userns::IdMaps;
@@ -103,16 +107,27 @@ pub struct Sandbox {
     pub drop_privileges: bool,
     /// Refuse to run (an `Err`) when a requested layer is unavailable (default off: degrade and report).
     pub require: bool,
-    /// `RLIMIT_AS` of the interpreter (default 4 GiB).
+    /// `RLIMIT_AS` of each of the run's processes (default 4 GiB).
     pub memory_bytes: u64,
+    /// The run's total memory: every process, shared memory, `memfd`s and the scratch's pages
+    /// together (default 4 GiB). Enforced by a cgroup per run where the host offers one (see
+    /// [`Sandbox::cgroups`]); elsewhere `memfd_create` and SysV shared memory are refused instead and
+    /// `isolation.missing` says so.
+    pub run_memory_bytes: u64,
+    /// Everything the run may write in total, its working directory, `/tmp` and `/dev/shm` together
+    /// (default 1 GiB): one tmpfs of this size (needs a mount namespace).
+    pub disk_bytes: u64,
+    /// A cgroup per run for its total memory and processes (default on): cgroup v2 where this host may
+    /// create cgroups with the memory controller (a delegated subtree), else the v1 `memory` and
+    /// `pids` hierarchies where they are writable.
+    pub cgroups: bool,
     /// `RLIMIT_FSIZE`: the largest file the code may write (default 1 GiB).
     pub file_size_bytes: u64,
     /// `RLIMIT_NOFILE` (default 1024).
     pub open_files: u64,
-    /// `RLIMIT_NPROC`: processes and threads inside the run (default 256).
+    /// `RLIMIT_NPROC`: processes and threads inside the run (default 256; its cgroup, when there is
+    /// one, allows a few more for the run's own init).
     pub processes: u64,
-    /// Size of the private `/tmp` and `/dev/shm` (default 256 MiB each).
-    pub tmp_bytes: u64,
     /// More directories the code may read (a prepared environment, data).
     pub read_paths: Vec<PathBuf>,
 }
@@ -128,10 +143,12 @@ impl Default for Sandbox {
             drop_privileges: true,
             require: false,
             memory_bytes: 4 << 30,
+            run_memory_bytes: 4 << 30,
+            disk_bytes: 1 << 30,
+            cgroups: true,
             file_size_bytes: 1 << 30,
             open_files: 1024,
             processes: 256,
-            tmp_bytes: 256 << 20,
             read_paths: Vec::new(),
         }
     }
@@ -146,6 +163,7 @@ impl Sandbox {
             rlimits: false,
             seccomp: false,
             drop_privileges: false,
+            cgroups: false,
             ..Self::default()
         }
     }
@@ -154,10 +172,10 @@ impl Sandbox {
 /// Everything the child needs, prepared in the host. Used between fork and exec by [`enter`].
 #[derive(Debug)]
 pub(crate) struct Plan {
-    /// Mount operations run as root before dropping privileges (root host) instead of after entering
-    /// the user namespace.
-    mounts_as_root: bool,
-    mounts: MountPlan,
+    /// The filesystem view is built as root before dropping privileges (root host) instead of after
+    /// entering the user namespace.
+    view_as_root: bool,
+    view: Option<View>,
     drop_to: Option<(u32, u32)>,
     unshare: libc::c_int,
     ids: IdMaps,
@@ -169,13 +187,23 @@ pub(crate) struct Plan {
     /// Limits set in the interpreter just before exec.
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     landlock: Option<OwnedFd>,
-    /// Landlock rules on directories that only exist inside the run (its tmpfs, its `/proc`).
+    /// Landlock rules on directories that only exist inside the run (its scratch, its `/proc`).
     landlock_inner: Vec<(CString, u64)>,
     /// A fresh, empty network namespace created ahead of time by the host ([`netns::take`]); S joins
     /// it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
     netns: Option<ReadyNetns>,
+    /// The run's cgroup; S writes itself into it first. Taken by the spawner, which keeps it for the
+    /// run's life (see [`Plan::take_cgroup`]).
+    cgroup: Option<RunCgroup>,
+    cgroup_procs: [RawFd; 2],
+    /// The child's end of the socket the scratch's descriptor is handed to the host through.
+    handoff: Option<OwnedFd>,
+    /// Where the host's argv and environment lie in memory (copied into S by the fork): zeroed before
+    /// the run's init, which shares S's memory, can show them in `/proc/1/cmdline`.
+    host_args: (usize, usize),
     /// The interpreter's command line, when the caller lets H exec it (see [`Plan::exec_with`]).
     exec: Option<Exec>,
+    /// The working directory when there is no view (the host's run directory).
     work_dir: CString,
     /// The uid whose every process is killed at the end when there is no PID namespace.
     pub(crate) sweep_uid: Option<u32>,
@@ -194,27 +222,49 @@ fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
 }
 
-/// The directories the code reads: the interpreter's prefix, runpython's code dir, `read_paths`, and
-/// `extra_reads` (the run's environment).
-fn read_dirs(
-    config: &Sandbox,
-    python: &Path,
-    code_dir: &Path,
-    extra_reads: &[&Path],
-) -> Vec<PathBuf> {
-    let prefix = python
-        .parent()
-        .and_then(Path::parent)
-        .map(canonical)
-        .unwrap_or_else(|| PathBuf::from("/usr"));
-    let mut dirs = vec![prefix, canonical(code_dir)];
+/// The directories the code reads: the interpreter's prefix (of the path given, and of the binary it
+/// resolves to), runpython's code dir, `read_paths`, and `extra_reads` (the run's environment).
+fn read_dirs(config: &Sandbox, python: &Path, code_dir: &Path, extra_reads: &[&Path]) -> Vec<PathBuf> {
+    let prefix = |exe: &Path| {
+        exe.parent()
+            .and_then(Path::parent)
+            .map(canonical)
+            .unwrap_or_else(|| PathBuf::from("/usr"))
+    };
+    let mut dirs = vec![prefix(python)];
+    if let Ok(real) = std::fs::canonicalize(python) {
+        let real_prefix = prefix(&real);
+        if !dirs.contains(&real_prefix) {
+            dirs.push(real_prefix);
+        }
+    }
+    dirs.push(canonical(code_dir));
     dirs.extend(config.read_paths.iter().map(|p| canonical(p)));
     dirs.extend(extra_reads.iter().map(|p| canonical(p)));
     dirs
 }
 
-/// Decides the run's layers and prepares them: the uid, the mount plan, the Landlock ruleset, the
-/// rlimits, a ready network namespace; hands the run directory to the uid.
+/// Where this process's argv and environment strings lie (fields 48–51 of `/proc/self/stat`), read
+/// once: the same addresses in every fork of it.
+fn host_args() -> (usize, usize) {
+    static ARGS: OnceLock<(usize, usize)> = OnceLock::new();
+    *ARGS.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+        let fields: Vec<usize> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().filter_map(|f| f.parse().ok()).collect())
+            .unwrap_or_default();
+        // After ')' the fields start at 3: arg_start is field 48, env_end field 51.
+        match (fields.get(45), fields.get(48)) {
+            (Some(&start), Some(&end)) if start < end && end - start < (64 << 20) => (start, end),
+            _ => (0, 0),
+        }
+    })
+}
+
+/// Decides the run's layers and prepares them: the uid, the filesystem view, the Landlock ruleset,
+/// the rlimits, the cgroup, a ready network namespace.
 pub(crate) fn prepare(
     config: &Sandbox,
     python: &Path,
@@ -226,9 +276,7 @@ pub(crate) fn prepare(
     let kernel = probe::kernel();
     let read_dirs = read_dirs(config, python, code_dir, extra_reads);
     let mut decision = decide(config, kernel, host(), || {
-        read_dirs
-            .iter()
-            .find_map(|d| mounts::first_untraversable(d))
+        read_dirs.iter().find_map(|d| mounts::first_untraversable(d))
     });
     let run_dir = canonical(run_dir);
     let drop_to = decision.drop_privileges.then(|| {
@@ -237,10 +285,20 @@ pub(crate) fn prepare(
     });
     let (uid, gid) = drop_to.unwrap_or_else(|| (geteuid(), getegid()));
 
-    let mounts = if decision.unshare & libc::CLONE_NEWNS != 0 {
-        mounts::plan(&read_dirs, &run_dir, config.tmp_bytes, drop_to.is_some())?
+    let view = if decision.view {
+        let root = run_dir.join("root");
+        std::fs::create_dir(&root)
+            .map_err(|source| Error::io("creating the run's root mount point", &root, source))?;
+        Some(mounts::plan(&ViewSpec {
+            root: &root,
+            read_paths: &read_dirs,
+            disk_bytes: config.disk_bytes,
+            owner: drop_to,
+            pid_ns: decision.pid_ns,
+            allow_network: config.allow_network,
+        })?)
     } else {
-        MountPlan::default()
+        None
     };
 
     let mut landlock_inner = Vec::new();
@@ -249,10 +307,9 @@ pub(crate) fn prepare(
         Some(abi) => match landlock::ruleset(abi, &read_dirs, &run_dir) {
             Ok(fd) => {
                 let (all, read) = (landlock::access_all(abi), landlock::access_read(abi));
-                if decision.unshare & libc::CLONE_NEWNS != 0 {
-                    landlock_inner.push((c"/tmp".to_owned(), all));
-                    if Path::new("/dev/shm").is_dir() {
-                        landlock_inner.push((c"/dev/shm".to_owned(), all));
+                if view.is_some() {
+                    for dir in [mounts::SCRATCH, "/tmp", "/dev/shm"] {
+                        landlock_inner.push((cstring(Path::new(dir))?, all));
                     }
                 }
                 if decision.pid_ns {
@@ -266,6 +323,22 @@ pub(crate) fn prepare(
                 None
             }
         },
+    };
+
+    let cgroup = match (decision.cgroup, cgroup::hierarchy()) {
+        (Some(_), Ok(h)) => match RunCgroup::create(h, config.run_memory_bytes, config.processes) {
+            Ok(made) => Some(made),
+            Err(e) => {
+                // The hierarchy was usable a moment ago: say why this run has no cgroup.
+                decision.missing.push(format!(
+                    "memory limit for the whole run: the run's cgroup could not be made ({e})"
+                ));
+                decision.cgroup = None;
+                decision.seccomp_extra.shared_memory = true;
+                None
+            }
+        },
+        _ => None,
     };
 
     if config.require && !decision.missing.is_empty() {
@@ -284,17 +357,13 @@ pub(crate) fn prepare(
         Vec::new()
     };
 
-    if let Some((uid, gid)) = drop_to {
-        let work = run_dir.join("work");
-        for path in [
-            run_dir.as_path(),
-            work.as_path(),
-            &run_dir.join("bridge.sock"),
-        ] {
-            match std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
+    if let (Some((uid, gid)), None) = (drop_to, &view) {
+        // Without a view the code works in the host's run directory: it must be the run uid's.
+        for path in [run_dir.clone(), run_dir.join("work"), run_dir.join("saved"), run_dir.join("home")] {
+            match std::os::unix::fs::lchown(&path, Some(uid), Some(gid)) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && path != run_dir => {}
                 r => r.map_err(|source| {
-                    Error::io("handing the run directory to the run's uid", path, source)
+                    Error::io("handing the run directory to the run's uid", &path, source)
                 })?,
             }
         }
@@ -306,6 +375,7 @@ pub(crate) fn prepare(
         pid_ns,
         forbid_nested_userns,
         seccomp,
+        seccomp_extra,
         nproc,
         ..
     } = decision;
@@ -325,19 +395,33 @@ pub(crate) fn prepare(
         Some(_) => IdMaps::new(0, 0),
         None => IdMaps::new(uid, gid),
     };
+    let mut cgroup_procs = [-1; 2];
+    if let Some(cg) = &cgroup {
+        for (slot, fd) in cgroup_procs.iter_mut().zip(cg.procs_fds()) {
+            *slot = fd;
+        }
+    }
     Ok(Plan {
-        mounts_as_root: drop_to.is_some(),
-        mounts,
+        view_as_root: drop_to.is_some(),
+        view,
         drop_to,
         unshare,
         ids,
         forbid_nested_userns,
-        seccomp: if seccomp { seccomp::filter() } else { None },
+        seccomp: if seccomp {
+            seccomp::filter(seccomp_extra)
+        } else {
+            None
+        },
         nproc,
         rlimits,
         landlock,
         landlock_inner,
         netns,
+        cgroup,
+        cgroup_procs,
+        handoff: None,
+        host_args: host_args(),
         exec: None,
         work_dir: cstring(&run_dir.join("work"))?,
         sweep_uid: drop_to.filter(|_| !pid_ns).map(|(uid, _)| uid),
@@ -354,16 +438,9 @@ fn cpu_seconds(timeout: Duration) -> u64 {
 /// `RunPython::isolation_report`). The uid is the host's, or the first of the run range when runs get a
 /// fresh one.
 pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, Error> {
-    let read_dirs = read_dirs(
-        config,
-        Path::new("/usr/bin/python3"),
-        Path::new("/usr"),
-        &[],
-    );
+    let read_dirs = read_dirs(config, Path::new("/usr/bin/python3"), Path::new("/usr"), &[]);
     let decision = decide(config, probe::kernel(), host(), || {
-        read_dirs
-            .iter()
-            .find_map(|d| mounts::first_untraversable(d))
+        read_dirs.iter().find_map(|d| mounts::first_untraversable(d))
     });
     if config.require && !decision.missing.is_empty() {
         return Err(Error::IsolationUnavailable(decision.missing.join("; ")));
@@ -377,6 +454,22 @@ pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, E
 }
 
 impl Plan {
+    /// The run's cgroup, which must live as long as the run (its drop removes it).
+    pub(crate) fn take_cgroup(&mut self) -> Option<RunCgroup> {
+        self.cgroup.take()
+    }
+
+    /// The socket the run's first process hands the scratch's descriptor to the host through (the
+    /// child's end; the host keeps the other). Only with a filesystem view.
+    pub(crate) fn set_handoff(&mut self, child_end: OwnedFd) {
+        self.handoff = Some(child_end);
+    }
+
+    /// Whether the run has a filesystem view (and so hands its scratch to the host).
+    pub(crate) fn has_view(&self) -> bool {
+        self.view.is_some()
+    }
+
     /// Lets the run's processes G and H share S's memory instead of copying it (`CLONE_VM`): H then
     /// execs `program` with `args` and `env` itself, as std would have.
     pub(crate) fn exec_with(

@@ -1,29 +1,101 @@
-//! The run's view of the filesystem: a mount plan built in the host, executed between fork and exec.
+//! The run's view of the filesystem, built from an allowlist (as bubblewrap and nsjail do), never the
+//! host's tree with holes punched in it.
+//!
+//! A fresh tmpfs becomes the run's root. Into it go, read-only, the system directories (`/usr`, `/etc`,
+//! `/lib*`, `/bin`, `/sbin`, `/sys`), the interpreter's prefix, runpython's code dir, the run's prepared
+//! environment and any `read_paths`; a minimal `/dev` (null, zero, full, random, urandom and the
+//! `/proc/self/fd` links); the run's own `/proc` (mounted by its init). Everything the code may write is
+//! one more tmpfs of `disk_bytes`, the *scratch*, mounted at [`SCRATCH`]: `work/` (the code's cwd),
+//! `tmp/` (bound onto `/tmp`), `shm/` (bound onto `/dev/shm`) and `saved/` (what `save_artifact` hands
+//! the host). Nothing else of the host exists in the view: no `/run`, `/var`, `/home`, `/root`, so no
+//! host Unix socket can be named. The host keeps a descriptor of the scratch, handed over by the run's
+//! first process before any code runs, and reads the run's files beneath it.
+//!
+//! The plan is built in the host ([`plan`]); [`build`] and [`pivot`] run between fork and exec and make
+//! plain system calls on its precomputed C strings.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
-use super::sys::{cvt, AtStep, Step, StepError};
+use super::sys::{cvt, cvt_long, AtStep, Step, StepError};
 use crate::error::Error;
 
-/// One step of building the run's view of the filesystem, in order.
+/// Where the scratch is mounted inside the view.
+pub(crate) const SCRATCH: &str = "/runpython";
+
+/// The directories of the scratch, relative to it: the code's cwd, `/tmp`, `/dev/shm`, saved
+/// artifacts, and `HOME` (with the caches and configuration libraries write, never collected).
+pub(crate) const SCRATCH_DIRS: [(&str, u32); 5] = [
+    ("work", 0o700),
+    ("tmp", 0o1777),
+    ("shm", 0o1777),
+    ("saved", 0o700),
+    ("home", 0o700),
+];
+
+/// System directories bound read-only (or re-created as the same symlink, for a merged `/usr`).
+const SYSTEM: [&str; 9] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys",
+];
+
+/// Device nodes bound into the view's `/dev`.
+const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+/// One step of building the view, in order.
 #[derive(Debug)]
-pub(crate) enum MountOp {
-    /// A fresh tmpfs over `target` (hides what was there).
+enum Op {
+    /// A fresh tmpfs over `target`.
     Tmpfs { target: CString, data: CString },
-    /// A directory inside a tmpfs laid over an ancestor (an existing one is fine).
-    Mkdir(CString),
-    /// The host directory `sources[source]` (opened before the first tmpfs) bound onto `target`.
-    Bind { source: usize, target: CString },
+    /// A directory (an existing one is fine), then exactly `mode`.
+    Mkdir { path: CString, mode: u32 },
+    /// Hands `path` to the run's uid (a root host builds the view before dropping to it).
+    Chown(CString),
+    /// An empty file to bind a file or device onto.
+    File(CString),
+    /// A symbolic link `path` -> `target`.
+    Symlink { target: CString, path: CString },
+    /// The host path `sources[source]` (opened before anything is mounted) bound onto `target`.
+    Bind {
+        source: usize,
+        target: CString,
+        readonly: bool,
+    },
+    /// A tmpfs of ours made read-only once everything is mounted in it.
+    ReadOnly(CString),
 }
 
-/// The mount operations of one run and the directories they bind (opened before anything is hidden).
+/// The run's filesystem view, planned in the host.
 #[derive(Debug, Default)]
-pub(crate) struct MountPlan {
-    pub bind_sources: Vec<CString>,
-    pub ops: Vec<MountOp>,
+pub(crate) struct View {
+    /// Host paths bound into the view, opened (`O_PATH`) before the first mount.
+    sources: Vec<CString>,
+    ops: Vec<Op>,
+    /// The host directory the new root is mounted on.
+    root: CString,
+    /// The scratch inside the view (for the descriptor handed to the host) and the cwd.
+    scratch: CString,
+    work: CString,
+    /// The run's uid and gid when the view is built as root before dropping to them.
+    owner: Option<(u32, u32)>,
+}
+
+/// What the view is built from.
+#[derive(Debug)]
+pub(crate) struct ViewSpec<'a> {
+    /// An empty host directory to mount the new root on.
+    pub root: &'a Path,
+    /// Directories (or files) the code reads: bound read-only at their own paths.
+    pub read_paths: &'a [PathBuf],
+    /// Size of the scratch (everything the code may write).
+    pub disk_bytes: u64,
+    /// The run's uid and gid, when a root host builds the view before dropping to them.
+    pub owner: Option<(u32, u32)>,
+    /// The run has its own PID namespace (its init mounts a fresh `/proc`); else the host's is bound.
+    pub pid_ns: bool,
+    /// The host's network is shared: its resolver configuration is bound too.
+    pub allow_network: bool,
 }
 
 /// A path as a C string; a NUL byte in it is the caller's error, named.
@@ -52,77 +124,316 @@ pub(crate) fn first_untraversable(dir: &Path) -> Option<PathBuf> {
         .map(Path::to_owned)
 }
 
-/// The filesystem view: a private /tmp and /dev/shm of `tmp_bytes` each, and (with a dropped uid) a
-/// tmpfs over every directory the uid cannot traverse (`/root`), with the directories the code needs
-/// (`read_dirs`, `run_dir`) bound back in place.
-pub(crate) fn plan(
-    read_dirs: &[PathBuf],
-    run_dir: &Path,
-    tmp_bytes: u64,
-    dropped_uid: bool,
-) -> Result<MountPlan, Error> {
-    let mut plan = MountPlan::default();
-    let mut overlays: Vec<(PathBuf, String)> = Vec::new();
-    let tmp_data = format!("mode=1777,size={tmp_bytes}");
-    overlays.push(("/tmp".into(), tmp_data.clone()));
-    if Path::new("/dev/shm").is_dir() {
-        overlays.push(("/dev/shm".into(), tmp_data));
+/// Plans the view.
+pub(crate) fn plan(spec: &ViewSpec<'_>) -> Result<View, Error> {
+    let mut b = Planner {
+        root: spec.root.to_owned(),
+        view: View {
+            root: cstring(spec.root)?,
+            scratch: cstring(Path::new(SCRATCH))?,
+            work: cstring(&Path::new(SCRATCH).join("work"))?,
+            owner: spec.owner,
+            ..View::default()
+        },
+        made: Vec::new(),
+        bound: Vec::new(),
+    };
+    b.tmpfs(Path::new("/"), "mode=0755,size=4m,nr_inodes=4096")?;
+    // The scratch: everything writable, one size limit.
+    let scratch = Path::new(SCRATCH);
+    b.mkdir(scratch, 0o755)?;
+    let mut data = format!("mode=0700,size={}", spec.disk_bytes.max(4096));
+    if let Some((uid, gid)) = spec.owner {
+        data.push_str(&format!(",uid={uid},gid={gid}"));
     }
-    let mut exposed: Vec<PathBuf> = read_dirs.to_vec();
-    exposed.push(run_dir.to_owned());
-    if dropped_uid {
-        // The run directory is handed to the uid; the others must stay as they are.
-        for dir in read_dirs {
-            if let Some(hidden) = first_untraversable(dir) {
-                if !overlays.iter().any(|(o, _)| hidden.starts_with(o)) {
-                    overlays.push((hidden, "mode=0755,size=1m".into()));
+    b.tmpfs(scratch, &data)?;
+    for (dir, mode) in SCRATCH_DIRS {
+        b.mkdir(&scratch.join(dir), mode)?;
+        b.chown(&scratch.join(dir))?;
+    }
+    b.mkdir(Path::new("/tmp"), 0o1777)?;
+    b.bind_inside(&scratch.join("tmp"), Path::new("/tmp"))?;
+    // A minimal /dev.
+    let dev = Path::new("/dev");
+    b.mkdir(dev, 0o755)?;
+    b.tmpfs(dev, "mode=0755,size=64k,nr_inodes=64")?;
+    for name in DEVICES {
+        let host = Path::new("/dev").join(name);
+        if host.exists() {
+            b.file(&host)?;
+            b.bind(&host, &host, false)?;
+        }
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        b.symlink(target, &dev.join(link))?;
+    }
+    b.mkdir(&dev.join("shm"), 0o1777)?;
+    b.bind_inside(&scratch.join("shm"), &dev.join("shm"))?;
+    b.read_only(dev)?;
+    // The system, read-only.
+    for dir in SYSTEM {
+        let path = Path::new(dir);
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(path) {
+                    b.symlink_path(&target, path)?;
                 }
+            }
+            Ok(meta) if meta.is_dir() => {
+                b.mkdir(path, 0o755)?;
+                b.bind(path, path, true)?;
+            }
+            _ => {}
+        }
+    }
+    b.mkdir(Path::new("/proc"), 0o555)?;
+    if !spec.pid_ns {
+        // No PID namespace, no fresh /proc: the host's (the isolation report says so).
+        b.bind(Path::new("/proc"), Path::new("/proc"), false)?;
+    }
+    // What the code reads: bound read-only at its own path, parents first.
+    let mut reads: Vec<PathBuf> = spec.read_paths.to_vec();
+    if spec.allow_network {
+        if let Ok(target) = std::fs::canonicalize("/etc/resolv.conf") {
+            if !target.starts_with("/etc") {
+                reads.push(target);
             }
         }
     }
-    overlays.sort_by_key(|(p, _)| p.as_os_str().len());
-    overlays.dedup_by(|a, b| a.0 == b.0);
-    for (target, data) in &overlays {
-        plan.ops.push(MountOp::Tmpfs {
-            target: cstring(target)?,
-            data: CString::new(data.as_str()).map_err(|e| Error::Internal(e.to_string()))?,
-        });
-    }
-    exposed.sort_by_key(|p| p.as_os_str().len());
-    let mut bound: Vec<PathBuf> = Vec::new();
-    for dir in exposed {
-        if bound.iter().any(|b| dir.starts_with(b)) {
+    reads.sort_by_key(|p| p.as_os_str().len());
+    reads.dedup();
+    for path in reads {
+        if !path.is_absolute() || b.covered(&path) || !path.exists() {
             continue;
         }
-        let Some((overlay, _)) = overlays
-            .iter()
-            .filter(|(o, _)| dir.starts_with(o) && dir != *o)
-            .max_by_key(|(o, _)| o.as_os_str().len())
-        else {
-            continue;
-        };
-        let mut path = overlay.clone();
-        for part in dir.strip_prefix(overlay).unwrap_or(&dir).components() {
-            path.push(part);
-            plan.ops.push(MountOp::Mkdir(cstring(&path)?));
+        b.mkdir_parents(&path)?;
+        if path.is_dir() {
+            b.mkdir(&path, 0o755)?;
+        } else {
+            b.file(&path)?;
         }
-        plan.ops.push(MountOp::Bind {
-            source: plan.bind_sources.len(),
-            target: cstring(&dir)?,
-        });
-        plan.bind_sources.push(cstring(&dir)?);
-        bound.push(dir);
+        b.bind(&path, &path, true)?;
     }
-    Ok(plan)
+    b.read_only(Path::new("/"))?;
+    Ok(b.view)
 }
 
-/// Runs the plan in the calling process's (new) mount namespace. Async-signal-safe.
-pub(crate) fn run(plan: &MountPlan) -> Result<(), StepError> {
-    const MAX_SOURCES: usize = 16;
-    if plan.ops.is_empty() {
+/// Builds a [`View`]'s operations with paths inside the new root.
+struct Planner {
+    root: PathBuf,
+    view: View,
+    /// Directories already made in the view.
+    made: Vec<PathBuf>,
+    /// Paths bound read-only (what lies beneath is covered).
+    bound: Vec<PathBuf>,
+}
+
+impl Planner {
+    /// `inside` (an absolute path in the view) as a host path under the new root.
+    fn host(&self, inside: &Path) -> Result<CString, Error> {
+        let rel = inside.strip_prefix("/").unwrap_or(inside);
+        if rel.as_os_str().is_empty() {
+            return cstring(&self.root);
+        }
+        cstring(&self.root.join(rel))
+    }
+
+    fn covered(&self, path: &Path) -> bool {
+        self.bound.iter().any(|b| path.starts_with(b))
+            || [Path::new("/proc"), Path::new("/dev"), Path::new(SCRATCH)]
+                .iter()
+                .any(|p| path.starts_with(p))
+    }
+
+    fn tmpfs(&mut self, inside: &Path, data: &str) -> Result<(), Error> {
+        let op = Op::Tmpfs {
+            target: self.host(inside)?,
+            data: CString::new(data).map_err(|e| Error::Internal(e.to_string()))?,
+        };
+        self.view.ops.push(op);
+        Ok(())
+    }
+
+    fn mkdir(&mut self, inside: &Path, mode: u32) -> Result<(), Error> {
+        if self.made.iter().any(|m| m == inside) {
+            return Ok(());
+        }
+        let op = Op::Mkdir {
+            path: self.host(inside)?,
+            mode,
+        };
+        self.view.ops.push(op);
+        self.made.push(inside.to_owned());
+        Ok(())
+    }
+
+    fn mkdir_parents(&mut self, inside: &Path) -> Result<(), Error> {
+        let parents: Vec<PathBuf> = inside
+            .ancestors()
+            .skip(1)
+            .filter(|a| a.parent().is_some())
+            .map(Path::to_owned)
+            .collect();
+        for parent in parents.into_iter().rev() {
+            self.mkdir(&parent, 0o755)?;
+        }
+        Ok(())
+    }
+
+    fn chown(&mut self, inside: &Path) -> Result<(), Error> {
+        if self.view.owner.is_some() {
+            let op = Op::Chown(self.host(inside)?);
+            self.view.ops.push(op);
+        }
+        Ok(())
+    }
+
+    fn file(&mut self, inside: &Path) -> Result<(), Error> {
+        let op = Op::File(self.host(inside)?);
+        self.view.ops.push(op);
+        Ok(())
+    }
+
+    fn symlink(&mut self, target: &str, inside: &Path) -> Result<(), Error> {
+        self.symlink_path(Path::new(target), inside)
+    }
+
+    fn symlink_path(&mut self, target: &Path, inside: &Path) -> Result<(), Error> {
+        let op = Op::Symlink {
+            target: cstring(target)?,
+            path: self.host(inside)?,
+        };
+        self.view.ops.push(op);
+        Ok(())
+    }
+
+    /// Binds the host path `source` onto `inside`.
+    fn bind(&mut self, source: &Path, inside: &Path, readonly: bool) -> Result<(), Error> {
+        let op = Op::Bind {
+            source: self.view.sources.len(),
+            target: self.host(inside)?,
+            readonly,
+        };
+        self.view.sources.push(cstring(source)?);
+        self.view.ops.push(op);
+        if readonly {
+            self.bound.push(inside.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Binds a path of the view onto another path of the view (scratch subdirectories): its source is
+    /// opened when bound, since it exists only once the scratch is mounted.
+    fn bind_inside(&mut self, from: &Path, inside: &Path) -> Result<(), Error> {
+        let source = self.host(from)?;
+        let op = Op::Bind {
+            source: self.view.sources.len() + INSIDE_SOURCE,
+            target: self.host(inside)?,
+            readonly: false,
+        };
+        self.view.sources.push(source);
+        self.view.ops.push(op);
+        Ok(())
+    }
+
+    fn read_only(&mut self, inside: &Path) -> Result<(), Error> {
+        let op = Op::ReadOnly(self.host(inside)?);
+        self.view.ops.push(op);
+        Ok(())
+    }
+}
+
+/// Bind sources at or above this index (less it) are paths inside the new root, opened when used
+/// (they exist only once the scratch is mounted) rather than before the first mount.
+const INSIDE_SOURCE: usize = 1 << 20;
+
+/// Most host paths a view binds (each opened before the first mount).
+const MAX_SOURCES: usize = 64;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// Makes the mount at `target` and everything below it read-only.
+fn make_read_only(target: &CString, fd_of_target: RawFd) -> Result<(), StepError> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr with a live attribute struct and its size.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc == 0 {
         return Ok(());
     }
-    // SAFETY: mount/open/mkdir/close with NUL-terminated paths prepared in the host.
+    // Before Linux 5.12: a remount of the top mount, keeping the flags the kernel locked on it.
+    let mut st: libc::statvfs = zeroed_statvfs();
+    // SAFETY: fstatvfs into a live struct (glibc takes the flags from the kernel's statfs).
+    cvt(unsafe { libc::fstatvfs(fd_of_target, &mut st) }).at(Step::ReadOnlyBind)?;
+    let keep = (st.f_flag as libc::c_ulong)
+        & (libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOATIME
+            | libc::MS_NODIRATIME | libc::MS_RELATIME);
+    // SAFETY: a remount with a NUL-terminated target.
+    cvt(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | keep,
+            std::ptr::null(),
+        )
+    })
+    .map(drop)
+    .at(Step::ReadOnlyBind)
+}
+
+fn zeroed_statvfs() -> libc::statvfs {
+    // SAFETY: statvfs is plain data; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Builds the view under its new root (not entered yet) and moves into that root: the working
+/// directory is what [`pivot`] enters later, possibly from a new mount namespace (unsharing one moves a
+/// process's working directory to the copy of its mount) and after dropping to a uid that could not
+/// traverse the root's host path. Async-signal-safe.
+pub(crate) fn build(view: &View) -> Result<(), StepError> {
+    let mut fds = [-1 as RawFd; MAX_SOURCES];
+    let result = build_with(view, &mut fds);
+    for fd in fds.into_iter().filter(|&fd| fd >= 0) {
+        // SAFETY: closing descriptors this function opened.
+        unsafe { libc::close(fd) };
+    }
+    result?;
+    // SAFETY: chdir to a NUL-terminated path prepared in the host.
+    cvt(unsafe { libc::chdir(view.root.as_ptr()) })
+        .map(drop)
+        .at(Step::PivotRoot)
+}
+
+fn build_with(view: &View, fds: &mut [RawFd; MAX_SOURCES]) -> Result<(), StepError> {
+    // SAFETY: every call below is a plain system call on NUL-terminated paths prepared in the host.
     unsafe {
         // Nothing done here may propagate back to the host.
         cvt(libc::mount(
@@ -133,17 +444,19 @@ pub(crate) fn run(plan: &MountPlan) -> Result<(), StepError> {
             std::ptr::null(),
         ))
         .at(Step::MountPrivate)?;
-        let mut fds = [-1; MAX_SOURCES];
-        for (i, source) in plan.bind_sources.iter().take(MAX_SOURCES).enumerate() {
-            fds[i] = cvt(libc::open(
-                source.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            ))
-            .at(Step::OpenBindSource)?;
+        for (i, source) in view.sources.iter().enumerate() {
+            if i >= MAX_SOURCES {
+                return Err(StepError::new(Step::OpenBindSource, libc::E2BIG));
+            }
+            if view.ops.iter().any(|op| matches!(op, Op::Bind { source, .. } if *source == i + INSIDE_SOURCE)) {
+                continue; // inside the new root: named by its path when bound
+            }
+            fds[i] = cvt(libc::open(source.as_ptr(), libc::O_PATH | libc::O_CLOEXEC))
+                .at(Step::OpenBindSource)?;
         }
-        for op in &plan.ops {
+        for op in &view.ops {
             match op {
-                MountOp::Tmpfs { target, data } => {
+                Op::Tmpfs { target, data } => {
                     cvt(libc::mount(
                         c"tmpfs".as_ptr(),
                         target.as_ptr(),
@@ -153,35 +466,117 @@ pub(crate) fn run(plan: &MountPlan) -> Result<(), StepError> {
                     ))
                     .at(Step::MountTmpfs)?;
                 }
-                MountOp::Mkdir(path) => {
-                    if libc::mkdir(path.as_ptr(), 0o755) < 0
+                Op::Mkdir { path, mode } => {
+                    if libc::mkdir(path.as_ptr(), 0o700) < 0 {
+                        if io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                            return Err(StepError::last(Step::MakeMountPoint));
+                        }
+                    } else {
+                        cvt(libc::chmod(path.as_ptr(), *mode)).at(Step::MakeMountPoint)?;
+                    }
+                }
+                Op::Chown(path) => {
+                    if let Some((uid, gid)) = view.owner {
+                        cvt(libc::chown(path.as_ptr(), uid, gid)).at(Step::MakeMountPoint)?;
+                    }
+                }
+                Op::File(path) => {
+                    let fd = libc::open(
+                        path.as_ptr(),
+                        libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        return Err(StepError::last(Step::MakeMountPoint));
+                    }
+                    libc::close(fd);
+                }
+                Op::Symlink { target, path } => {
+                    if libc::symlink(target.as_ptr(), path.as_ptr()) < 0
                         && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
                     {
                         return Err(StepError::last(Step::MakeMountPoint));
                     }
                 }
-                MountOp::Bind { source, target } => {
-                    let fd = *fds
-                        .get(*source)
-                        .ok_or(StepError::new(Step::OpenBindSource, libc::EINVAL))?;
+                Op::Bind {
+                    source,
+                    target,
+                    readonly,
+                } => {
+                    let (from, inside) = if *source >= INSIDE_SOURCE {
+                        (source - INSIDE_SOURCE, true)
+                    } else {
+                        (*source, false)
+                    };
                     let mut link = [0u8; 32];
-                    fd_link(fd, &mut link);
+                    let source_ptr = if inside {
+                        view.sources
+                            .get(from)
+                            .ok_or(StepError::new(Step::OpenBindSource, libc::EINVAL))?
+                            .as_ptr()
+                    } else {
+                        let fd = *fds
+                            .get(from)
+                            .ok_or(StepError::new(Step::OpenBindSource, libc::EINVAL))?;
+                        fd_link(fd, &mut link);
+                        link.as_ptr().cast()
+                    };
                     cvt(libc::mount(
-                        link.as_ptr().cast(),
+                        source_ptr,
                         target.as_ptr(),
                         std::ptr::null(),
                         libc::MS_BIND | libc::MS_REC,
                         std::ptr::null(),
                     ))
                     .at(Step::BindMount)?;
+                    if *readonly {
+                        let fd = cvt(libc::open(target.as_ptr(), libc::O_PATH | libc::O_CLOEXEC))
+                            .at(Step::ReadOnlyBind)?;
+                        let made = make_read_only(target, fd);
+                        libc::close(fd);
+                        made?;
+                    }
+                }
+                Op::ReadOnly(target) => {
+                    cvt(libc::mount(
+                        std::ptr::null(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID
+                            | libc::MS_NODEV,
+                        std::ptr::null(),
+                    ))
+                    .at(Step::ReadOnlyBind)?;
                 }
             }
         }
-        for fd in fds.into_iter().filter(|&fd| fd >= 0) {
-            libc::close(fd);
-        }
     }
     Ok(())
+}
+
+/// Enters the view from its root (the working directory): the new root becomes `/`, the host's tree is
+/// detached, the cwd is the scratch's `work/`. Returns a descriptor of the scratch (for the host).
+/// Async-signal-safe.
+pub(crate) fn pivot(view: &View) -> Result<RawFd, StepError> {
+    // SAFETY: pivot_root/umount2/chdir/open with NUL-terminated constants and prepared paths; the
+    // working directory is the new root (see [`build`]).
+    unsafe {
+        cvt_long(libc::syscall(
+            libc::SYS_pivot_root,
+            c".".as_ptr(),
+            c".".as_ptr(),
+        ))
+        .at(Step::PivotRoot)?;
+        // The old root now sits on top of the new one, at "/": detach it.
+        cvt(libc::umount2(c".".as_ptr(), libc::MNT_DETACH)).at(Step::PivotRoot)?;
+        cvt(libc::chdir(c"/".as_ptr())).at(Step::PivotRoot)?;
+        cvt(libc::chdir(view.work.as_ptr())).at(Step::Chdir)?;
+        cvt(libc::open(
+            view.scratch.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        ))
+        .at(Step::HandOverScratch)
+    }
 }
 
 /// Mounts a fresh `/proc` (from PID 1 of a new PID namespace). Async-signal-safe.
@@ -251,27 +646,60 @@ mod tests {
         assert!(matches!(e, Error::InvalidInput(_)), "{e}");
     }
 
-    #[test]
-    fn the_run_directory_under_tmp_is_bound_back_into_the_private_tmp() {
-        let plan = plan(
-            &[PathBuf::from("/usr")],
-            Path::new("/tmp/runpython-1-x"),
-            1 << 20,
-            false,
-        )
-        .unwrap();
-        let tmpfs: Vec<_> = plan
-            .ops
+    fn targets(view: &View) -> Vec<String> {
+        view.ops
             .iter()
             .filter_map(|op| match op {
-                MountOp::Tmpfs { target, .. } => Some(target.to_str().unwrap().to_owned()),
+                Op::Bind { target, readonly, .. } => Some(format!(
+                    "{}{}",
+                    target.to_str().unwrap(),
+                    if *readonly { " ro" } else { "" }
+                )),
                 _ => None,
             })
-            .collect();
-        assert_eq!(tmpfs[0], "/tmp");
-        assert_eq!(
-            plan.bind_sources,
-            vec![CString::new("/tmp/runpython-1-x").unwrap()]
-        );
+            .collect()
+    }
+
+    #[test]
+    fn the_view_holds_the_allowlist_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let code = dir.path().join("code");
+        std::fs::create_dir(&code).unwrap();
+        let root = dir.path().join("root");
+        let view = plan(&ViewSpec {
+            root: &root,
+            read_paths: &[code.clone(), PathBuf::from("/usr/lib")],
+            disk_bytes: 1 << 30,
+            owner: None,
+            pid_ns: true,
+            allow_network: false,
+        })
+        .unwrap();
+        let r = root.display().to_string();
+        let binds = targets(&view);
+        assert!(binds.contains(&format!("{r}/tmp")), "{binds:?}");
+        assert!(binds.contains(&format!("{r}/dev/shm")), "{binds:?}");
+        assert!(binds.contains(&format!("{r}/dev/null")), "{binds:?}");
+        assert!(binds.contains(&format!("{r}{} ro", code.display())), "{binds:?}");
+        // /usr/lib is under /usr, bound already; nothing of /run, /var, /home or /root.
+        assert!(!binds.iter().any(|b| b.contains("/usr/lib")), "{binds:?}");
+        for absent in ["/run", "/var", "/home", "/root", "/proc"] {
+            assert!(
+                !binds.iter().any(|b| b == &format!("{r}{absent}") || b.starts_with(&format!("{r}{absent}/"))),
+                "{absent} is in the view: {binds:?}"
+            );
+        }
+        // Without a PID namespace the host's /proc is bound instead of a fresh one.
+        let view = plan(&ViewSpec {
+            root: &root,
+            read_paths: &[],
+            disk_bytes: 1 << 20,
+            owner: Some((5, 5)),
+            pid_ns: false,
+            allow_network: false,
+        })
+        .unwrap();
+        assert!(targets(&view).contains(&format!("{r}/proc")));
+        assert!(view.ops.iter().any(|op| matches!(op, Op::Chown(_))));
     }
 }

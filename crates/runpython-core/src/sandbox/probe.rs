@@ -42,6 +42,8 @@ pub(crate) struct Kernel {
     pub seccomp: Result<(), String>,
     /// Landlock ABI version, 0 when unavailable.
     pub landlock_abi: i32,
+    /// The cgroup hierarchy runs get cgroups in, or why there is none.
+    pub cgroup: Result<&'static str, String>,
 }
 
 impl Kernel {
@@ -56,6 +58,7 @@ impl Kernel {
             owned_netns: true,
             seccomp: Ok(()),
             landlock_abi: 7,
+            cgroup: Ok("cgroup-v1"),
         }
     }
 }
@@ -111,7 +114,10 @@ fn run() -> Kernel {
     let owned_netns = ns_flags == ALL_NS
         && geteuid() != 0
         && netns::new_owned_netns().is_ok_and(|ready| netns::probe_owned(&ready).is_ok());
-    let seccomp = match seccomp::filter() {
+    let seccomp = match seccomp::filter(seccomp::Extra {
+        shared_memory: true,
+        vsock: true,
+    }) {
         None => Err("no seccomp filter for this architecture".into()),
         Some(filter) => seccomp::probe(filter).map_err(reason),
     };
@@ -123,6 +129,10 @@ fn run() -> Kernel {
         owned_netns,
         seccomp,
         landlock_abi: super::landlock::abi(),
+        cgroup: match super::cgroup::hierarchy() {
+            Ok(h) => Ok(h.name()),
+            Err(why) => Err(why.clone()),
+        },
     }
 }
 

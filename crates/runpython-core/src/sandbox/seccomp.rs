@@ -29,36 +29,69 @@ const DENIED_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_swapoff,
 ];
 
-/// The deny-list compiled to BPF for this architecture, once per process; `None` where seccompiler
-/// has no backend.
-pub(crate) fn filter() -> Option<&'static seccompiler::BpfProgram> {
-    static FILTER: OnceLock<Option<seccompiler::BpfProgram>> = OnceLock::new();
-    FILTER
-        .get_or_init(|| {
-            use seccompiler::{SeccompAction, SeccompFilter, TargetArch};
-            let arch = TargetArch::try_from(std::env::consts::ARCH).ok()?;
-            // x86-64's x32 ABI reaches the same calls with bit 30 set in the number.
-            let x32 = if arch == TargetArch::x86_64 {
-                0x4000_0000
-            } else {
-                0
-            };
-            let rules = DENIED_SYSCALLS
-                .iter()
-                .flat_map(|&nr| [nr, nr | x32])
-                .map(|nr| (nr, Vec::new()))
-                .collect();
-            let errno = u32::try_from(libc::EPERM).ok()?;
-            let filter = SeccompFilter::new(
-                rules,
-                SeccompAction::Allow,
-                SeccompAction::Errno(errno),
-                arch,
-            )
-            .ok()?;
-            filter.try_into().ok()
-        })
-        .as_ref()
+/// What the deny-list adds for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extra {
+    /// Refuse `memfd_create` and SysV `shmget`: without a memory cgroup nothing else counts the memory
+    /// they hold (`RLIMIT_AS` sees only what is mapped).
+    pub shared_memory: bool,
+    /// Refuse `AF_VSOCK` sockets: vsock is not network-namespaced, so with the network off it would be
+    /// a way out.
+    pub vsock: bool,
+}
+
+/// The deny-list (with `extra`) compiled to BPF for this architecture, once per process and variant;
+/// `None` where seccompiler has no backend.
+pub(crate) fn filter(extra: Extra) -> Option<&'static seccompiler::BpfProgram> {
+    static FILTERS: [OnceLock<Option<seccompiler::BpfProgram>>; 4] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let slot = usize::from(extra.shared_memory) * 2 + usize::from(extra.vsock);
+    FILTERS[slot].get_or_init(|| compile(extra)).as_ref()
+}
+
+fn compile(extra: Extra) -> Option<seccompiler::BpfProgram> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+    let arch = TargetArch::try_from(std::env::consts::ARCH).ok()?;
+    // x86-64's x32 ABI reaches the same calls with bit 30 set in the number.
+    let x32 = if arch == TargetArch::x86_64 {
+        0x4000_0000
+    } else {
+        0
+    };
+    let mut denied: Vec<libc::c_long> = DENIED_SYSCALLS.to_vec();
+    if extra.shared_memory {
+        denied.extend([libc::SYS_memfd_create, libc::SYS_shmget]);
+    }
+    let mut rules: std::collections::BTreeMap<i64, Vec<SeccompRule>> = denied
+        .iter()
+        .flat_map(|&nr| [nr, nr | x32])
+        .map(|nr| (nr, Vec::new()))
+        .collect();
+    if extra.vsock {
+        let condition = SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::AF_VSOCK as u64,
+        )
+        .ok()?;
+        let rule = SeccompRule::new(vec![condition]).ok()?;
+        for nr in [libc::SYS_socket, libc::SYS_socket | x32] {
+            rules.insert(nr, vec![rule.clone()]);
+        }
+    }
+    let errno = u32::try_from(libc::EPERM).ok()?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno),
+        arch,
+    )
+    .ok()?;
+    filter.try_into().ok()
 }
 
 /// Installs `filter` on the calling thread (`PR_SET_NO_NEW_PRIVS` is already set). Async-signal-safe.

@@ -46,10 +46,15 @@ pub(crate) enum Step {
     Fork,
     InitDied,
     SeccompRefused,
+    ReadOnlyBind,
+    PivotRoot,
+    HandOverScratch,
+    JoinCgroup,
+    CloseDescriptors,
 }
 
 impl Step {
-    const ALL: [Step; 32] = [
+    const ALL: [Step; 37] = [
         Step::Unshare,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -82,6 +87,11 @@ impl Step {
         Step::Fork,
         Step::InitDied,
         Step::SeccompRefused,
+        Step::ReadOnlyBind,
+        Step::PivotRoot,
+        Step::HandOverScratch,
+        Step::JoinCgroup,
+        Step::CloseDescriptors,
     ];
 
     /// What the step does, for a person.
@@ -119,6 +129,11 @@ impl Step {
             Step::Fork => "forking a probe",
             Step::InitDied => "waiting for the run's init to finish setting up (it died)",
             Step::SeccompRefused => "checking that the seccomp filter refuses a denied call",
+            Step::ReadOnlyBind => "making a directory of the run's view read-only",
+            Step::PivotRoot => "entering the run's filesystem view (pivot_root)",
+            Step::HandOverScratch => "handing the run's scratch directory to the host",
+            Step::JoinCgroup => "joining the run's cgroup",
+            Step::CloseDescriptors => "closing the host's descriptors",
         }
     }
 
@@ -375,6 +390,139 @@ pub(crate) fn in_forked_child(
         None if code == 0 => Ok(()),
         None => Err(StepError::new(died, libc::ECHILD)),
     }
+}
+
+/// Sends `fd` over the Unix socket `sock` (`SCM_RIGHTS`). Async-signal-safe: the control message is
+/// built on the stack.
+pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
+    // Room for one cmsghdr and one descriptor, aligned for cmsghdr.
+    #[repr(C)]
+    union Control {
+        header: libc::cmsghdr,
+        bytes: [u8; 64],
+    }
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = Control { bytes: [0; 64] };
+    // SAFETY: msghdr is plain data; the CMSG macros work within `control`, which is large and
+    // aligned enough for one descriptor (checked against CMSG_SPACE).
+    unsafe {
+        let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        if space > std::mem::size_of::<Control>() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = std::ptr::addr_of_mut!(control).cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A connected pair of close-on-exec `SOCK_SEQPACKET` Unix sockets.
+pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [-1; 2];
+    // SAFETY: socketpair fills the two-element array.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
+}
+
+/// Receives one descriptor sent with [`send_fd`] on `sock`, without waiting: it must be there already.
+pub(crate) fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    union Control {
+        header: libc::cmsghdr,
+        bytes: [u8; 64],
+    }
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = Control { bytes: [0; 64] };
+    // SAFETY: as in `send_fd`; the descriptor read from the message is new and owned by us.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = std::ptr::addr_of_mut!(control).cast();
+        msg.msg_controllen = std::mem::size_of::<Control>() as _;
+        let n = libc::recvmsg(sock, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "no descriptor in the message",
+            ));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+/// Marks every descriptor from `first` up close-on-exec, so the interpreter inherits none of the host's
+/// (a launcher's descriptors without the flag included) while the exec-error channels below still work
+/// until the exec. Async-signal-safe.
+pub(crate) fn cloexec_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range with the CLOEXEC flag marks descriptors; the fallback sets the flag on each.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        ) == 0
+        {
+            return Ok(());
+        }
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        let last = limit.rlim_cur.min(1 << 20) as i32;
+        for fd in first as i32..last {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Zeroes `[start, end)` of the calling process's memory: the host's argv and environment strings in
+/// a fork of it. Async-signal-safe.
+pub(crate) fn zero_host_args((start, end): (usize, usize)) {
+    if start == 0 || end <= start {
+        return;
+    }
+    // SAFETY: the range is this process's initial stack strings (read from /proc/self/stat by the
+    // host, the same addresses in its forks), writable; nothing here reads them afterwards.
+    unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) }
 }
 
 /// Closes every descriptor from `first` up. Async-signal-safe.
