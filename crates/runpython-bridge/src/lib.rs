@@ -35,8 +35,12 @@ pub use journal::{canonical_args, canonical_json, CallState, Journal, JournalEnt
 pub use server::{Bridge, BridgeConfig, BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
 pub use stubs::{python_literal, python_stubs, python_type};
 pub use tool::{
-    params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet, SUSPEND_KIND,
+    params_of, tool_fn, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet, SUSPEND_KIND,
 };
+
+/// A boxed, sendable future: what [`Tool::call`], [`Tool::resume`] and [`JournalSink::persist`] return
+/// (as `BoxFuture<'static, _>`). The same type as runpython-deps' `BoxFuture`: futures-util's.
+pub use futures_util::future::BoxFuture;
 
 /// Version of the wire protocol, sent in the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;

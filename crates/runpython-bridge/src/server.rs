@@ -17,7 +17,9 @@ use tokio::sync::mpsc;
 
 use crate::frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME};
 use crate::journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
-use crate::tool::{BoxFuture, ToolArgs, ToolError, ToolSet};
+use futures_util::future::BoxFuture;
+
+use crate::tool::{ToolArgs, ToolError, ToolSet};
 use crate::{Error, PROTOCOL_VERSION};
 
 /// Limits of one run's bridge.
@@ -96,7 +98,7 @@ pub struct Bridge {
 /// resumed: a call logged `Executing` but never `Applied` is the only one that runs again.
 pub trait JournalSink: Send + Sync + std::fmt::Debug {
     /// Writes the whole journal; the bridge waits for it before calling the tool.
-    fn persist(&self, journal: Journal) -> BoxFuture<Result<(), String>>;
+    fn persist(&self, journal: Journal) -> BoxFuture<'static, Result<(), String>>;
 }
 
 /// What a resumed run replays: the previous attempt's journal and the decisions for its suspensions.

@@ -3,16 +3,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::Error;
-
-/// A boxed, sendable future: what `Tool::call` returns.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The arguments of one call, as the code passed them. Tools with a JSON Schema receive everything by
 /// name in `kwargs` (the generated Python signature binds positional arguments to their names first);
@@ -105,7 +103,7 @@ pub trait Tool: Send + Sync {
         false
     }
     /// Run the call. An `Err` reaches the code as an exception.
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>>;
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>>;
     /// Continue a call that suspended with `request` (the payload of its [`ToolError::suspend`]), now
     /// that `decision` is known. `None` (the default): the decision itself is the call's result. A tool
     /// that runs something suspendable (a nested run) resumes it here, and may suspend again.
@@ -113,7 +111,7 @@ pub trait Tool: Send + Sync {
         &self,
         request: Value,
         decision: Value,
-    ) -> Option<BoxFuture<Result<Value, ToolError>>> {
+    ) -> Option<BoxFuture<'static, Result<Value, ToolError>>> {
         let _ = (request, decision);
         None
     }
@@ -196,7 +194,7 @@ where
     fn is_pure(&self) -> bool {
         self.pure
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         Box::pin((self.function)(args))
     }
 }

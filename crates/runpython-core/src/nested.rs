@@ -70,7 +70,7 @@ impl Tool for NestedRun {
         static SCHEMA: OnceLock<Value> = OnceLock::new();
         Some(SCHEMA.get_or_init(run_python_schema))
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let this = self.clone();
         Box::pin(async move {
             let request = run_request_from(&args.kwargs).map_err(|e| match e {
@@ -87,7 +87,7 @@ impl Tool for NestedRun {
         &self,
         request: Value,
         decision: Value,
-    ) -> Option<BoxFuture<Result<Value, ToolError>>> {
+    ) -> Option<BoxFuture<'static, Result<Value, ToolError>>> {
         let this = self.clone();
         Some(Box::pin(async move {
             let run_id = request["run_id"].as_str().unwrap_or_default().to_owned();

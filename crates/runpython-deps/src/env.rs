@@ -471,7 +471,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::provider::BoxFuture;
+    use crate::BoxFuture;
 
     /// Writes a fake `name-1.0.dist-info` per spec; counts its calls; fails on a spec named `broken`.
     #[derive(Debug, Default)]

@@ -63,9 +63,12 @@ pub use interpreter::{Interpreter, MIN_VERSION};
 pub use mapping::distribution_for_import;
 pub use merge::{merge_requirements, DependencySources};
 pub use provider::{
-    installer_env, BoxFuture, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn,
-    UvProvider,
+    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, UvProvider,
 };
+
+/// A boxed, sendable future, so that [`EnvProvider`] stays object safe: what
+/// [`EnvProvider::install`] returns. The same type as runpython-bridge's `BoxFuture`: futures-util's.
+pub use futures_util::future::BoxFuture;
 pub use requirement::{normalize_name, Requirement};
 pub use script::{read_script_metadata, write_script_dependencies, ScriptMetadata};
 pub use stdlib::is_stdlib_module;

@@ -3,20 +3,16 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::Stdio;
 
+use futures_util::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::lock::KeyLock;
 use crate::{Error, Interpreter};
-
-/// A boxed future, so that [`EnvProvider`] stays object safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Where preparation reports what it is doing. Pass `&|_| {}` to ignore; to feed a channel:
 /// `&move |event| { let _ = sender.send(event); }`.
