@@ -45,6 +45,7 @@
 mod detect;
 mod env;
 mod interpreter;
+mod layout;
 mod lock;
 mod mapping;
 mod merge;
