@@ -57,6 +57,7 @@ pub mod conformance;
 mod error;
 mod layout;
 mod memo;
+mod memo_cache;
 mod preview;
 mod record;
 mod redact;

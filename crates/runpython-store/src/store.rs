@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{BoxStream, StreamExt, TryStreamExt};
@@ -15,9 +15,9 @@ use crate::backend::{self, StoreOptions};
 use crate::collect::{RunFile, SkippedFile};
 use crate::error::{Error, Result};
 use crate::layout;
-use crate::memo::MemoCache;
+use crate::memo_cache::{self, MemoCache};
 use crate::preview::preview;
-use crate::record::{self, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
+use crate::record::{self, from_ms, to_ms, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
 
 /// How long a run is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,15 +167,6 @@ impl std::fmt::Debug for Store {
     }
 }
 
-pub(crate) fn to_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-pub(crate) fn from_ms(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
-
 /// Concurrent requests when writing or reading many objects.
 const FAN_OUT: usize = 8;
 
@@ -220,7 +211,7 @@ impl Store {
     ) -> Self {
         let os = backend;
         let url = name.into();
-        let memo = crate::memo::new_cache(options.memo_cache_bytes);
+        let memo = memo_cache::new_cache(options.memo_cache_bytes);
         let recent_blobs = moka::sync::Cache::builder()
             .max_capacity(100_000)
             .time_to_live(options.gc_grace / 4)
