@@ -30,13 +30,10 @@ mod tool;
 
 use std::path::PathBuf;
 
-pub use frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME, HEADER_LEN};
-pub use journal::{canonical_args, canonical_json, CallState, Journal, JournalEntry, ONCE_TOOL};
+pub use journal::{canonical_json, CallState, Journal, JournalEntry};
 pub use server::{Bridge, BridgeConfig, BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
-pub use stubs::{python_literal, python_stubs, python_type};
-pub use tool::{
-    params_of, tool_fn, FnTool, Param, Tool, ToolArgs, ToolError, ToolSet, SUSPEND_KIND,
-};
+pub use stubs::python_stubs;
+pub use tool::{tool_fn, FnTool, Tool, ToolArgs, ToolError, ToolSet};
 
 /// A boxed, sendable future: what [`Tool::call`], [`Tool::resume`] and [`JournalSink::persist`] return
 /// (as `BoxFuture<'static, _>`). The same type as runpython-deps' `BoxFuture`: futures-util's.

@@ -38,7 +38,7 @@ impl ToolArgs {
 }
 
 /// The `kind` of [`ToolError::suspend`].
-pub const SUSPEND_KIND: &str = "runpython.Suspend";
+pub(crate) const SUSPEND_KIND: &str = "runpython.Suspend";
 
 /// A tool's failure, raised in the code as an exception. `kind` names the exception class: a Python
 /// built-in (`ValueError`, `KeyError`, `TimeoutError`) keeps its type; anything else becomes a
@@ -201,20 +201,20 @@ where
 
 /// One parameter of a tool, read from its schema in property order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Param {
+pub(crate) struct Param {
     /// Property name.
-    pub name: String,
+    pub(crate) name: String,
     /// Listed in `required`.
-    pub required: bool,
+    pub(crate) required: bool,
     /// The schema's `default`, else `null` for an optional parameter.
-    pub default: Value,
+    pub(crate) default: Value,
     /// The property's own schema.
     #[serde(skip)]
-    pub schema: Value,
+    pub(crate) schema: Value,
 }
 
 /// The parameters a schema declares, required and optional, in property order.
-pub fn params_of(schema: &Value) -> Vec<Param> {
+pub(crate) fn params_of(schema: &Value) -> Vec<Param> {
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)
@@ -333,7 +333,7 @@ impl ToolSet {
 
     /// What the child needs to generate one function per tool: name, description and parameters
     /// (`null` for schemaless tools).
-    pub fn client_specs(&self) -> Value {
+    pub(crate) fn client_specs(&self) -> Value {
         Value::Array(
             self.iter()
                 .map(|t| {

@@ -16,8 +16,8 @@ use crate::{Error, Interpreter, Requirement};
 
 const FORMAT: &str = "runpython-env-v1";
 
-/// Default for [`Environments::with_timeout`]: long enough for a cold install of a large wheel set.
-pub const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default for [`Environments::with_timeout`].
+pub(crate) const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A ready environment. Hand `interpreter` and `site_dir` to the runner: start the interpreter as
 /// usual (`-I -S`) and call `site.addsitedir(site_dir)` before the user's code, so `.pth` files work.
@@ -78,7 +78,7 @@ impl Environments {
     }
 
     /// Bounds one preparation (waiting for another preparer included); the installer is killed when it
-    /// runs out.
+    /// runs out. Default: 10 minutes, long enough for a cold install of a large wheel set.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;

@@ -70,7 +70,7 @@ pub use object_store;
 pub use artifact::{Artifact, ArtifactKind, ListedArtifact};
 pub use backend::{default_local_url, StoreOptions};
 pub use collect::{collect_files, CollectLimits, CollectedFiles, RunFile, SkippedFile};
-pub use error::{Error, Result};
+pub use error::Error;
 pub use layout::LAYOUT_VERSION;
 pub use memo::{memo_key, Computed, MemoKey, Memoized};
 pub use redact::{Redactor, MIN_SECRET_LEN};
