@@ -20,9 +20,9 @@ impl FrameDecoder {
         Self { max_frame }
     }
 
-    /// `Ok(Some(payload))` and the frame removed from `buf`; `Ok(None)` when `buf` holds only part of a frame;
-    /// `Err` when the length prefix announces more than the cap (the stream cannot be trusted after that).
-    pub(crate) fn decode(&self, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+    /// The payload length the next frame announces, once its prefix is in `buf`; `Err` when it is over
+    /// the cap (as [`FrameDecoder::decode`]).
+    pub(crate) fn announced(&self, buf: &[u8]) -> Result<Option<usize>, Error> {
         let Some(header) = buf.get(..HEADER_LEN) else {
             return Ok(None);
         };
@@ -33,6 +33,15 @@ impl FrameDecoder {
                 max: self.max_frame,
             });
         }
+        Ok(Some(len))
+    }
+
+    /// `Ok(Some(payload))` and the frame removed from `buf`; `Ok(None)` when `buf` holds only part of a frame;
+    /// `Err` when the length prefix announces more than the cap (the stream cannot be trusted after that).
+    pub(crate) fn decode(&self, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+        let Some(len) = self.announced(buf)? else {
+            return Ok(None);
+        };
         if buf.len() < HEADER_LEN + len {
             return Ok(None);
         }
