@@ -43,7 +43,10 @@ def _error_for(tool, remote):
     import builtins
 
     builtin = getattr(builtins, kind, None)
-    if isinstance(builtin, type) and issubclass(builtin, Exception) and not issubclass(builtin, OSError):
+    # OSError and its kin describe the code's own system calls, not a tool's: those become ToolErrors. The
+    # host's call timeout is the exception: `except TimeoutError` catches it.
+    if (isinstance(builtin, type) and issubclass(builtin, Exception)
+            and (builtin is TimeoutError or not issubclass(builtin, OSError))):
         try:
             return builtin(message)
         except Exception:
