@@ -11,15 +11,13 @@
 
 #![allow(dead_code)] // the test includes this file for its types and does not use `main`
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use runpython_core::{tool_fn, RunPython, ToolDefinition, ToolError, ToolFormat};
 use serde_json::{json, Value};
 
-/// A boxed future, as a trait object can return it.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future, as a trait object can return it (the one the workspace's traits share).
+pub use runpython_bridge::BoxFuture;
 
 /// One entry of a conversation.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,30 +4,11 @@
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use runpython_store::{conformance, Error, RunFile, RunRecord, Store, StoreOptions, Tier};
+use runpython_store::conformance::{self, sample_run};
+use runpython_store::{Error, Store, StoreOptions};
 use runpython_tests::Moto;
-
-fn run(run_id: &str) -> RunRecord {
-    RunRecord {
-        run_id: run_id.into(),
-        created_at: SystemTime::now(),
-        tier: Tier::Persistent,
-        script: format!("'{run_id}'"),
-        stdout: format!("out {run_id}\n"),
-        stderr: "warning\n".into(),
-        return_value_json: format!("\"{run_id}\""),
-        deps: vec![],
-        env_fingerprint: "fp".into(),
-        isolation_json: "{}".into(),
-        files: vec![RunFile {
-            name: "f.bin".into(),
-            bytes: vec![0, 1, 2, 3],
-        }],
-        skipped_files: vec![],
-    }
-}
 
 /// `kill -<sig> <pid>` for the one process this test started.
 fn signal(pid: u32, sig: &str) -> std::io::Result<()> {
@@ -70,13 +51,13 @@ async fn s3_store_passes_the_conformance_suite_and_fails_clearly_when_the_server
     conformance::run_all(&store).await.unwrap();
 
     // Something acknowledged before the fault.
-    let acked = store.put_run(run("acknowledged")).await.unwrap();
+    let acked = store.put_run(sample_run("acknowledged")).await.unwrap();
 
     // Fault 1: the server freezes (SIGSTOP). Operations time out with a clear error, no hang.
     let frozen = Store::open_with(&url, impatient()).unwrap();
     signal(moto.child.id(), "STOP").unwrap();
     let started = Instant::now();
-    let put = tokio::time::timeout(NO_HANG, frozen.put_run(run("during-fault"))).await;
+    let put = tokio::time::timeout(NO_HANG, frozen.put_run(sample_run("during-fault"))).await;
     let get = tokio::time::timeout(NO_HANG, frozen.get_run("acknowledged")).await;
     signal(moto.child.id(), "CONT").unwrap();
     let put = put.expect("put_run hung on a frozen server");

@@ -165,7 +165,7 @@ async fn await_works_at_top_level_and_inside_async_def() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn gather_of_100_calls_is_served_concurrently() {
+async fn gather_of_100_calls_is_served_concurrently_up_to_the_cap() {
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let (f, p) = (Arc::clone(&in_flight), Arc::clone(&peak));
@@ -197,11 +197,10 @@ async fn gather_of_100_calls_is_served_concurrently() {
         "{:?}",
         e.error
     );
-    assert!(
-        peak.load(Ordering::SeqCst) > 50,
-        "calls did not overlap: peak {}",
-        peak.load(Ordering::SeqCst)
-    );
+    // Served concurrently, never more at once than the bridge's cap (`max_concurrent_calls`, 16).
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= 16, "{peak} calls were served at once, over the cap");
+    assert!(peak > 8, "calls did not overlap: peak {peak}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

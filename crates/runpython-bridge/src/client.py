@@ -2,9 +2,12 @@
 
 The runner executes this text as the module `runpython_tools` when the host exposes tools, then calls
 `install(spec, namespace)`, which defines one global function per tool with a real signature. Calls go to the
-host over one Unix socket (a path in the run's private directory), as frames of a u32 big-endian length then
-JSON. The first frame is a handshake with the protocol version and the per-run token. Requests carry ids, so
-the awaited calls of an `asyncio.gather` are in flight together on the one connection.
+host over one Unix socket connection, as frames of a u32 big-endian length then JSON: the child's end of a
+socket pair inherited as descriptor `spec["fd"]`, or else a connection to the path `spec["path"]`. The first
+frame is a handshake with the protocol version and the per-run token. Requests carry ids, so the awaited calls
+of an `asyncio.gather` are in flight together on the one connection. The host stops reading while it serves
+its cap of calls; a send that would block meanwhile reads the host's answers, so neither side waits on the
+other forever.
 
 A tool function is plain when called plainly (`double(21)` blocks and returns 42) and awaitable where the code
 awaits it (`await double(21)`, `asyncio.gather(double(1), double(2))`): the runner asks `rewrite_awaited_calls`
@@ -40,7 +43,10 @@ def _error_for(tool, remote):
     import builtins
 
     builtin = getattr(builtins, kind, None)
-    if isinstance(builtin, type) and issubclass(builtin, Exception) and not issubclass(builtin, OSError):
+    # OSError and its kin describe the code's own system calls, not a tool's: those become ToolErrors. The
+    # host's call timeout is the exception: `except TimeoutError` catches it.
+    if (isinstance(builtin, type) and issubclass(builtin, Exception)
+            and (builtin is TimeoutError or not issubclass(builtin, OSError))):
         try:
             return builtin(message)
         except Exception:
@@ -54,10 +60,11 @@ def _error_for(tool, remote):
 
 
 class _Bridge:
-    def __init__(self, path, token, max_frame, loads, dumps):
+    def __init__(self, path, fd, token, max_frame, loads, dumps):
         self.loads = loads
         self.dumps = dumps
         self.path = path
+        self.fd = fd
         self.token = token
         self.max_frame = max_frame
         self.sock = None
@@ -66,14 +73,21 @@ class _Bridge:
         self.done = {}
         self.futures = {}
         self.reader_loop = None
+        self.dontwait = 0
 
     def _connect(self):
         import socket  # only when a tool is first called: it costs start-up time
 
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(self.path)
+        if self.fd is not None:
+            sock = socket.socket(fileno=self.fd)
+        elif self.path:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(self.path)
+        else:
+            raise BridgeError("the bridge spec names neither a descriptor nor a path")
         sock.set_inheritable(False)
         self.sock = sock
+        self.dontwait = socket.MSG_DONTWAIT
         self._send({"type": "hello", "version": PROTOCOL_VERSION, "token": self.token})
 
     def _send(self, message):
@@ -81,7 +95,17 @@ class _Bridge:
         if len(data) > self.max_frame:
             raise ValueError("tool call arguments are %d bytes as JSON, over the bridge's frame limit of %d"
                              % (len(data), self.max_frame))
-        self.sock.sendall(len(data).to_bytes(4, "big") + data)
+        view = memoryview(len(data).to_bytes(4, "big") + data)
+        while view:
+            try:
+                view = view[self.sock.send(view, self.dontwait):]
+            except BlockingIOError:
+                # The host is not reading (it serves its cap of calls): take its answers meanwhile.
+                import select
+
+                readable, _, _ = select.select([self.sock], [self.sock], [])
+                if readable:
+                    self._read_frames(block=False)
 
     def _request(self, name, args, kwargs):
         if self.sock is None:
@@ -94,9 +118,13 @@ class _Bridge:
             raise TypeError("arguments of tool %r must be JSON values: %s" % (name, exc)) from None
         return call_id
 
-    def _read_frames(self):
-        """Read what the socket has (blocking for at least one byte) and dispatch every complete frame."""
-        chunk = self.sock.recv(1 << 16)
+    def _read_frames(self, block=True):
+        """Read what the socket has (blocking for at least one byte unless `block` is false) and dispatch
+        every complete frame."""
+        try:
+            chunk = self.sock.recv(1 << 16, 0 if block else self.dontwait)
+        except BlockingIOError:
+            return  # already read by a send that waited for the host
         if not chunk:
             raise BridgeError("the host closed the tool bridge")
         self.buf += chunk
@@ -146,7 +174,7 @@ class _Bridge:
 
     def _on_readable(self):
         try:
-            self._read_frames()
+            self._read_frames(block=False)
         except BaseException as exc:
             for future in self.futures.values():
                 if not future.done():
@@ -182,7 +210,15 @@ def _aio(function):
 def install(spec, namespace, loads, dumps):
     """Defines the tool functions in `namespace`; `loads`/`dumps` are the runner's strict JSON codec."""
     global _bridge
-    _bridge = _Bridge(spec["path"], spec["token"], int(spec.get("max_frame", 16 << 20)), loads, dumps)
+    fd = spec.get("fd")
+    if fd is not None:
+        import posix
+
+        try:
+            posix.set_inheritable(fd, False)  # the code's subprocesses must not hold the bridge
+        except OSError:
+            pass  # not open: the first call says so
+    _bridge = _Bridge(spec.get("path"), fd, spec["token"], int(spec.get("max_frame", 16 << 20)), loads, dumps)
     registry = {}
     for tool in spec["tools"]:
         if tool.get("hidden"):

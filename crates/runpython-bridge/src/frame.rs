@@ -3,26 +3,26 @@
 use crate::Error;
 
 /// Bytes in the length prefix.
-pub const HEADER_LEN: usize = 4;
+pub(crate) const HEADER_LEN: usize = 4;
 
 /// Default cap on one frame's payload (16 MiB), on both sides.
-pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
+pub(crate) const DEFAULT_MAX_FRAME: usize = 16 << 20;
 
 /// Splits frames off the front of a byte buffer, telling "need more bytes" apart from "this is garbage".
 #[derive(Debug, Clone, Copy)]
-pub struct FrameDecoder {
+pub(crate) struct FrameDecoder {
     max_frame: usize,
 }
 
 impl FrameDecoder {
     /// A decoder that refuses frames over `max_frame` bytes of payload.
-    pub fn new(max_frame: usize) -> Self {
+    pub(crate) fn new(max_frame: usize) -> Self {
         Self { max_frame }
     }
 
-    /// `Ok(Some(payload))` and the frame removed from `buf`; `Ok(None)` when `buf` holds only part of a frame;
-    /// `Err` when the length prefix announces more than the cap (the stream cannot be trusted after that).
-    pub fn decode(&self, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+    /// The payload length the next frame announces, once its prefix is in `buf`; `Err` when it is over
+    /// the cap (as [`FrameDecoder::decode`]).
+    pub(crate) fn announced(&self, buf: &[u8]) -> Result<Option<usize>, Error> {
         let Some(header) = buf.get(..HEADER_LEN) else {
             return Ok(None);
         };
@@ -33,6 +33,15 @@ impl FrameDecoder {
                 max: self.max_frame,
             });
         }
+        Ok(Some(len))
+    }
+
+    /// `Ok(Some(payload))` and the frame removed from `buf`; `Ok(None)` when `buf` holds only part of a frame;
+    /// `Err` when the length prefix announces more than the cap (the stream cannot be trusted after that).
+    pub(crate) fn decode(&self, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, Error> {
+        let Some(len) = self.announced(buf)? else {
+            return Ok(None);
+        };
         if buf.len() < HEADER_LEN + len {
             return Ok(None);
         }
@@ -43,7 +52,7 @@ impl FrameDecoder {
 }
 
 /// The frame for `payload`: length prefix then the bytes.
-pub fn encode(payload: &[u8], max_frame: usize) -> Result<Vec<u8>, Error> {
+pub(crate) fn encode(payload: &[u8], max_frame: usize) -> Result<Vec<u8>, Error> {
     if payload.len() > max_frame {
         return Err(Error::FrameTooLarge {
             len: payload.len(),

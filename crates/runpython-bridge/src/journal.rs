@@ -14,7 +14,7 @@ use crate::Error;
 
 /// The built-in tool behind `once(...)`: journals a value the code computed, matched by name only (the
 /// value is expected to differ between attempts; the recorded one wins).
-pub const ONCE_TOOL: &str = "runpython_once";
+pub(crate) const ONCE_TOOL: &str = "runpython_once";
 
 const MAGIC: &[u8; 4] = b"RPJN";
 const VERSION_1: u8 = 1;
@@ -114,7 +114,7 @@ impl Journal {
     }
 
     /// Suspensions over the run's life: decided ones and waiting ones.
-    pub fn suspension_count(&self) -> usize {
+    pub(crate) fn suspension_count(&self) -> usize {
         self.entries
             .iter()
             .filter(|e| {
@@ -149,7 +149,7 @@ pub fn canonical_json(value: &Value) -> String {
 }
 
 /// Canonical JSON of a call's arguments and its blake3 hash.
-pub fn canonical_args(args: &ToolArgs) -> (String, String) {
+pub(crate) fn canonical_args(args: &ToolArgs) -> (String, String) {
     let text = canonical_json(&serde_json::json!({"args": args.args, "kwargs": args.kwargs}));
     let hash = blake3::hash(text.as_bytes()).to_hex().to_string();
     (text, hash)

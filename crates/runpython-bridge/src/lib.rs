@@ -5,8 +5,11 @@
 //! [`Tool`] trait and [`ToolSet`], the Python client module that runs in the child (`client.py`, stdlib
 //! only, embedded as [`CLIENT_PY`]), and Python stub generation from JSON Schema for the model to read.
 //!
-//! It knows nothing of processes or storage, and depends on no other runpython crate: runpython-core
-//! binds a [`Bridge`] in each run's private directory and hands [`Bridge::client_spec`] to the child.
+//! It knows nothing of processes or storage, and depends on no other runpython crate. A run has one
+//! connection: runpython-core makes a [`socket_pair`], serves the host's end with [`Bridge::new`], and
+//! hands the other end to the child as an inherited descriptor named in [`Bridge::client_spec_fd`].
+//! What one run can make the host hold is bounded ([`BridgeConfig`]): a frame's size, the calls served
+//! at once, and the bytes of the frames of those calls.
 //!
 //! ```
 //! use runpython_bridge::{python_stubs, tool_fn, ToolSet};
@@ -22,6 +25,8 @@
 //! assert!(python_stubs(&tools).starts_with("def double(x: int) -> Any:"));
 //! ```
 
+mod calls;
+mod config;
 mod frame;
 mod journal;
 mod server;
@@ -30,14 +35,16 @@ mod tool;
 
 use std::path::PathBuf;
 
-pub use frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME, HEADER_LEN};
-pub use journal::{canonical_args, canonical_json, CallState, Journal, JournalEntry, ONCE_TOOL};
-pub use server::{Bridge, BridgeConfig, BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
-pub use stubs::{python_literal, python_stubs, python_type};
-pub use tool::{
-    is_python_identifier, params_of, tool_fn, BoxFuture, FnTool, Param, Tool, ToolArgs, ToolError,
-    ToolSet, SUSPEND_KIND,
-};
+pub use calls::{BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
+pub use config::BridgeConfig;
+pub use journal::{canonical_json, CallState, Journal, JournalEntry};
+pub use server::{socket_pair, Bridge, HostEnd};
+pub use stubs::python_stubs;
+pub use tool::{is_python_identifier, tool_fn, FnTool, Tool, ToolArgs, ToolError, ToolSet};
+
+/// A boxed, sendable future: what [`Tool::call`], [`Tool::resume`] and [`JournalSink::persist`] return
+/// (as `BoxFuture<'static, _>`). The same type as runpython-deps' `BoxFuture`: futures-util's.
+pub use futures_util::future::BoxFuture;
 
 /// Version of the wire protocol, sent in the handshake.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -76,6 +83,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The socket pair could not be made or set up.
+    #[error("cannot create the bridge's socket pair: {0}")]
+    SocketPair(std::io::Error),
     /// Socket I/O failed.
     #[error("bridge I/O: {0}")]
     Io(std::io::Error),

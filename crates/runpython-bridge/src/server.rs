@@ -1,157 +1,69 @@
-//! The host side: a listener on a path socket, the handshake, and concurrent dispatch of calls.
+//! The host side's connection: one per run, over a socket pair (or, for now, a path socket that
+//! accepts one connection), the handshake, and the frame loop with its back-pressure.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
-use interprocess::local_socket::tokio::{prelude::*, Stream};
+use interprocess::local_socket::tokio::{prelude::*, Listener, Stream};
 use interprocess::local_socket::{GenericFilePath, ListenerOptions};
+use interprocess::os::unix::uds_local_socket::tokio::Stream as UdsStream;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::frame::{encode, FrameDecoder, DEFAULT_MAX_FRAME};
-use crate::journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
-use crate::tool::{BoxFuture, ToolArgs, ToolError, ToolSet};
+use crate::calls::{dispatch, error_reply, BridgeStats, JournalSink, ReplayPlan, Shared, Stop};
+use crate::config::BridgeConfig;
+use crate::frame::{encode, FrameDecoder};
+use crate::journal::Journal;
+use crate::tool::{ToolArgs, ToolError, ToolSet};
 use crate::{Error, PROTOCOL_VERSION};
 
-/// Limits of one run's bridge.
-#[derive(Debug, Clone)]
-pub struct BridgeConfig {
-    /// Largest frame either side may send (default 16 MiB).
-    pub max_frame: usize,
-    /// How long one call may take before the code gets a `TimeoutError` (default 60 s).
-    pub call_timeout: Duration,
-    /// Calls allowed in one run (default 1,000); the next one ends the run with `ToolCallLimit`.
-    pub max_calls: u32,
-    /// How long a new connection has to present the handshake.
-    pub handshake_timeout: Duration,
-    /// Suspensions allowed over a run's life (default 10); past it, a suspending tool raises.
-    pub max_suspensions: usize,
+/// The largest first frame read as a handshake; the hello is under 100 bytes.
+const MAX_HELLO: usize = 1024;
+/// Connections to a path socket whose handshake is being read at once; more wait in the kernel's
+/// backlog. Each holds at most one read of [`READ_CHUNK`] bytes.
+const MAX_PENDING_HANDSHAKES: usize = 4;
+/// The most read from the socket at once.
+const READ_CHUNK: usize = 64 << 10;
+/// A read buffer grown past this by a large frame is given back once it is empty.
+const KEPT_BUFFER: usize = 1 << 20;
+
+/// The host's end of a bridge socket pair, for [`Bridge::new`].
+#[derive(Debug)]
+pub struct HostEnd(std::os::unix::net::UnixStream);
+
+/// A connected `AF_UNIX` stream pair for one run's bridge: the host keeps the [`HostEnd`] and hands the
+/// descriptor to the child as an inherited file descriptor. Both ends are close-on-exec, so neither
+/// leaks into another process by accident: the code that spawns the child places the descriptor at
+/// the number it passes to [`Bridge::client_spec_fd`] (`dup2` clears the flag on the copy).
+///
+/// Unlike a path socket, nothing else can connect to it: the bridge has exactly one connection.
+pub fn socket_pair() -> Result<(HostEnd, OwnedFd), Error> {
+    // std creates both ends with SOCK_CLOEXEC.
+    let (host, child) = std::os::unix::net::UnixStream::pair().map_err(Error::SocketPair)?;
+    Ok((HostEnd(host), OwnedFd::from(child)))
 }
 
-impl Default for BridgeConfig {
-    fn default() -> Self {
-        Self {
-            max_frame: DEFAULT_MAX_FRAME,
-            call_timeout: Duration::from_secs(60),
-            max_calls: 1_000,
-            handshake_timeout: Duration::from_secs(10),
-            max_suspensions: 10,
-        }
-    }
+/// Where the bridge's one connection comes from.
+#[derive(Debug)]
+enum Endpoint {
+    /// The host's end of a socket pair: already connected.
+    Pair(Stream),
+    /// A listener on a path: the first connection that passes the handshake is the one.
+    Path { listener: Listener, path: PathBuf },
 }
 
-/// What happened on a run's bridge, readable while and after it serves.
-#[derive(Debug, Default)]
-pub struct BridgeStats {
-    calls: AtomicU32,
-    impure_calls: AtomicU32,
-    limit_exceeded: AtomicBool,
-}
-
-impl BridgeStats {
-    /// Calls received (including refused ones over the budget).
-    pub fn calls(&self) -> u32 {
-        self.calls.load(Ordering::Relaxed)
-    }
-    /// Calls to tools not declared pure (or to no tool at all).
-    pub fn impure_calls(&self) -> u32 {
-        self.impure_calls.load(Ordering::Relaxed)
-    }
-    /// True once a call went over the budget.
-    pub fn limit_exceeded(&self) -> bool {
-        self.limit_exceeded.load(Ordering::Relaxed)
-    }
-    /// Counts `n` calls made elsewhere on this run's behalf (by a run nested in it), so they come out
-    /// of its budget: later calls over the budget are refused as if the run had made them itself.
-    pub fn charge(&self, n: u32) {
-        self.calls.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
-/// One run's bridge: bound to a path, serving a tool set to connections that know the token.
+/// One run's bridge: serves a tool set to the run's one connection, once it presents the token.
 #[derive(Debug)]
 pub struct Bridge {
-    listener: interprocess::local_socket::tokio::Listener,
-    path: PathBuf,
+    endpoint: Endpoint,
     token: String,
-    tools: ToolSet,
-    config: BridgeConfig,
-    stats: Arc<BridgeStats>,
-    journal: Arc<Mutex<Journal>>,
-    replay: Option<Mutex<Replay>>,
-    sink: Option<Arc<dyn JournalSink>>,
-    next_ordinal: AtomicU32,
-    stop: mpsc::Sender<Stop>,
-    stopped: tokio::sync::Mutex<mpsc::Receiver<Stop>>,
-}
-
-/// Persists the journal as calls start and finish (durable runs), so a host that dies mid-run can be
-/// resumed: a call logged `Executing` but never `Applied` is the only one that runs again.
-pub trait JournalSink: Send + Sync + std::fmt::Debug {
-    /// Writes the whole journal; the bridge waits for it before calling the tool.
-    fn persist(&self, journal: Journal) -> BoxFuture<Result<(), String>>;
-}
-
-/// What a resumed run replays: the previous attempt's journal and the decisions for its suspensions.
-#[derive(Debug, Clone, Default)]
-pub struct ReplayPlan {
-    /// The journal of the previous attempt.
-    pub journal: Journal,
-    /// Decisions by suspension id.
-    pub decisions: HashMap<String, Value>,
-}
-
-#[derive(Debug)]
-struct Replay {
-    plan: ReplayPlan,
-    consumed: Vec<bool>,
-}
-
-/// A suspension: the run waits for a decision.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Suspension {
-    /// Unique within the run.
-    pub id: String,
-    /// The tool that asked.
-    pub tool: String,
-    /// Its arguments, as JSON.
-    pub args: Value,
-}
-
-/// Why a run's bridge stopped the run.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Stop {
-    /// A tool asked for a decision.
-    Suspended(Suspension),
-    /// A resumed run called something other than what the journal recorded at this step.
-    Diverged {
-        /// The step (ordinal).
-        step: u32,
-        /// What the journal has there.
-        recorded: String,
-        /// What the code called.
-        called: String,
-    },
-    /// The protocol was broken.
-    Failed(Error),
-}
-
-enum Replayed {
-    Result(Result<String, ToolError>),
-    /// The suspension's id, the decision (JSON text), and the suspended call's request when the call
-    /// has not been resumed yet (a `Decided` entry already holds its result).
-    Decision(String, String, Option<String>),
-    Suspension(String, String),
-    Live,
-    Diverged(String),
+    shared: Shared,
+    stopped: mpsc::Receiver<Stop>,
 }
 
 #[derive(Deserialize)]
@@ -172,474 +84,301 @@ enum Incoming {
 }
 
 impl Bridge {
-    /// Listens on `path` (which must not exist; its directory should be private to the run).
+    /// Serves the one connection of a [`socket_pair`]. Call it within a Tokio runtime.
+    pub fn new(host: HostEnd, tools: ToolSet, config: BridgeConfig) -> Result<Self, Error> {
+        host.0.set_nonblocking(true).map_err(Error::SocketPair)?;
+        let stream = UdsStream::try_from(OwnedFd::from(host.0)).map_err(Error::SocketPair)?;
+        Self::with_endpoint(Endpoint::Pair(stream.into()), tools, config)
+    }
+
+    /// Listens on `path` (which must not exist; its directory should be private to the run). The first
+    /// connection that presents the handshake is the run's one connection: the listener is then closed
+    /// (its path removed), so later connections are refused. Call it within a Tokio runtime.
     pub fn bind(path: &Path, tools: ToolSet, config: BridgeConfig) -> Result<Self, Error> {
-        let name = path
-            .to_fs_name::<GenericFilePath>()
-            .map_err(|source| Error::Bind {
-                path: path.to_owned(),
-                source,
-            })?;
+        let bind_error = |source| Error::Bind {
+            path: path.to_owned(),
+            source,
+        };
+        let name = path.to_fs_name::<GenericFilePath>().map_err(bind_error)?;
         let listener = ListenerOptions::new()
             .name(name)
             .create_tokio()
-            .map_err(|source| Error::Bind {
-                path: path.to_owned(),
-                source,
-            })?;
-        let (stop, stopped) = mpsc::channel(1);
-        Ok(Self {
+            .map_err(bind_error)?;
+        let endpoint = Endpoint::Path {
             listener,
             path: path.to_owned(),
+        };
+        Self::with_endpoint(endpoint, tools, config)
+    }
+
+    fn with_endpoint(
+        endpoint: Endpoint,
+        tools: ToolSet,
+        config: BridgeConfig,
+    ) -> Result<Self, Error> {
+        let (shared, stopped) = Shared::new(tools, config);
+        Ok(Self {
+            endpoint,
             token: new_token()?,
-            tools,
-            config,
-            stats: Arc::default(),
-            journal: Arc::default(),
-            replay: None,
-            sink: None,
-            next_ordinal: AtomicU32::new(0),
-            stop,
-            stopped: tokio::sync::Mutex::new(stopped),
+            shared,
+            stopped,
         })
     }
 
     /// Replays `plan` before calling tools for real (a resumed run).
     pub fn with_replay(mut self, plan: ReplayPlan) -> Self {
-        let consumed = vec![false; plan.journal.entries.len()];
-        self.replay = Some(Mutex::new(Replay { plan, consumed }));
+        self.shared.set_replay(plan);
         self
     }
 
     /// Persists the journal through `sink` around every call (durable runs).
     pub fn with_sink(mut self, sink: Arc<dyn JournalSink>) -> Self {
-        self.sink = Some(sink);
+        self.shared.sink = Some(sink);
         self
     }
 
     /// This run's journal, readable while and after it serves.
     pub fn journal(&self) -> Arc<Mutex<Journal>> {
-        Arc::clone(&self.journal)
-    }
-
-    /// The per-run secret the child must present.
-    pub fn token(&self) -> &str {
-        &self.token
+        Arc::clone(&self.shared.journal)
     }
 
     /// Counters that stay readable after `serve` ends.
     pub fn stats(&self) -> Arc<BridgeStats> {
-        Arc::clone(&self.stats)
+        Arc::clone(&self.shared.stats)
     }
 
-    /// Everything the child's client ([`crate::CLIENT_PY`], importable as `runpython_tools`) needs: the
-    /// socket path, the token, the frame cap and the tools.
+    /// Everything the child's client ([`crate::CLIENT_PY`], importable as `runpython_tools`) needs to
+    /// reach a bridge made by [`Bridge::bind`]: the socket path, the token, the frame cap and the tools.
+    /// For a [`socket_pair`] bridge the path is `null`: use [`Bridge::client_spec_fd`].
     pub fn client_spec(&self) -> Value {
+        let path = match &self.endpoint {
+            Endpoint::Path { path, .. } => json!(path),
+            Endpoint::Pair(_) => Value::Null,
+        };
         json!({
-            "path": self.path,
+            "path": path,
             "token": self.token,
-            "max_frame": self.config.max_frame,
-            "tools": self.tools.client_specs(),
+            "max_frame": self.shared.config.max_frame,
+            "tools": self.shared.tools.client_specs(),
         })
     }
 
-    /// Serves until the run must stop: a suspension, a replay divergence, or a broken protocol.
-    /// Connections without the right handshake are dropped and do not stop the run. Dropping the future
-    /// (the run ended) is the normal end.
+    /// What the child's client needs when it inherits its end of a [`socket_pair`] as file descriptor
+    /// `child_fd`: the client wraps that descriptor (on the first call) instead of connecting to a path.
+    pub fn client_spec_fd(&self, child_fd: i32) -> Value {
+        json!({
+            "fd": child_fd,
+            "token": self.token,
+            "max_frame": self.shared.config.max_frame,
+            "tools": self.shared.tools.client_specs(),
+        })
+    }
+
+    /// Serves until the run must stop: a suspension, a replay divergence, or a broken protocol. A
+    /// connection without the right handshake is dropped and does not stop the run; neither does the
+    /// end of the run's connection (the run ends when its child exits). Dropping the future (the run
+    /// ended) is the normal end.
     pub async fn serve(self) -> Stop {
-        let shared = Arc::new(self);
-        let mut stopped = shared.stopped.lock().await;
-        let mut connections = FuturesUnordered::new();
-        loop {
-            tokio::select! {
-                accepted = shared.listener.accept() => match accepted {
-                    Ok(stream) => connections.push(serve_connection(Arc::clone(&shared), stream)),
-                    Err(e) => return Stop::Failed(Error::Io(e)),
-                },
-                Some(done) = connections.next(), if !connections.is_empty() => {
-                    if let Err(e) = done {
-                        return Stop::Failed(e);
-                    }
-                }
-                Some(stop) = stopped.recv() => return stop,
+        let Bridge {
+            endpoint,
+            token,
+            shared,
+            mut stopped,
+        } = self;
+        let shared = Arc::new(shared);
+        let connection = async {
+            let accepted = match endpoint {
+                Endpoint::Pair(stream) => handshake(&shared, &token, stream).await,
+                Endpoint::Path { listener, .. } => accept_one(&shared, &token, listener).await?,
+            };
+            match accepted {
+                Some((stream, buf)) => serve_connection(&shared, stream, buf).await,
+                None => Ok(()),
             }
+        };
+        tokio::select! {
+            ended = connection => {
+                if let Err(e) = ended {
+                    return Stop::Failed(e);
+                }
+            }
+            Some(stop) = stopped.recv() => return stop,
+        }
+        // The connection is gone; only a stop already on its way can still end the run from here.
+        match stopped.recv().await {
+            Some(stop) => stop,
+            None => std::future::pending().await,
         }
     }
 }
 
-async fn serve_connection(bridge: Arc<Bridge>, stream: Stream) -> Result<(), Error> {
-    let decoder = FrameDecoder::new(bridge.config.max_frame);
-    let mut buf = Vec::with_capacity(8192);
-    let mut reader = &stream;
-    let mut writer = &stream;
-
-    // Handshake: the first frame must be a hello with this run's token, in time.
-    let hello = tokio::time::timeout(
-        bridge.config.handshake_timeout,
-        read_frame(&mut reader, &mut buf, &decoder),
-    )
-    .await;
-    match hello {
-        Ok(Ok(Some(frame))) => match serde_json::from_slice::<Incoming>(&frame) {
-            Ok(Incoming::Hello { version, token })
-                if token == bridge.token && version == PROTOCOL_VERSION => {}
-            _ => return Ok(()), // not ours: drop the connection, keep the run
-        },
-        _ => return Ok(()),
-    }
-
-    let mut in_flight = FuturesUnordered::new();
-    let mut ids_in_flight = std::collections::HashSet::new();
-    let mut eof = false;
+/// Accepts connections on `listener` until one presents the handshake; the listener is dropped on
+/// return, which removes its path, so no other connection can be made.
+async fn accept_one(
+    shared: &Shared,
+    token: &str,
+    listener: Listener,
+) -> Result<Option<(Stream, Vec<u8>)>, Error> {
+    let mut pending = FuturesUnordered::new();
     loop {
         tokio::select! {
-            frame = read_frame(&mut reader, &mut buf, &decoder), if !eof => {
-                let Some(frame) = frame? else { eof = true; if in_flight.is_empty() { return Ok(()) } continue };
-                let call: Incoming = serde_json::from_slice(&frame).map_err(|e| Error::Malformed(format!(
-                    "frame is not a call ({e}): {}", String::from_utf8_lossy(&frame[..frame.len().min(200)]))))?;
-                let Incoming::Call { id, tool, args, kwargs } = call else {
-                    return Err(Error::Malformed("a second handshake on an open connection".into()));
-                };
-                if !ids_in_flight.insert(id) {
-                    return Err(Error::Malformed(format!("call id {id} reused while still in flight")));
-                }
-                // Ordinals follow arrival order, assigned here rather than when the call is first polled.
-                let ordinal = bridge.next_ordinal.fetch_add(1, Ordering::Relaxed);
-                in_flight.push(dispatch(Arc::clone(&bridge), id, ordinal, tool, ToolArgs { args, kwargs }));
+            accepted = listener.accept(), if pending.len() < MAX_PENDING_HANDSHAKES => {
+                pending.push(handshake(shared, token, accepted.map_err(Error::Io)?));
             }
-            Some((id, reply)) = in_flight.next(), if !in_flight.is_empty() => {
-                ids_in_flight.remove(&id);
-                let Some(reply) = reply else { continue }; // the run is stopping: no answer
-                let payload = serde_json::to_vec(&reply).map_err(|e| Error::Malformed(e.to_string()))?;
-                let frame = match encode(&payload, bridge.config.max_frame) {
-                    Ok(frame) => frame,
-                    Err(Error::FrameTooLarge { len, max }) => {
-                        let reply = error_reply(id, &ToolError::new("ValueError", format!(
-                            "the tool's result is {len} bytes as JSON, over the bridge's frame limit of {max}")));
-                        encode(&serde_json::to_vec(&reply).map_err(|e| Error::Malformed(e.to_string()))?, max)?
-                    }
-                    Err(e) => return Err(e),
-                };
-                if writer.write_all(&frame).await.is_err() {
-                    return Ok(()); // the child went away; the run's own end is reported elsewhere
+            Some(done) = pending.next(), if !pending.is_empty() => {
+                if done.is_some() {
+                    return Ok(done);
                 }
-                if eof && in_flight.is_empty() { return Ok(()) }
             }
         }
     }
 }
 
-/// Reads until one whole frame is buffered; `Ok(None)` at a clean end of stream.
-async fn read_frame(
-    reader: &mut &Stream,
-    buf: &mut Vec<u8>,
-    decoder: &FrameDecoder,
-) -> Result<Option<Vec<u8>>, Error> {
-    loop {
-        if let Some(frame) = decoder.decode(buf)? {
-            return Ok(Some(frame));
-        }
-        let mut chunk = [0u8; 65536];
-        let n = reader.read(&mut chunk).await.map_err(Error::Io)?;
-        if n == 0 {
-            if buf.is_empty() {
-                return Ok(None);
+/// The stream and what was read past the hello, when the first frame is a hello with this run's token
+/// and protocol version, in time; else `None` (the stream is dropped).
+async fn handshake(shared: &Shared, token: &str, stream: Stream) -> Option<(Stream, Vec<u8>)> {
+    let decoder = FrameDecoder::new(MAX_HELLO.min(shared.config.max_frame));
+    let mut buf = Vec::new();
+    let read_hello = async {
+        loop {
+            // A first frame over the hello's cap is not ours.
+            if let Some(frame) = decoder.decode(&mut buf).ok()? {
+                return Some(frame);
             }
+            if read_more(&stream, &mut buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    };
+    let frame = tokio::time::timeout(shared.config.handshake_timeout, read_hello)
+        .await
+        .ok()??;
+    match serde_json::from_slice::<Incoming>(&frame) {
+        Ok(Incoming::Hello { version, token: t }) if t == token && version == PROTOCOL_VERSION => {
+            Some((stream, buf))
+        }
+        _ => None,
+    }
+}
+
+/// Appends one read of the stream to `buf`; the byte count, 0 at the end of the stream.
+async fn read_more(stream: &Stream, buf: &mut Vec<u8>) -> Result<usize, Error> {
+    buf.reserve(READ_CHUNK);
+    let mut limited = stream.take(READ_CHUNK as u64);
+    limited.read_buf(buf).await.map_err(Error::Io)
+}
+
+/// Serves calls on the run's connection until the child closes it and every call it made is answered.
+/// `buf` holds what was read past the hello.
+///
+/// Back-pressure: a frame is taken off the stream only while fewer than `max_concurrent_calls` calls
+/// are being served and its size fits in `max_in_flight_bytes` with theirs (a lone frame always fits).
+/// Otherwise nothing more is read until a call finishes: the child's writes block in the kernel.
+async fn serve_connection(
+    shared: &Arc<Shared>,
+    stream: Stream,
+    mut buf: Vec<u8>,
+) -> Result<(), Error> {
+    let config = &shared.config;
+    let decoder = FrameDecoder::new(config.max_frame);
+    let max_calls = config.max_concurrent_calls.max(1);
+    let mut in_flight = FuturesUnordered::new();
+    let mut ids_in_flight = HashSet::new();
+    let mut bytes_in_flight = 0usize;
+    let mut eof = false;
+    loop {
+        // Take every whole frame already read, while the caps allow.
+        let blocked = loop {
+            let Some(len) = decoder.announced(&buf)? else {
+                break false;
+            };
+            let full = in_flight.len() >= max_calls
+                || bytes_in_flight.saturating_add(len) > config.max_in_flight_bytes;
+            if full && !in_flight.is_empty() {
+                break true;
+            }
+            let Some(frame) = decoder.decode(&mut buf)? else {
+                break false;
+            };
+            if buf.is_empty() && buf.capacity() > KEPT_BUFFER {
+                buf = Vec::new();
+            }
+            let Incoming::Call {
+                id,
+                tool,
+                args,
+                kwargs,
+            } = serde_json::from_slice(&frame).map_err(|e| {
+                Error::Malformed(format!(
+                    "frame is not a call ({e}): {}",
+                    String::from_utf8_lossy(&frame[..frame.len().min(200)])
+                ))
+            })?
+            else {
+                return Err(Error::Malformed(
+                    "a second handshake on an open connection".into(),
+                ));
+            };
+            if !ids_in_flight.insert(id) {
+                return Err(Error::Malformed(format!(
+                    "call id {id} reused while still in flight"
+                )));
+            }
+            bytes_in_flight += len;
+            let ordinal = shared.next_ordinal();
+            let call = dispatch(
+                Arc::clone(shared),
+                id,
+                ordinal,
+                tool,
+                ToolArgs { args, kwargs },
+            );
+            in_flight.push(async move {
+                let (id, reply) = call.await;
+                (id, len, reply)
+            });
+        };
+        if eof && !blocked && !buf.is_empty() {
             return Err(Error::Malformed(format!(
                 "connection closed inside a frame ({} bytes pending)",
                 buf.len()
             )));
         }
-        buf.extend_from_slice(&chunk[..n]);
+        if eof && in_flight.is_empty() {
+            return Ok(());
+        }
+        tokio::select! {
+            read = read_more(&stream, &mut buf), if !eof && !blocked => {
+                eof = read? == 0;
+            }
+            Some((id, len, reply)) = in_flight.next(), if !in_flight.is_empty() => {
+                ids_in_flight.remove(&id);
+                bytes_in_flight -= len;
+                let Some(reply) = reply else { continue }; // the run is stopping: no answer
+                let mut writer = &stream;
+                if writer.write_all(&reply_frame(id, &reply, config.max_frame)?).await.is_err() {
+                    return Ok(()); // the child went away; the run's own end is reported elsewhere
+                }
+            }
+        }
     }
 }
 
-async fn dispatch(
-    bridge: Arc<Bridge>,
-    id: u64,
-    ordinal: u32,
-    name: String,
-    args: ToolArgs,
-) -> (u64, Option<Value>) {
-    let n = bridge.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
-    if n > bridge.config.max_calls {
-        bridge.stats.limit_exceeded.store(true, Ordering::Relaxed);
-        let error = ToolError::new(
-            "ToolCallLimit",
-            format!(
-                "the run made more than {} tool calls, its budget; batch work into fewer calls",
-                bridge.config.max_calls
-            ),
-        );
-        return (id, Some(error_reply(id, &error)));
-    }
-    let (args_text, args_hash) = canonical_args(&args);
-    let entry = |state| JournalEntry {
-        ordinal,
-        tool: name.clone(),
-        args_hash: args_hash.clone(),
-        args: args_text.clone(),
-        state,
-    };
-    match bridge.replayed(ordinal, &name, &args_hash) {
-        Replayed::Result(result) => {
-            // Already applied in an earlier attempt: re-recording it cannot lose anything.
-            let _ = bridge
-                .record(entry(CallState::Applied(result.clone())))
-                .await;
-            return (id, Some(reply_of(id, result)));
-        }
-        Replayed::Decision(suspension_id, decision, request) => {
-            // A tool that ran something suspendable continues it with the decision; for the others
-            // (approvals) the decision is the result.
-            let resumed = request.and_then(|request| {
-                let tool = bridge.tools.get(&name)?;
-                let request = serde_json::from_str(&request).unwrap_or(Value::Null);
-                let decision = serde_json::from_str(&decision).unwrap_or(Value::Null);
-                tool.resume(request, decision)
-            });
-            let result = match resumed {
-                None => Ok(decision),
-                Some(call) => match call.await {
-                    Ok(value) => Ok(value.to_string()),
-                    Err(error) if error.is_suspension() => {
-                        bridge
-                            .suspend(entry(CallState::Executing), suspension_id, error.message)
-                            .await;
-                        return (id, None);
-                    }
-                    Err(error) => Err(error),
-                },
-            };
-            let state = match &result {
-                Ok(text) => CallState::Decided {
-                    id: suspension_id,
-                    decision: text.clone(),
-                },
-                Err(_) => CallState::Applied(result.clone()),
-            };
-            let _ = bridge.record(entry(state)).await;
-            return (id, Some(reply_of(id, result)));
-        }
-        Replayed::Suspension(suspension_id, request) => {
-            bridge
-                .suspend(entry(CallState::Executing), suspension_id, request)
-                .await;
-            return (id, None);
-        }
-        Replayed::Diverged(recorded) => {
-            let _ = bridge.stop.try_send(Stop::Diverged {
-                step: ordinal,
-                recorded,
-                called: format!("{name}({args_text})"),
-            });
-            return (id, None);
-        }
-        Replayed::Live => {}
-    }
-
-    let tool = bridge.tools.get(&name).cloned();
-    if !tool.as_ref().is_some_and(|t| t.is_pure()) && name != ONCE_TOOL {
-        bridge.stats.impure_calls.fetch_add(1, Ordering::Relaxed);
-    }
-    if name == ONCE_TOOL {
-        // The value the code computed, journaled: a resumed run gets this one back.
-        let value = args
-            .get("value")
-            .cloned()
-            .unwrap_or(Value::Null)
-            .to_string();
-        if let Err(e) = bridge
-            .record(entry(CallState::Applied(Ok(value.clone()))))
-            .await
-        {
-            let error = ToolError::new(
-                "OSError",
-                format!("once(): the value could not be journaled: {e}"),
+/// The frame of `reply`; a result over the frame cap becomes a `ValueError` for the code.
+fn reply_frame(id: u64, reply: &Value, max_frame: usize) -> Result<Vec<u8>, Error> {
+    let payload = serde_json::to_vec(reply).map_err(|e| Error::Malformed(e.to_string()))?;
+    match encode(&payload, max_frame) {
+        Err(Error::FrameTooLarge { len, max }) => {
+            let message = format!(
+                "the tool's result is {len} bytes as JSON, over the bridge's frame limit of {max}"
             );
-            return (id, Some(error_reply(id, &error)));
+            let reply = error_reply(id, &ToolError::new("ValueError", message));
+            let payload =
+                serde_json::to_vec(&reply).map_err(|e| Error::Malformed(e.to_string()))?;
+            encode(&payload, max)
         }
-        return (id, Some(reply_of(id, Ok(value))));
+        framed => framed,
     }
-    let Some(tool) = tool else {
-        let error = ToolError::new("NameError", format!("no tool named {name:?} on the host"));
-        return (id, Some(error_reply(id, &error)));
-    };
-    if let Err(e) = bridge.record(entry(CallState::Executing)).await {
-        let error = ToolError::new(
-            "OSError",
-            format!("the call was not made: its journal entry could not be kept: {e}"),
-        );
-        return (id, Some(error_reply(id, &error)));
-    }
-    let timeout = bridge.config.call_timeout;
-    let call = std::panic::AssertUnwindSafe(tool.call(args)).catch_unwind();
-    let outcome = match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(Ok(value))) => Ok(value),
-        Ok(Ok(Err(error))) => Err(error),
-        Ok(Err(panic)) => Err(ToolError::new(
-            "ToolError",
-            format!("the tool's handler panicked: {}", panic_message(&panic)),
-        )),
-        Err(_) => Err(ToolError::new(
-            "TimeoutError",
-            format!("tool {name:?} did not answer within {timeout:?}"),
-        )),
-    };
-    match outcome {
-        Err(error) if error.is_suspension() => {
-            let previous = bridge.journal.lock().map_or(0, |j| j.suspension_count());
-            if previous + 1 > bridge.config.max_suspensions {
-                let error = ToolError::new(
-                    "RuntimeError",
-                    format!(
-                        "the run reached its limit of {} suspensions; ask for fewer decisions",
-                        bridge.config.max_suspensions
-                    ),
-                );
-                let _ = bridge
-                    .record(entry(CallState::Applied(Err(error.clone()))))
-                    .await;
-                return (id, Some(error_reply(id, &error)));
-            }
-            // What the tool asked (its suspend payload) is what the person sees and what resume gets.
-            bridge
-                .suspend(
-                    entry(CallState::Executing),
-                    format!("s{ordinal}"),
-                    error.message,
-                )
-                .await;
-            (id, None)
-        }
-        outcome => {
-            let result = outcome.map(|v| v.to_string());
-            let _ = bridge
-                .record(entry(CallState::Applied(result.clone())))
-                .await;
-            (id, Some(reply_of(id, result)))
-        }
-    }
-}
-
-impl Bridge {
-    /// What the previous attempt's journal says about this call, if this is a resumed run.
-    fn replayed(&self, ordinal: u32, tool: &str, hash: &str) -> Replayed {
-        let Some(replay) = &self.replay else {
-            return Replayed::Live;
-        };
-        let Ok(mut replay) = replay.lock() else {
-            return Replayed::Live;
-        };
-        let Replay { plan, consumed } = &mut *replay;
-        let matches =
-            |e: &JournalEntry| e.tool == tool && (tool == ONCE_TOOL || e.args_hash == hash);
-        // The entry at this step; else, for calls made concurrently (gather) whose arrival order changed,
-        // an unconsumed identical call elsewhere in the journal.
-        let at_step = match plan.journal.entries.get(ordinal as usize) {
-            Some(e) if e.ordinal == ordinal => Some(ordinal as usize),
-            _ => plan
-                .journal
-                .entries
-                .iter()
-                .position(|e| e.ordinal == ordinal),
-        };
-        let index = match at_step {
-            Some(i) if !consumed[i] && matches(&plan.journal.entries[i]) => Some(i),
-            _ => plan
-                .journal
-                .entries
-                .iter()
-                .enumerate()
-                .position(|(i, e)| !consumed[i] && matches(e)),
-        };
-        let Some(index) = index else {
-            return match at_step {
-                Some(i) if !consumed[i] => {
-                    let e = &plan.journal.entries[i];
-                    Replayed::Diverged(format!("{}({})", e.tool, e.args))
-                }
-                _ => Replayed::Live,
-            };
-        };
-        consumed[index] = true;
-        match &plan.journal.entries[index].state {
-            CallState::Applied(result) => Replayed::Result(result.clone()),
-            CallState::Decided { id, decision } => {
-                Replayed::Decision(id.clone(), decision.clone(), None)
-            }
-            CallState::Suspended { id, request } => match plan.decisions.get(id) {
-                Some(decision) => {
-                    Replayed::Decision(id.clone(), decision.to_string(), Some(request.clone()))
-                }
-                None => Replayed::Suspension(id.clone(), request.clone()),
-            },
-            // Started but never finished: the host died during it. It is the one call made again.
-            CallState::Executing => Replayed::Live,
-        }
-    }
-
-    /// Journals the call as suspended with `request` (what the tool asked) and stops the run for it.
-    async fn suspend(&self, entry: JournalEntry, id: String, request: String) {
-        let suspension = Suspension {
-            id: id.clone(),
-            tool: entry.tool.clone(),
-            args: serde_json::from_str(&request).unwrap_or(Value::Null),
-        };
-        let state = CallState::Suspended { id, request };
-        // The run stops either way; a journal that could not be kept makes the resume re-run the call.
-        let _ = self.record(JournalEntry { state, ..entry }).await;
-        let _ = self.stop.try_send(Stop::Suspended(suspension));
-    }
-
-    /// Adds or updates this call's entry and, for durable runs, persists the journal. Ordinals are
-    /// dense from 0, so an entry lives at its ordinal's index: O(1) per call.
-    async fn record(&self, entry: JournalEntry) -> Result<(), String> {
-        let snapshot = {
-            let Ok(mut journal) = self.journal.lock() else {
-                return Err("the journal lock is poisoned".into());
-            };
-            let index = entry.ordinal as usize;
-            let entries = &mut journal.entries;
-            if entries.len() <= index {
-                // Concurrent calls may finish out of order: placeholders keep indexes equal to ordinals.
-                entries.resize_with(index + 1, || JournalEntry {
-                    ordinal: u32::MAX,
-                    tool: String::new(),
-                    args_hash: String::new(),
-                    args: String::new(),
-                    state: CallState::Executing,
-                });
-            }
-            entries[index] = entry;
-            self.sink.as_ref().map(|_| journal.clone())
-        };
-        match (&self.sink, snapshot) {
-            (Some(sink), Some(journal)) => sink.persist(journal).await,
-            _ => Ok(()),
-        }
-    }
-}
-
-fn reply_of(id: u64, result: Result<String, ToolError>) -> Value {
-    match result {
-        Ok(text) => {
-            json!({"type": "result", "id": id, "result": serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)})
-        }
-        Err(error) => error_reply(id, &error),
-    }
-}
-
-fn error_reply(id: u64, error: &ToolError) -> Value {
-    json!({"type": "result", "id": id, "error": {"type": error.kind, "message": error.message}})
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".into())
 }
 
 fn new_token() -> Result<String, Error> {

@@ -47,7 +47,7 @@ pub fn python_stubs(tools: &ToolSet) -> String {
 }
 
 /// The Python annotation for a JSON Schema.
-pub fn python_type(schema: &Value) -> String {
+pub(crate) fn python_type(schema: &Value) -> String {
     if let Some(values) = schema.get("enum").and_then(Value::as_array) {
         let literals: Vec<String> = values.iter().map(python_literal).collect();
         return format!("Literal[{}]", literals.join(", "));
@@ -92,7 +92,7 @@ fn json_type(t: &str, schema: &Value) -> String {
 }
 
 /// A JSON value written as a Python literal.
-pub fn python_literal(value: &Value) -> String {
+pub(crate) fn python_literal(value: &Value) -> String {
     match value {
         Value::Null => "None".into(),
         Value::Bool(true) => "True".into(),

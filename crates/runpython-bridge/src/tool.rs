@@ -3,16 +3,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::Error;
-
-/// A boxed, sendable future: what `Tool::call` returns.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The arguments of one call, as the code passed them. Tools with a JSON Schema receive everything by
 /// name in `kwargs` (the generated Python signature binds positional arguments to their names first);
@@ -40,7 +38,7 @@ impl ToolArgs {
 }
 
 /// The `kind` of [`ToolError::suspend`].
-pub const SUSPEND_KIND: &str = "runpython.Suspend";
+pub(crate) const SUSPEND_KIND: &str = "runpython.Suspend";
 
 /// A tool's failure, raised in the code as an exception. `kind` names the exception class: a Python
 /// built-in (`ValueError`, `KeyError`, `TimeoutError`) keeps its type; anything else becomes a
@@ -105,7 +103,7 @@ pub trait Tool: Send + Sync {
         false
     }
     /// Run the call. An `Err` reaches the code as an exception.
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>>;
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>>;
     /// Continue a call that suspended with `request` (the payload of its [`ToolError::suspend`]), now
     /// that `decision` is known. `None` (the default): the decision itself is the call's result. A tool
     /// that runs something suspendable (a nested run) resumes it here, and may suspend again.
@@ -113,7 +111,7 @@ pub trait Tool: Send + Sync {
         &self,
         request: Value,
         decision: Value,
-    ) -> Option<BoxFuture<Result<Value, ToolError>>> {
+    ) -> Option<BoxFuture<'static, Result<Value, ToolError>>> {
         let _ = (request, decision);
         None
     }
@@ -196,27 +194,27 @@ where
     fn is_pure(&self) -> bool {
         self.pure
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         Box::pin((self.function)(args))
     }
 }
 
 /// One parameter of a tool, read from its schema in property order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Param {
+pub(crate) struct Param {
     /// Property name.
-    pub name: String,
+    pub(crate) name: String,
     /// Listed in `required`.
-    pub required: bool,
+    pub(crate) required: bool,
     /// The schema's `default`, else `null` for an optional parameter.
-    pub default: Value,
+    pub(crate) default: Value,
     /// The property's own schema.
     #[serde(skip)]
-    pub schema: Value,
+    pub(crate) schema: Value,
 }
 
 /// The parameters a schema declares, required and optional, in property order.
-pub fn params_of(schema: &Value) -> Vec<Param> {
+pub(crate) fn params_of(schema: &Value) -> Vec<Param> {
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)
@@ -335,7 +333,7 @@ impl ToolSet {
 
     /// What the child needs to generate one function per tool: name, description and parameters
     /// (`null` for schemaless tools).
-    pub fn client_specs(&self) -> Value {
+    pub(crate) fn client_specs(&self) -> Value {
         Value::Array(
             self.iter()
                 .map(|t| {

@@ -35,7 +35,7 @@ impl Tool for ReadArtifact {
     fn is_pure(&self) -> bool {
         true // artifacts are content-addressed: an id always names the same bytes
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let store = self.store.clone();
         Box::pin(async move {
             let id = arg(&args, "id")
@@ -84,7 +84,7 @@ impl Tool for SaveArtifact {
     fn is_hidden(&self) -> bool {
         true
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let store = self.store.clone();
         let saved = Arc::clone(&self.saved);
         Box::pin(async move {

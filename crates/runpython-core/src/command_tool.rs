@@ -36,7 +36,7 @@ impl Tool for CommandTool {
     fn description(&self) -> &str {
         &self.description
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let name = self.name.clone();
         let command = self.command.clone();
         Box::pin(async move {

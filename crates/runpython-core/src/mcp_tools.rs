@@ -135,7 +135,7 @@ impl Tool for McpTool {
     fn input_schema(&self) -> Option<&Value> {
         self.schema.as_ref()
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let this = self.clone();
         Box::pin(async move {
             if !args.args.is_empty() {

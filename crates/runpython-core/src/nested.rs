@@ -36,13 +36,13 @@ pub(crate) trait NestEngine: Send + Sync {
     /// A copy of the engine for a run nested in one of its runs.
     fn deeper(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> Arc<dyn NestEngine>;
     /// Runs `request` to its end.
-    fn run(&self, request: RunRequest) -> BoxFuture<Result<Envelope, Error>>;
+    fn run(&self, request: RunRequest) -> BoxFuture<'static, Result<Envelope, Error>>;
     /// Resumes a suspended run.
     fn resume(
         &self,
         run_id: String,
         decisions: HashMap<String, Value>,
-    ) -> BoxFuture<Result<Envelope, Error>>;
+    ) -> BoxFuture<'static, Result<Envelope, Error>>;
 }
 
 /// The longest margin kept from the outer run's remaining time when sizing an inner run's timeout.
@@ -94,7 +94,7 @@ impl Tool for NestedRun {
         static SCHEMA: OnceLock<Value> = OnceLock::new();
         Some(SCHEMA.get_or_init(run_python_schema))
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let this = self.clone();
         Box::pin(async move {
             let request = run_request_from(&args.kwargs).map_err(|e| match e {
@@ -110,7 +110,7 @@ impl Tool for NestedRun {
         &self,
         request: Value,
         decision: Value,
-    ) -> Option<BoxFuture<Result<Value, ToolError>>> {
+    ) -> Option<BoxFuture<'static, Result<Value, ToolError>>> {
         let this = self.clone();
         Some(Box::pin(async move {
             let run_id = request["run_id"].as_str().unwrap_or_default().to_owned();
@@ -140,7 +140,7 @@ impl NestedRun {
     /// this call, carrying what the inner run waits for).
     async fn with_inner<F>(&self, work: F) -> Result<Value, ToolError>
     where
-        F: FnOnce(Arc<dyn NestEngine>) -> BoxFuture<Result<Envelope, Error>>,
+        F: FnOnce(Arc<dyn NestEngine>) -> BoxFuture<'static, Result<Envelope, Error>>,
     {
         let engine = Arc::clone(&self.engine);
         let Some((started, stats)) = self.run.clone() else {

@@ -43,7 +43,7 @@ impl Tool for ApprovalTool {
     fn description(&self) -> &str {
         "Ask a person to approve or decide something. The run pauses until they answer; their decision is the return value."
     }
-    fn call(&self, args: ToolArgs) -> BoxFuture<Result<Value, ToolError>> {
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let request = serde_json::json!({"args": args.args, "kwargs": args.kwargs});
         Box::pin(async move { Err(ToolError::suspend(request)) })
     }
@@ -138,7 +138,7 @@ struct CheckpointSink {
 }
 
 impl JournalSink for CheckpointSink {
-    fn persist(&self, journal: Journal) -> BoxFuture<Result<(), String>> {
+    fn persist(&self, journal: Journal) -> BoxFuture<'static, Result<(), String>> {
         let store = self.store.clone();
         let run_id = self.run_id.clone();
         let request = self.request.clone();

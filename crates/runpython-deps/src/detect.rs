@@ -9,7 +9,7 @@ use crate::Error;
 
 /// The largest source [`detect_imports`] accepts. LLM-authored scripts are far smaller; a bigger input is
 /// almost surely a mistake (a data file passed as code) and would only cost parse time.
-pub const MAX_SOURCE_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const MAX_SOURCE_BYTES: usize = 2 * 1024 * 1024;
 
 /// Stack for the parsing thread. Ruff's parser grows its own stack (`stacker`) while it recurses, but the
 /// tree it returns is dropped recursively, and `1+1+…+1` or `((((…))))` nest one node per token: about
@@ -25,7 +25,7 @@ pub trait ImportDetector: Send + Sync + std::fmt::Debug {
     /// inside functions, classes and `try/except ImportError` count. A file with syntax errors yields
     /// the imports in the parts that could be recovered. Namespace packages keep the components that
     /// name a distribution (`google.protobuf`, `google.cloud.storage`), see
-    /// [`crate::distribution_for_import`].
+    /// `distribution_for_import` in `mapping.rs`.
     fn detect(&self, source: &str) -> Result<Vec<String>, Error>;
 }
 

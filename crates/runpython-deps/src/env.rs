@@ -1,16 +1,5 @@
 //! Prepared environments: keyed by content, built once beside their final place, renamed into it.
-//!
-//! Layout under the root (the key's hash input carries the format version, so a new layout never
-//! reads an old one):
-//!
-//! ```text
-//! envs/<key>/site/        the installed packages: a relocatable site dir for `site.addsitedir`
-//! envs/<key>/env.json     the manifest; its mtime is the last use (for GC)
-//! building/<key>.<rand>/  environments being built; stale ones are crash leftovers, GC removes them
-//! locks/<key>.lock        one exclusive flock per key
-//! cache/{uv,pip}/         the installers' download and wheel caches
-//! tools/pip-venv-<id>/    the pip fallback's tools venv per interpreter
-//! ```
+//! Where each thing lives under the root is [`crate::layout`]'s to say.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,18 +9,15 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::layout::{building_dir, short_hash, BUILDING, ENVS, MANIFEST, SITE};
 use crate::lock::KeyLock;
 use crate::provider::{EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, UvProvider};
 use crate::{Error, Interpreter, Requirement};
 
 const FORMAT: &str = "runpython-env-v1";
-const MANIFEST: &str = "env.json";
-const SITE: &str = "site";
-const ENVS: &str = "envs";
-const BUILDING: &str = "building";
 
-/// Default for [`Environments::with_timeout`]: long enough for a cold install of a large wheel set.
-pub const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default for [`Environments::with_timeout`].
+pub(crate) const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A ready environment. Hand `interpreter` and `site_dir` to the runner: start the interpreter as
 /// usual (`-I -S`) and call `site.addsitedir(site_dir)` before the user's code, so `.pth` files work.
@@ -92,7 +78,7 @@ impl Environments {
     }
 
     /// Bounds one preparation (waiting for another preparer included); the installer is killed when it
-    /// runs out.
+    /// runs out. Default: 10 minutes, long enough for a cold install of a large wheel set.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -301,35 +287,6 @@ fn write_manifest(path: &Path, manifest: &Manifest) -> Result<(), Error> {
         .map_err(|e| Error::io("write the manifest", path, e))
 }
 
-/// A 128-bit hex digest of `parts`, each length-prefixed so that no two inputs collide by shifting.
-pub(crate) fn short_hash(parts: &[&[u8]]) -> String {
-    let mut hasher = blake3::Hasher::new();
-    for part in parts {
-        hasher.update(&(part.len() as u64).to_le_bytes());
-        hasher.update(part);
-    }
-    hasher.finalize().to_hex()[..32].to_owned()
-}
-
-/// A fresh `<root>/building/<name>.<random>` directory.
-pub(crate) fn building_dir(root: &Path, name: &str) -> Result<PathBuf, Error> {
-    let mut random = [0u8; 8];
-    getrandom::fill(&mut random).map_err(|e| {
-        Error::io(
-            "pick a temporary name",
-            root,
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
-    let suffix: String = random.iter().map(|b| format!("{b:02x}")).collect();
-    let parent = root.join(BUILDING);
-    std::fs::create_dir_all(&parent)
-        .map_err(|e| Error::io("create the building directory", &parent, e))?;
-    let dir = parent.join(format!("{name}.{suffix}"));
-    std::fs::create_dir(&dir).map_err(|e| Error::io("create a building directory", &dir, e))?;
-    Ok(dir)
-}
-
 /// Removes a half-built environment when preparation fails or its future is dropped.
 struct BuildingDir(Option<PathBuf>);
 
@@ -471,7 +428,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::provider::BoxFuture;
+    use crate::BoxFuture;
 
     /// Writes a fake `name-1.0.dist-info` per spec; counts its calls; fails on a spec named `broken`.
     #[derive(Debug, Default)]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 
 /// Oldest CPython supported (top-level await in `compile`, `sys.stdlib_module_names`).
-pub const MIN_VERSION: (u32, u32, u32) = (3, 10, 0);
+pub(crate) const MIN_VERSION: (u32, u32, u32) = (3, 10, 0);
 
 const PROBE: &str = "import sys; print(sys.implementation.name); print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])";
 const CANDIDATES: &[&str] = &[

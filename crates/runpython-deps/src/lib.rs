@@ -5,7 +5,7 @@
 //! - **interpreter discovery** ([`Interpreter::discover`]): a real CPython ≥ 3.10, shims resolved;
 //! - **import detection** with Ruff's error-recovering parser ([`detect_imports`], behind the
 //!   [`ImportDetector`] trait), **standard-library filtering** for the target's minor version
-//!   ([`is_stdlib_module`]) and **import → distribution mapping** ([`distribution_for_import`]);
+//!   and **import → distribution mapping** (both applied by [`merge_requirements`]);
 //! - **requirements**: PEP 508 specs parsed enough to dedupe by PEP 503 name ([`Requirement`]), PEP 723
 //!   `# /// script` blocks read and written, and the merge of all sources ([`merge_requirements`]), in
 //!   which a pinned, URL or extras spec is never shadowed by a bare detected name;
@@ -45,6 +45,7 @@
 mod detect;
 mod env;
 mod interpreter;
+mod layout;
 mod lock;
 mod mapping;
 mod merge;
@@ -55,20 +56,21 @@ mod stdlib;
 
 use std::path::{Path, PathBuf};
 
-pub use detect::{
-    detect_imports, detect_imports_async, ImportDetector, RuffImportDetector, MAX_SOURCE_BYTES,
-};
-pub use env::{gc, Environments, GcReport, PreparedEnv, DEFAULT_PREPARE_TIMEOUT};
-pub use interpreter::{cache_dir, Interpreter, MIN_VERSION};
-pub use mapping::distribution_for_import;
+use interpreter::MIN_VERSION;
+
+pub use detect::{detect_imports, detect_imports_async, ImportDetector, RuffImportDetector};
+pub use env::{gc, Environments, GcReport, PreparedEnv};
+pub use interpreter::{cache_dir, Interpreter};
 pub use merge::{merge_requirements, DependencySources};
 pub use provider::{
-    installer_env, BoxFuture, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn,
-    UvProvider,
+    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, UvProvider,
 };
-pub use requirement::{normalize_name, Requirement};
+
+/// A boxed, sendable future, so that [`EnvProvider`] stays object safe: what
+/// [`EnvProvider::install`] returns. The same type as runpython-bridge's `BoxFuture`: futures-util's.
+pub use futures_util::future::BoxFuture;
+pub use requirement::Requirement;
 pub use script::{read_script_metadata, write_script_dependencies, ScriptMetadata};
-pub use stdlib::is_stdlib_module;
 
 /// What can go wrong while finding an interpreter or preparing dependencies.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +95,7 @@ pub enum Error {
     SourceTooLarge {
         /// Its size.
         bytes: usize,
-        /// The limit ([`MAX_SOURCE_BYTES`]).
+        /// The limit (2 MiB).
         limit: usize,
     },
     /// Import detection itself failed (a parser bug, not a syntax error in the code).

@@ -8,11 +8,8 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use tokio::time::Instant;
 
+use crate::layout::LOCKS;
 use crate::Error;
-
-/// Lock files live in `<root>/locks/<name>.lock`. They are never deleted: removing a lock file that
-/// another process has open would let two holders coexist.
-pub(crate) const LOCKS_DIR: &str = "locks";
 
 const POLL: Duration = Duration::from_millis(25);
 
@@ -23,7 +20,7 @@ pub(crate) struct KeyLock {
 }
 
 fn lock_path(root: &Path, name: &str) -> PathBuf {
-    root.join(LOCKS_DIR).join(format!("{name}.lock"))
+    root.join(LOCKS).join(format!("{name}.lock"))
 }
 
 impl KeyLock {

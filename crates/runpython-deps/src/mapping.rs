@@ -263,7 +263,7 @@ pub(crate) fn significant_depth(dotted: &str) -> usize {
 /// (`google.protobuf`). Known differences come from a curated table (`PIL` → `pillow`, `sklearn` →
 /// `scikit-learn`, `yaml` → `pyyaml`); otherwise the import name is the distribution name. `None` for a
 /// bare namespace (`import google`), which names no distribution.
-pub fn distribution_for_import(module: &str) -> Option<String> {
+pub(crate) fn distribution_for_import(module: &str) -> Option<String> {
     if module.split('.').count() < significant_depth(module) {
         return None;
     }

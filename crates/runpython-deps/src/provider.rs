@@ -3,20 +3,17 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::Stdio;
 
+use futures_util::future::BoxFuture;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::time::Instant;
 
+use crate::layout::{building_dir, short_hash, CACHE, TOOLS};
 use crate::lock::KeyLock;
 use crate::{Error, Interpreter};
-
-/// A boxed future, so that [`EnvProvider`] stays object safe.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Where preparation reports what it is doing. Pass `&|_| {}` to ignore; to feed a channel:
 /// `&move |event| { let _ = sender.send(event); }`.
@@ -143,7 +140,7 @@ impl EnvProvider for UvProvider {
 
     fn install<'a>(&'a self, job: InstallJob<'a>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let cache = job.root.join("cache").join("uv");
+            let cache = job.root.join(CACHE).join("uv");
             let mut args: Vec<OsString> = vec![
                 "pip".into(),
                 "install".into(),
@@ -172,12 +169,12 @@ pub struct PipProvider;
 impl PipProvider {
     /// The tools venv for `interpreter`, created once (under a lock, built beside and renamed).
     async fn tools_python(&self, job: &InstallJob<'_>) -> Result<PathBuf, Error> {
-        let id = crate::env::short_hash(&[
+        let id = short_hash(&[
             job.interpreter.executable.as_os_str().as_encoded_bytes(),
             job.interpreter.minor_version().as_bytes(),
         ]);
         let name = format!("pip-venv-{id}");
-        let tools = job.root.join("tools");
+        let tools = job.root.join(TOOLS);
         let venv = tools.join(&name);
         let python = venv.join("bin").join("python");
         if python.is_file() {
@@ -187,7 +184,7 @@ impl PipProvider {
         if python.is_file() {
             return Ok(python);
         }
-        let building = crate::env::building_dir(job.root, &name)?;
+        let building = building_dir(job.root, &name)?;
         let args: Vec<OsString> = vec![
             "-I".into(),
             "-m".into(),
@@ -215,7 +212,7 @@ impl EnvProvider for PipProvider {
     fn install<'a>(&'a self, job: InstallJob<'a>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let python = self.tools_python(&job).await?;
-            let cache = job.root.join("cache").join("pip");
+            let cache = job.root.join(CACHE).join("pip");
             let mut args: Vec<OsString> = vec![
                 "-I".into(),
                 "-m".into(),

@@ -5,7 +5,7 @@ use std::fmt;
 use crate::Error;
 
 /// PEP 503 normalization of a distribution name: runs of `-`, `_`, `.` become one `-`, lowercase.
-pub fn normalize_name(name: &str) -> String {
+pub(crate) fn normalize_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut in_separator = false;
     for c in name.chars() {

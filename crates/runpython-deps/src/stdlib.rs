@@ -3,7 +3,7 @@
 /// True when `module` (a top-level name such as `json`, or a dotted one, of which the first component
 /// counts) ships with CPython `version`. Modules that left the standard library (`distutils` in 3.12,
 /// `imp`, `asynchat`) are third-party for the versions after they left.
-pub fn is_stdlib_module(version: (u32, u32, u32), module: &str) -> bool {
+pub(crate) fn is_stdlib_module(version: (u32, u32, u32), module: &str) -> bool {
     let top = module.split('.').next().unwrap_or_default();
     let minor = u8::try_from(version.1).unwrap_or(u8::MAX);
     // Ruff's table leaves out `__future__`, which it treats as syntax.

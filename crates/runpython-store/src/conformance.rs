@@ -68,6 +68,12 @@ fn record(run_id: &str, tier: Tier, created_at: SystemTime) -> RunRecord {
     }
 }
 
+/// A persistent run created now, with a script, output, a value, two files and a skipped one: the
+/// fixture of the fault cases that sit beside each backend's run of this suite.
+pub fn sample_run(run_id: &str) -> RunRecord {
+    record(run_id, Tier::Persistent, SystemTime::now())
+}
+
 /// Runs every check, stopping at the first failure.
 pub async fn run_all(store: &Store) -> Check {
     macro_rules! checks {

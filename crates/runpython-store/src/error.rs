@@ -1,7 +1,7 @@
 //! The crate's one error type.
 
 /// Shorthand for results whose error is [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What went wrong in the store. Every message names the key, URL or path involved and what to do.
 #[derive(Debug, thiserror::Error)]

@@ -55,8 +55,10 @@ mod backend;
 mod collect;
 pub mod conformance;
 mod error;
+mod gc;
 mod layout;
 mod memo;
+mod memo_cache;
 mod preview;
 mod record;
 mod redact;
@@ -71,8 +73,9 @@ pub use backend::{default_local_url, StoreOptions};
 pub use collect::{
     collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile, SkippedFile,
 };
-pub use error::{Error, Result};
+pub use error::Error;
+pub use gc::GcReport;
 pub use layout::LAYOUT_VERSION;
 pub use memo::{memo_key, Computed, MemoKey, Memoized};
 pub use redact::{Redactor, MIN_SECRET_LEN};
-pub use store::{GcReport, Listing, RunManifest, RunRecord, Store, Tier};
+pub use store::{Listing, RunManifest, RunRecord, Store, Tier};

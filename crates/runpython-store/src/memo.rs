@@ -4,12 +4,13 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
 use crate::layout;
-use crate::record::{self, MemoRecord, MemoV1};
-use crate::store::{from_ms, to_ms, Store};
+use crate::memo_cache::CachedMemo;
+use crate::record::{self, from_ms, to_ms, MemoRecord, MemoV1};
+use crate::store::Store;
 
 /// The content key of a memoized run: blake3 hex over a length-prefixed list of parts.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -89,51 +90,6 @@ pub struct Memoized {
     pub json: Arc<str>,
     /// True when this call did not compute it (memory or store hit, or another caller's computation).
     pub cached: bool,
-}
-
-#[derive(Clone)]
-pub(crate) struct CachedMemo {
-    json: Arc<str>,
-    expires_at: Option<SystemTime>,
-    keep: bool,
-}
-
-pub(crate) type MemoCache = moka::future::Cache<String, CachedMemo>;
-
-/// Entries live until their own `expires_at`; an entry not to be kept expires at once (the callers
-/// waiting on its computation still receive it).
-struct PerEntryExpiry;
-
-impl moka::Expiry<String, CachedMemo> for PerEntryExpiry {
-    fn expire_after_create(&self, _: &String, v: &CachedMemo, _: Instant) -> Option<Duration> {
-        if !v.keep {
-            return Some(Duration::ZERO);
-        }
-        v.expires_at.map(|t| {
-            t.duration_since(SystemTime::now())
-                .unwrap_or(Duration::ZERO)
-        })
-    }
-
-    fn expire_after_update(
-        &self,
-        k: &String,
-        v: &CachedMemo,
-        at: Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        self.expire_after_create(k, v, at)
-    }
-}
-
-pub(crate) fn new_cache(max_bytes: u64) -> MemoCache {
-    moka::future::Cache::builder()
-        .max_capacity(max_bytes)
-        .weigher(|k: &String, v: &CachedMemo| {
-            u32::try_from(k.len() + v.json.len() + 64).unwrap_or(u32::MAX)
-        })
-        .expire_after(PerEntryExpiry)
-        .build()
 }
 
 impl Store {

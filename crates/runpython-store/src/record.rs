@@ -5,9 +5,22 @@
 //! versions forward. The version byte is read before postcard sees the payload, so an unknown version
 //! is a clear [`Error::UnsupportedVersion`] rather than a garbled decode.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+/// A time at rest: milliseconds since the Unix epoch (0 for times before it, saturating far after).
+pub(crate) fn to_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The time [`to_ms`] wrote.
+pub(crate) fn from_ms(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
 
 /// Every record starts with these bytes, so a stray object is told apart from a damaged record.
 const MAGIC: &[u8; 4] = b"RPST";

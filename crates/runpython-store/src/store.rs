@@ -1,8 +1,7 @@
 //! The [`Store`]: blobs, run manifests, retention and gc.
 
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{BoxStream, StreamExt, TryStreamExt};
@@ -15,9 +14,9 @@ use crate::backend::{self, StoreOptions};
 use crate::collect::{RunFile, SkippedFile};
 use crate::error::{Error, Result};
 use crate::layout;
-use crate::memo::MemoCache;
+use crate::memo_cache::{self, MemoCache};
 use crate::preview::preview;
-use crate::record::{self, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
+use crate::record::{self, from_ms, to_ms, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
 
 /// How long a run is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,27 +108,9 @@ impl RunManifest {
         self.artifacts.iter().find(|a| a.kind == kind)
     }
 
-    fn is_expired(&self, now: SystemTime) -> bool {
+    pub(crate) fn is_expired(&self, now: SystemTime) -> bool {
         self.expires_at.is_some_and(|t| t <= now)
     }
-}
-
-/// What [`Store::gc`] removed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GcReport {
-    /// Ephemeral runs past their lifetime whose manifests were deleted.
-    pub expired_runs: Vec<String>,
-    /// Blobs no manifest references, older than the grace period.
-    pub deleted_blobs: usize,
-    /// Their total size.
-    pub freed_bytes: u64,
-    /// Leftovers of interrupted streamed uploads.
-    pub deleted_staging: usize,
-    /// Memo entries past their lifetime.
-    pub expired_memos: usize,
-    /// Records gc could not read (corrupt, or written by a newer version), left in place. When a
-    /// manifest is among them no blob is deleted, since its references are unknown.
-    pub unreadable: Vec<String>,
 }
 
 /// What a listing found, and the manifests it skipped because they cannot be read (corrupt, or written
@@ -165,15 +146,6 @@ impl std::fmt::Debug for Store {
             .field("url", &self.inner.url)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn to_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-pub(crate) fn from_ms(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// Concurrent requests when writing or reading many objects.
@@ -220,7 +192,7 @@ impl Store {
     ) -> Self {
         let os = backend;
         let url = name.into();
-        let memo = crate::memo::new_cache(options.memo_cache_bytes);
+        let memo = memo_cache::new_cache(options.memo_cache_bytes);
         let recent_blobs = moka::sync::Cache::builder()
             .max_capacity(100_000)
             .time_to_live(options.gc_grace / 4)
@@ -510,7 +482,7 @@ impl Store {
         }
     }
 
-    async fn read_manifest(&self, run_id: &str) -> Result<Option<RunManifest>> {
+    pub(crate) async fn read_manifest(&self, run_id: &str) -> Result<Option<RunManifest>> {
         let key = layout::run(run_id)?;
         let Some(bytes) = self.read(&key).await? else {
             return Ok(None);
@@ -549,7 +521,7 @@ impl Store {
         })
     }
 
-    async fn run_ids(&self) -> Result<Vec<String>> {
+    pub(crate) async fn run_ids(&self) -> Result<Vec<String>> {
         Ok(self
             .list(layout::RUNS)
             .await?
@@ -593,74 +565,6 @@ impl Store {
         // Its checkpoint goes too: a run that is gone cannot be resumed (and gc must not leave them).
         self.remove(&layout::checkpoint(run_id)?).await?;
         self.remove(&layout::run(run_id)?).await
-    }
-
-    // ---- gc ----
-
-    /// Removes ephemeral runs expired at `now`, then blobs that no remaining manifest references,
-    /// staging leftovers and expired memo entries. `now` is normally `SystemTime::now()`.
-    ///
-    /// Safe while other hosts write: a blob or staging object modified within
-    /// [`StoreOptions::gc_grace`] of `now` is never deleted (writers put blobs before their manifest,
-    /// and re-put existing blobs, refreshing their age), and each blob's age is checked again just
-    /// before it is deleted. The remaining window is that one check-to-delete round trip. If any
-    /// manifest cannot be read, no blob is deleted.
-    pub async fn gc(&self, now: SystemTime) -> Result<GcReport> {
-        let mut report = GcReport::default();
-        let grace = self.inner.options.gc_grace;
-        let old_enough = |t: SystemTime| t + grace <= now;
-
-        let mut referenced = HashSet::new();
-        let mut manifests_complete = true;
-        for id in self.run_ids().await? {
-            match self.read_manifest(&id).await {
-                Ok(None) => {}
-                Ok(Some(m)) if m.is_expired(now) => {
-                    self.delete_run(&id).await?;
-                    report.expired_runs.push(id);
-                }
-                Ok(Some(m)) => referenced.extend(m.artifacts.into_iter().map(|a| a.id)),
-                Err(Error::CorruptRecord { key, .. } | Error::UnsupportedVersion { key, .. }) => {
-                    manifests_complete = false;
-                    report.unreadable.push(key);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-
-        if manifests_complete {
-            for meta in self.list(layout::BLOBS).await? {
-                let Some(hash) = layout::file_name(&meta.location) else {
-                    continue;
-                };
-                if referenced.contains(hash) || !old_enough(meta.last_modified.into()) {
-                    continue;
-                }
-                // Re-check: a writer may have re-put this blob since the listing.
-                let fresh = match self.inner.os.head(&meta.location).await {
-                    Ok(m) => m,
-                    Err(object_store::Error::NotFound { .. }) => continue,
-                    Err(e) => return Err(self.backend_err("head", &meta.location, e)),
-                };
-                if old_enough(fresh.last_modified.into()) {
-                    self.remove(&meta.location).await?;
-                    self.inner.recent_blobs.invalidate(hash);
-                    report.deleted_blobs += 1;
-                    report.freed_bytes += fresh.size;
-                }
-            }
-        }
-
-        for meta in self.list(layout::STAGING).await? {
-            if old_enough(meta.last_modified.into()) {
-                self.remove(&meta.location).await?;
-                report.deleted_staging += 1;
-            }
-        }
-
-        report.expired_memos = self.gc_memos(now, &mut report.unreadable).await?;
-        report.expired_runs.sort();
-        Ok(report)
     }
 }
 

@@ -6,28 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures_util::TryStreamExt;
+use runpython_store::conformance::{self, sample_run};
 use runpython_store::object_store::{memory::InMemory, prefix::PrefixStore, ObjectStore};
-use runpython_store::{conformance, Error, RunFile, RunRecord, Store, StoreOptions, Tier};
-
-fn run(run_id: &str) -> RunRecord {
-    RunRecord {
-        run_id: run_id.into(),
-        created_at: SystemTime::now(),
-        tier: Tier::Persistent,
-        script: format!("'{run_id}'"),
-        stdout: format!("out {run_id}\n"),
-        stderr: "warning\n".into(),
-        return_value_json: format!("\"{run_id}\""),
-        deps: vec![],
-        env_fingerprint: "fp".into(),
-        isolation_json: "{}".into(),
-        files: vec![RunFile {
-            name: "f.bin".into(),
-            bytes: vec![0, 1, 2, 3],
-        }],
-        skipped_files: vec![],
-    }
-}
+use runpython_store::{Error, Store, StoreOptions};
 
 #[tokio::test]
 async fn memory_store_passes_the_conformance_suite() {
@@ -49,7 +30,7 @@ async fn local_store_keeps_acknowledged_runs_across_reopening() {
     let url = url_of(dir.path());
     let put = Store::open(&url)
         .unwrap()
-        .put_run(run("kept"))
+        .put_run(sample_run("kept"))
         .await
         .unwrap();
     let reopened = Store::open(&url).unwrap();
@@ -63,7 +44,7 @@ async fn local_store_keeps_acknowledged_runs_across_reopening() {
 async fn local_store_ignores_the_staging_file_of_a_writer_killed_mid_write() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&url_of(dir.path())).unwrap();
-    let put = store.put_run(run("whole")).await.unwrap();
+    let put = store.put_run(sample_run("whole")).await.unwrap();
     // What a host killed mid-write leaves: the old object intact, and a torn `<key>#<n>` staging file
     // (object_store's LocalFileSystem writes there, then renames into place).
     std::fs::write(dir.path().join("v1/runs/whole#1"), b"RPST\x01\x01torn").unwrap();
@@ -88,7 +69,7 @@ async fn local_store_ignores_the_staging_file_of_a_writer_killed_mid_write() {
 async fn local_store_reports_a_record_from_a_newer_version_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&url_of(dir.path())).unwrap();
-    store.put_run(run("future")).await.unwrap();
+    store.put_run(sample_run("future")).await.unwrap();
     let path = dir.path().join("v1/runs/future");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[5] = 2; // the version byte
@@ -119,7 +100,7 @@ async fn a_backend_built_by_the_caller_passes_the_suite_and_prefixes_keep_tenant
     };
     let (a, b) = (tenant("a"), tenant("b"));
     conformance::run_all(&a).await.unwrap();
-    a.put_run(run("only-a")).await.unwrap();
+    a.put_run(sample_run("only-a")).await.unwrap();
 
     let err = b.get_run("only-a").await.unwrap_err();
     assert!(matches!(err, Error::NotFound { .. }), "{err}");
@@ -145,8 +126,8 @@ async fn a_backend_built_by_the_caller_passes_the_suite_and_prefixes_keep_tenant
 async fn listings_skip_and_name_a_manifest_they_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&url_of(dir.path())).unwrap();
-    store.put_run(run("readable")).await.unwrap();
-    store.put_run(run("future")).await.unwrap();
+    store.put_run(sample_run("readable")).await.unwrap();
+    store.put_run(sample_run("future")).await.unwrap();
     let path = dir.path().join("v1/runs/future");
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[5] = 2; // the version byte

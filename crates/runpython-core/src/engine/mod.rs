@@ -246,7 +246,7 @@ impl NestEngine for RunPython {
         })
     }
 
-    fn run(&self, request: RunRequest) -> BoxFuture<Result<Envelope, Error>> {
+    fn run(&self, request: RunRequest) -> BoxFuture<'static, Result<Envelope, Error>> {
         let this = self.clone();
         Box::pin(async move { this.execute(request, None, None).await })
     }
@@ -255,7 +255,7 @@ impl NestEngine for RunPython {
         &self,
         run_id: String,
         decisions: HashMap<String, Value>,
-    ) -> BoxFuture<Result<Envelope, Error>> {
+    ) -> BoxFuture<'static, Result<Envelope, Error>> {
         let this = self.clone();
         Box::pin(async move { RunPython::resume(&this, &run_id, decisions).await })
     }

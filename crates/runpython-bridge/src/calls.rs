@@ -1,0 +1,439 @@
+//! Serving calls: what a run's bridge shares among its calls (tools, limits, counters, journal, replay
+//! plan), the dispatch of one call, and why a run stops. It knows nothing of sockets or frames: the
+//! connection loop in `server.rs` hands it parsed calls and writes back what it answers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::config::BridgeConfig;
+use crate::journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
+use crate::tool::{ToolArgs, ToolError, ToolSet};
+use crate::Error;
+
+/// What every call of one run's bridge reads and updates.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) tools: ToolSet,
+    pub(crate) config: BridgeConfig,
+    pub(crate) stats: Arc<BridgeStats>,
+    pub(crate) journal: Arc<Mutex<Journal>>,
+    replay: Option<Mutex<Replay>>,
+    pub(crate) sink: Option<Arc<dyn JournalSink>>,
+    /// Ordinals follow arrival order: the connection loop takes one per call as it reads the frame.
+    next_ordinal: AtomicU32,
+    stop: mpsc::Sender<Stop>,
+}
+
+impl Shared {
+    /// The state for a fresh run, and the receiver of its stops.
+    pub(crate) fn new(tools: ToolSet, config: BridgeConfig) -> (Self, mpsc::Receiver<Stop>) {
+        let (stop, stopped) = mpsc::channel(1);
+        let shared = Self {
+            tools,
+            config,
+            stats: Arc::default(),
+            journal: Arc::default(),
+            replay: None,
+            sink: None,
+            next_ordinal: AtomicU32::new(0),
+            stop,
+        };
+        (shared, stopped)
+    }
+
+    /// Replays `plan` before calling tools for real.
+    pub(crate) fn set_replay(&mut self, plan: ReplayPlan) {
+        let consumed = vec![false; plan.journal.entries.len()];
+        self.replay = Some(Mutex::new(Replay { plan, consumed }));
+    }
+
+    /// The next call's ordinal.
+    pub(crate) fn next_ordinal(&self) -> u32 {
+        self.next_ordinal.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// What happened on a run's bridge, readable while and after it serves.
+#[derive(Debug, Default)]
+pub struct BridgeStats {
+    calls: AtomicU32,
+    impure_calls: AtomicU32,
+    limit_exceeded: AtomicBool,
+}
+
+impl BridgeStats {
+    /// Calls received (including refused ones over the budget).
+    pub fn calls(&self) -> u32 {
+        self.calls.load(Ordering::Relaxed)
+    }
+    /// Calls to tools not declared pure (or to no tool at all).
+    pub fn impure_calls(&self) -> u32 {
+        self.impure_calls.load(Ordering::Relaxed)
+    }
+    /// True once a call went over the budget.
+    pub fn limit_exceeded(&self) -> bool {
+        self.limit_exceeded.load(Ordering::Relaxed)
+    }
+    /// Counts `n` calls made elsewhere on this run's behalf (by a run nested in it), so they come out
+    /// of its budget: later calls over the budget are refused as if the run had made them itself.
+    pub fn charge(&self, n: u32) {
+        self.calls.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Persists the journal as calls start and finish (durable runs), so a host that dies mid-run can be
+/// resumed: a call logged `Executing` but never `Applied` is the only one that runs again.
+pub trait JournalSink: Send + Sync + std::fmt::Debug {
+    /// Writes the whole journal; the bridge waits for it before calling the tool.
+    fn persist(&self, journal: Journal) -> BoxFuture<'static, Result<(), String>>;
+}
+
+/// What a resumed run replays: the previous attempt's journal and the decisions for its suspensions.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayPlan {
+    /// The journal of the previous attempt.
+    pub journal: Journal,
+    /// Decisions by suspension id.
+    pub decisions: HashMap<String, Value>,
+}
+
+#[derive(Debug)]
+struct Replay {
+    plan: ReplayPlan,
+    consumed: Vec<bool>,
+}
+
+/// A suspension: the run waits for a decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suspension {
+    /// Unique within the run.
+    pub id: String,
+    /// The tool that asked.
+    pub tool: String,
+    /// Its arguments, as JSON.
+    pub args: Value,
+}
+
+/// Why a run's bridge stopped the run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Stop {
+    /// A tool asked for a decision.
+    Suspended(Suspension),
+    /// A resumed run called something other than what the journal recorded at this step.
+    Diverged {
+        /// The step (ordinal).
+        step: u32,
+        /// What the journal has there.
+        recorded: String,
+        /// What the code called.
+        called: String,
+    },
+    /// The protocol was broken.
+    Failed(Error),
+}
+
+enum Replayed {
+    Result(Result<String, ToolError>),
+    /// The suspension's id, the decision (JSON text), and the suspended call's request when the call
+    /// has not been resumed yet (a `Decided` entry already holds its result).
+    Decision(String, String, Option<String>),
+    Suspension(String, String),
+    Live,
+    Diverged(String),
+}
+
+/// Serves one call; `None` when the run is stopping and the call gets no answer.
+pub(crate) async fn dispatch(
+    bridge: Arc<Shared>,
+    id: u64,
+    ordinal: u32,
+    name: String,
+    args: ToolArgs,
+) -> (u64, Option<Value>) {
+    let n = bridge.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
+    if n > bridge.config.max_calls {
+        bridge.stats.limit_exceeded.store(true, Ordering::Relaxed);
+        let error = ToolError::new(
+            "ToolCallLimit",
+            format!(
+                "the run made more than {} tool calls, its budget; batch work into fewer calls",
+                bridge.config.max_calls
+            ),
+        );
+        return (id, Some(error_reply(id, &error)));
+    }
+    let (args_text, args_hash) = canonical_args(&args);
+    let entry = |state| JournalEntry {
+        ordinal,
+        tool: name.clone(),
+        args_hash: args_hash.clone(),
+        args: args_text.clone(),
+        state,
+    };
+    match bridge.replayed(ordinal, &name, &args_hash) {
+        Replayed::Result(result) => {
+            // Already applied in an earlier attempt: re-recording it cannot lose anything.
+            let _ = bridge
+                .record(entry(CallState::Applied(result.clone())))
+                .await;
+            return (id, Some(reply_of(id, result)));
+        }
+        Replayed::Decision(suspension_id, decision, request) => {
+            // A tool that ran something suspendable continues it with the decision; for the others
+            // (approvals) the decision is the result.
+            let resumed = request.and_then(|request| {
+                let tool = bridge.tools.get(&name)?;
+                let request = serde_json::from_str(&request).unwrap_or(Value::Null);
+                let decision = serde_json::from_str(&decision).unwrap_or(Value::Null);
+                tool.resume(request, decision)
+            });
+            let result = match resumed {
+                None => Ok(decision),
+                Some(call) => match call.await {
+                    Ok(value) => Ok(value.to_string()),
+                    Err(error) if error.is_suspension() => {
+                        bridge
+                            .suspend(entry(CallState::Executing), suspension_id, error.message)
+                            .await;
+                        return (id, None);
+                    }
+                    Err(error) => Err(error),
+                },
+            };
+            let state = match &result {
+                Ok(text) => CallState::Decided {
+                    id: suspension_id,
+                    decision: text.clone(),
+                },
+                Err(_) => CallState::Applied(result.clone()),
+            };
+            let _ = bridge.record(entry(state)).await;
+            return (id, Some(reply_of(id, result)));
+        }
+        Replayed::Suspension(suspension_id, request) => {
+            bridge
+                .suspend(entry(CallState::Executing), suspension_id, request)
+                .await;
+            return (id, None);
+        }
+        Replayed::Diverged(recorded) => {
+            let _ = bridge.stop.try_send(Stop::Diverged {
+                step: ordinal,
+                recorded,
+                called: format!("{name}({args_text})"),
+            });
+            return (id, None);
+        }
+        Replayed::Live => {}
+    }
+
+    let tool = bridge.tools.get(&name).cloned();
+    if !tool.as_ref().is_some_and(|t| t.is_pure()) && name != ONCE_TOOL {
+        bridge.stats.impure_calls.fetch_add(1, Ordering::Relaxed);
+    }
+    if name == ONCE_TOOL {
+        // The value the code computed, journaled: a resumed run gets this one back.
+        let value = args
+            .get("value")
+            .cloned()
+            .unwrap_or(Value::Null)
+            .to_string();
+        if let Err(e) = bridge
+            .record(entry(CallState::Applied(Ok(value.clone()))))
+            .await
+        {
+            let error = ToolError::new(
+                "OSError",
+                format!("once(): the value could not be journaled: {e}"),
+            );
+            return (id, Some(error_reply(id, &error)));
+        }
+        return (id, Some(reply_of(id, Ok(value))));
+    }
+    let Some(tool) = tool else {
+        let error = ToolError::new("NameError", format!("no tool named {name:?} on the host"));
+        return (id, Some(error_reply(id, &error)));
+    };
+    if let Err(e) = bridge.record(entry(CallState::Executing)).await {
+        let error = ToolError::new(
+            "OSError",
+            format!("the call was not made: its journal entry could not be kept: {e}"),
+        );
+        return (id, Some(error_reply(id, &error)));
+    }
+    let timeout = bridge.config.call_timeout;
+    let call = std::panic::AssertUnwindSafe(tool.call(args)).catch_unwind();
+    let outcome = match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(Ok(value))) => Ok(value),
+        Ok(Ok(Err(error))) => Err(error),
+        Ok(Err(panic)) => Err(ToolError::new(
+            "ToolError",
+            format!("the tool's handler panicked: {}", panic_message(&panic)),
+        )),
+        Err(_) => Err(ToolError::new(
+            "TimeoutError",
+            format!("tool {name:?} did not answer within {timeout:?}"),
+        )),
+    };
+    match outcome {
+        Err(error) if error.is_suspension() => {
+            let previous = bridge.journal.lock().map_or(0, |j| j.suspension_count());
+            if previous + 1 > bridge.config.max_suspensions {
+                let error = ToolError::new(
+                    "RuntimeError",
+                    format!(
+                        "the run reached its limit of {} suspensions; ask for fewer decisions",
+                        bridge.config.max_suspensions
+                    ),
+                );
+                let _ = bridge
+                    .record(entry(CallState::Applied(Err(error.clone()))))
+                    .await;
+                return (id, Some(error_reply(id, &error)));
+            }
+            // What the tool asked (its suspend payload) is what the person sees and what resume gets.
+            bridge
+                .suspend(
+                    entry(CallState::Executing),
+                    format!("s{ordinal}"),
+                    error.message,
+                )
+                .await;
+            (id, None)
+        }
+        outcome => {
+            let result = outcome.map(|v| v.to_string());
+            let _ = bridge
+                .record(entry(CallState::Applied(result.clone())))
+                .await;
+            (id, Some(reply_of(id, result)))
+        }
+    }
+}
+
+impl Shared {
+    /// What the previous attempt's journal says about this call, if this is a resumed run.
+    fn replayed(&self, ordinal: u32, tool: &str, hash: &str) -> Replayed {
+        let Some(replay) = &self.replay else {
+            return Replayed::Live;
+        };
+        let Ok(mut replay) = replay.lock() else {
+            return Replayed::Live;
+        };
+        let Replay { plan, consumed } = &mut *replay;
+        let matches =
+            |e: &JournalEntry| e.tool == tool && (tool == ONCE_TOOL || e.args_hash == hash);
+        // The entry at this step; else, for calls made concurrently (gather) whose arrival order changed,
+        // an unconsumed identical call elsewhere in the journal.
+        let at_step = match plan.journal.entries.get(ordinal as usize) {
+            Some(e) if e.ordinal == ordinal => Some(ordinal as usize),
+            _ => plan
+                .journal
+                .entries
+                .iter()
+                .position(|e| e.ordinal == ordinal),
+        };
+        let index = match at_step {
+            Some(i) if !consumed[i] && matches(&plan.journal.entries[i]) => Some(i),
+            _ => plan
+                .journal
+                .entries
+                .iter()
+                .enumerate()
+                .position(|(i, e)| !consumed[i] && matches(e)),
+        };
+        let Some(index) = index else {
+            return match at_step {
+                Some(i) if !consumed[i] => {
+                    let e = &plan.journal.entries[i];
+                    Replayed::Diverged(format!("{}({})", e.tool, e.args))
+                }
+                _ => Replayed::Live,
+            };
+        };
+        consumed[index] = true;
+        match &plan.journal.entries[index].state {
+            CallState::Applied(result) => Replayed::Result(result.clone()),
+            CallState::Decided { id, decision } => {
+                Replayed::Decision(id.clone(), decision.clone(), None)
+            }
+            CallState::Suspended { id, request } => match plan.decisions.get(id) {
+                Some(decision) => {
+                    Replayed::Decision(id.clone(), decision.to_string(), Some(request.clone()))
+                }
+                None => Replayed::Suspension(id.clone(), request.clone()),
+            },
+            // Started but never finished: the host died during it. It is the one call made again.
+            CallState::Executing => Replayed::Live,
+        }
+    }
+
+    /// Journals the call as suspended with `request` (what the tool asked) and stops the run for it.
+    async fn suspend(&self, entry: JournalEntry, id: String, request: String) {
+        let suspension = Suspension {
+            id: id.clone(),
+            tool: entry.tool.clone(),
+            args: serde_json::from_str(&request).unwrap_or(Value::Null),
+        };
+        let state = CallState::Suspended { id, request };
+        // The run stops either way; a journal that could not be kept makes the resume re-run the call.
+        let _ = self.record(JournalEntry { state, ..entry }).await;
+        let _ = self.stop.try_send(Stop::Suspended(suspension));
+    }
+
+    /// Adds or updates this call's entry and, for durable runs, persists the journal. Ordinals are
+    /// dense from 0, so an entry lives at its ordinal's index: O(1) per call.
+    async fn record(&self, entry: JournalEntry) -> Result<(), String> {
+        let snapshot = {
+            let Ok(mut journal) = self.journal.lock() else {
+                return Err("the journal lock is poisoned".into());
+            };
+            let index = entry.ordinal as usize;
+            let entries = &mut journal.entries;
+            if entries.len() <= index {
+                // Concurrent calls may finish out of order: placeholders keep indexes equal to ordinals.
+                entries.resize_with(index + 1, || JournalEntry {
+                    ordinal: u32::MAX,
+                    tool: String::new(),
+                    args_hash: String::new(),
+                    args: String::new(),
+                    state: CallState::Executing,
+                });
+            }
+            entries[index] = entry;
+            self.sink.as_ref().map(|_| journal.clone())
+        };
+        match (&self.sink, snapshot) {
+            (Some(sink), Some(journal)) => sink.persist(journal).await,
+            _ => Ok(()),
+        }
+    }
+}
+
+fn reply_of(id: u64, result: Result<String, ToolError>) -> Value {
+    match result {
+        Ok(text) => {
+            json!({"type": "result", "id": id, "result": serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)})
+        }
+        Err(error) => error_reply(id, &error),
+    }
+}
+
+pub(crate) fn error_reply(id: u64, error: &ToolError) -> Value {
+    json!({"type": "result", "id": id, "error": {"type": error.kind, "message": error.message}})
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
+}

@@ -1,0 +1,534 @@
+"""Tests of the bridge's Python side (`src/client.py`), with plain `python3` (3.10+) and the stdlib only.
+
+    python3 -m unittest discover -s crates/runpython-bridge/tests/python -t crates/runpython-bridge/tests/python
+
+The client is imported by path, as the runner does, and talks to a fake host: a thread on the other end of a
+socketpair (or of a path socket) that speaks the framing (u32 big-endian length, then JSON) by hand.
+"""
+
+import ast
+import asyncio
+import importlib.util
+import builtins
+import inspect
+import json
+import os
+import pathlib
+import socket
+import tempfile
+import threading
+import unittest
+
+CLIENT_PY = pathlib.Path(__file__).resolve().parents[2] / "src" / "client.py"
+TOKEN = "0123456789abcdef0123456789abcdef"
+# Bound on anything the client or the fake host waits for, so a broken side fails instead of hanging.
+DEADLINE = 10
+
+
+def load_client():
+    """A fresh copy of the module (it keeps its connection in a global)."""
+    spec = importlib.util.spec_from_file_location("runpython_tools", CLIENT_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dumps(value):
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def frame(message):
+    data = json.dumps(message).encode()
+    return len(data).to_bytes(4, "big") + data
+
+
+class FakeHost:
+    """The host's end of the connection, driven by a script running on its own thread."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.sock.settimeout(DEADLINE)
+        self.buf = b""
+        self.error = None
+
+    def recv(self):
+        """The next message, or None at the end of the stream."""
+        while True:
+            if len(self.buf) >= 4:
+                size = int.from_bytes(self.buf[:4], "big")
+                if len(self.buf) >= 4 + size:
+                    data, self.buf = self.buf[4 : 4 + size], self.buf[4 + size :]
+                    return json.loads(data)
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+    def send(self, message):
+        self.sock.sendall(frame(message))
+
+    def run(self, script):
+        """Runs `script(self)` on a thread; `join()` re-raises what it raised."""
+
+        def target():
+            try:
+                script(self)
+            except BaseException as exc:  # reported by join
+                self.error = exc
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+        return self
+
+    def join(self):
+        self.thread.join(DEADLINE)
+        if self.thread.is_alive():
+            raise AssertionError("the fake host's script did not finish")
+        if self.error is not None:
+            raise self.error
+
+
+def answer(message, result):
+    return {"type": "result", "id": message["id"], "result": result}
+
+
+def fail(message, kind, text):
+    return {"type": "result", "id": message["id"], "error": {"type": kind, "message": text}}
+
+
+def expect_hello(host):
+    hello = host.recv()
+    if hello != {"type": "hello", "version": 1, "token": TOKEN}:
+        raise AssertionError("not the hello: %r" % (hello,))
+
+
+def tool_spec(name="double", params=None):
+    if params is None:
+        params = [{"name": "x", "required": True, "default": None}]
+    return {"name": name, "description": "Twice x.", "params": params, "hidden": False}
+
+
+class Connected(unittest.TestCase):
+    """A client installed with its end of a socketpair, as the host hands it to the child."""
+
+    max_frame = 16 << 20
+
+    def setUp(self):
+        self.client = load_client()
+        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.host = FakeHost(host_end)
+        self.addCleanup(host_end.close)
+        self.namespace = {}
+        spec = {
+            "fd": child_end.detach(),  # the client owns it from here
+            "token": TOKEN,
+            "max_frame": self.max_frame,
+            "tools": [
+                tool_spec(),
+                {"name": "echo", "description": "", "params": None, "hidden": False},  # schemaless
+                tool_spec("odd-name", []),
+                {"name": "runpython_read_artifact", "params": None, "hidden": True},
+            ],
+        }
+        self.client.install(spec, self.namespace, json.loads, dumps)
+        self.addCleanup(self.close_client)
+
+    def close_client(self):
+        bridge = self.client._bridge
+        if bridge.sock is not None:
+            bridge.sock.close()
+        elif bridge.fd is not None:
+            socket.socket(fileno=bridge.fd).close()
+
+    def serve(self, script):
+        return self.host.run(script)
+
+
+class HelloAndCalls(Connected):
+    def test_the_first_call_connects_says_hello_then_calls_by_name(self):
+        def script(host):
+            expect_hello(host)
+            call = host.recv()
+            assert call == {"type": "call", "id": 1, "tool": "double", "args": [], "kwargs": {"x": 21}}, call
+            host.send(answer(call, 42))
+
+        host = self.serve(script)
+        self.assertEqual(self.namespace["double"](21), 42)
+        host.join()
+
+    def test_nothing_is_sent_before_the_first_call(self):
+        self.host.sock.settimeout(0.2)
+        with self.assertRaises(socket.timeout):
+            self.host.sock.recv(1)
+
+    def test_the_descriptor_is_not_inherited_by_the_codes_subprocesses(self):
+        self.assertFalse(os.get_inheritable(self.client._bridge.fd))
+
+    def test_hidden_tools_are_not_defined_for_the_code(self):
+        self.assertNotIn("runpython_read_artifact", self.namespace)
+        self.assertNotIn("runpython_read_artifact", dir(self.namespace["tools"]))
+
+    def test_schemaless_tools_get_args_and_kwargs_as_written(self):
+        def script(host):
+            expect_hello(host)
+            call = host.recv()
+            assert (call["args"], call["kwargs"]) == ([1, "two"], {"three": 3}), call
+            host.send(answer(call, "ok"))
+
+        host = self.serve(script)
+        self.assertEqual(self.namespace["echo"](1, "two", three=3), "ok")
+        host.join()
+
+    def test_tools_are_reachable_by_attribute_and_by_odd_name(self):
+        tools = self.namespace["tools"]
+        self.assertIs(tools.double, self.namespace["double"])
+        self.assertEqual(tools["odd-name"].__name__, "tool")
+        self.assertNotIn("odd-name", self.namespace)
+        with self.assertRaises(AttributeError) as caught:
+            tools.missing
+        self.assertIn("double", str(caught.exception))
+
+    def test_concurrent_gather_calls_are_answered_out_of_order(self):
+        def script(host):
+            expect_hello(host)
+            calls = [host.recv() for _ in range(3)]
+            assert sorted(c["id"] for c in calls) == [1, 2, 3], calls
+            for call in reversed(calls):
+                host.send(answer(call, call["kwargs"]["x"] * 2))
+
+        host = self.serve(script)
+        aio = self.client._aio
+        double = self.namespace["double"]
+
+        async def main():
+            return await asyncio.gather(aio(double)(1), aio(double)(2), aio(double)(3))
+
+        self.assertEqual(asyncio.run(main()), [2, 4, 6])
+        host.join()
+
+    def test_a_plain_call_inside_async_code_does_not_block_the_reader_later(self):
+        def script(host):
+            expect_hello(host)
+            first = host.recv()
+            host.send(answer(first, "plain"))
+            second = host.recv()
+            host.send(answer(second, "awaited"))
+
+        host = self.serve(script)
+        aio, echo = self.client._aio, self.namespace["echo"]
+
+        async def main():
+            plain = echo()
+            awaited = await asyncio.wait_for(aio(echo)(), DEADLINE)
+            return [plain, awaited]
+
+        self.assertEqual(asyncio.run(main()), ["plain", "awaited"])
+        host.join()
+
+    def test_a_send_blocked_by_a_host_at_its_cap_reads_the_answers_meanwhile(self):
+        # The host answers call 1 with a large result and reads nothing more until that answer is taken;
+        # the client is meanwhile sending call 2, too large for the socket's buffer. Without reading while
+        # it sends, each side would wait on the other forever.
+        big = "r" * (4 << 20)
+
+        def script(host):
+            expect_hello(host)
+            first = host.recv()
+            host.send(answer(first, big))
+            second = host.recv()
+            host.send(answer(second, len(second["args"][0])))
+
+        host = self.serve(script)
+        aio, echo = self.client._aio, self.namespace["echo"]
+
+        async def main():
+            first = asyncio.ensure_future(aio(echo)("small"))
+            await asyncio.sleep(0)  # call 1 is sent
+            second = await aio(echo)("a" * (4 << 20))
+            return [len(await first), second]
+
+        done = []
+        runner = threading.Thread(target=lambda: done.append(asyncio.run(main())), daemon=True)
+        runner.start()
+        runner.join(DEADLINE)
+        self.assertFalse(runner.is_alive(), "the client and the host wait on each other")
+        self.assertEqual(done, [[4 << 20, 4 << 20]])
+        host.join()
+
+
+class Errors(Connected):
+    def calls_failing_with(self, *kinds, text="it broke"):
+        """The exception of one call per kind, the host failing each with that kind."""
+
+        def script(host):
+            expect_hello(host)
+            for kind in kinds:
+                host.send(fail(host.recv(), kind, text))
+
+        host = self.serve(script)
+        raised = []
+        for _ in kinds:
+            try:
+                self.namespace["double"](1)
+            except BaseException as exc:
+                raised.append(exc)
+            else:
+                raise AssertionError("the call did not raise")
+        host.join()
+        return raised
+
+    def test_builtin_error_types_keep_their_type_and_message(self):
+        kinds = ("ValueError", "KeyError", "TypeError", "TimeoutError", "NameError")
+        for kind, exc in zip(kinds, self.calls_failing_with(*kinds)):
+            self.assertIs(type(exc), getattr(builtins, kind))
+            self.assertEqual(exc.args, ("it broke",))
+
+    def test_other_os_errors_and_unknown_kinds_become_tool_error_subclasses(self):
+        kinds = ("OSError", "PermissionError", "RateLimited")
+        for kind, exc in zip(kinds, self.calls_failing_with(*kinds, text="slow down")):
+            self.assertIsInstance(exc, self.client.ToolError)
+            self.assertNotIsInstance(exc, OSError)
+            self.assertEqual(type(exc).__name__, kind)
+            self.assertEqual(str(exc), "tool 'double' failed: %s: slow down" % kind)
+
+    def test_one_kind_is_one_class_and_odd_kinds_are_plain_tool_errors(self):
+        first, second, odd = self.calls_failing_with("RateLimited", "RateLimited", "not.an-identifier")
+        self.assertIs(type(first), type(second))
+        self.assertIs(type(odd), self.client.ToolError)
+
+    def test_tool_call_limit_is_a_base_exception_that_except_exception_misses(self):
+        (exc,) = self.calls_failing_with("ToolCallLimit", text="the run made more than 5 tool calls")
+        self.assertIsInstance(exc, self.client.ToolCallLimit)
+        self.assertNotIsInstance(exc, Exception)
+        self.assertIn("more than 5", str(exc))
+
+    def test_a_host_that_closes_the_connection_raises_bridge_error(self):
+        def script(host):
+            expect_hello(host)
+            host.recv()
+            host.sock.close()
+
+        host = self.serve(script)
+        with self.assertRaises(self.client.BridgeError) as caught:
+            self.namespace["double"](1)
+        self.assertIn("closed", str(caught.exception))
+        host.join()
+
+    def test_arguments_that_are_not_json_raise_type_error_naming_the_tool(self):
+        def script(host):
+            expect_hello(host)
+
+        host = self.serve(script)
+        with self.assertRaises(TypeError) as caught:
+            self.namespace["double"]({1, 2})
+        self.assertIn("'double'", str(caught.exception))
+        host.join()
+
+
+class FrameCap(Connected):
+    max_frame = 1000
+
+    def test_arguments_over_the_frame_cap_raise_value_error_and_are_not_sent(self):
+        def script(host):
+            expect_hello(host)
+            host.sock.settimeout(0.3)
+            try:
+                got = host.sock.recv(1)
+            except socket.timeout:
+                got = None
+            assert got is None, "something was sent: %r" % got
+
+        host = self.serve(script)
+        with self.assertRaises(ValueError) as caught:
+            self.namespace["double"]("x" * 2000)
+        self.assertIn("frame limit of 1000", str(caught.exception))
+        host.join()
+
+    def test_a_host_frame_over_the_cap_raises_bridge_error(self):
+        def script(host):
+            expect_hello(host)
+            host.recv()
+            host.sock.sendall((5000).to_bytes(4, "big"))
+
+        host = self.serve(script)
+        with self.assertRaises(self.client.BridgeError) as caught:
+            self.namespace["double"](1)
+        self.assertIn("5000-byte frame, over the limit of 1000", str(caught.exception))
+        host.join()
+
+
+class PathSpec(unittest.TestCase):
+    def test_without_a_descriptor_the_client_connects_to_the_path(self):
+        client = load_client()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(pathlib.Path(tmp) / "bridge.sock")
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.addCleanup(listener.close)
+            listener.bind(path)
+            listener.listen(1)
+            listener.settimeout(DEADLINE)
+            namespace = {}
+            spec = {"path": path, "token": TOKEN, "tools": [tool_spec()]}
+            client.install(spec, namespace, json.loads, dumps)
+
+            def script(_):
+                conn, _ = listener.accept()
+                host = FakeHost(conn)
+                expect_hello(host)
+                call = host.recv()
+                host.send(answer(call, 4))
+                conn.close()
+
+            host = FakeHost(listener).run(script)
+            self.assertEqual(namespace["double"](2), 4)
+            host.join()
+            client._bridge.sock.close()
+
+    def test_a_spec_with_neither_descriptor_nor_path_raises_bridge_error(self):
+        client = load_client()
+        namespace = {}
+        client.install({"path": None, "token": TOKEN, "tools": [tool_spec()]}, namespace, json.loads, dumps)
+        with self.assertRaises(client.BridgeError) as caught:
+            namespace["double"](1)
+        self.assertIn("neither a descriptor nor a path", str(caught.exception))
+
+
+class MakeTool(unittest.TestCase):
+    """`_make_tool` against a stub bridge that records what would be sent."""
+
+    def setUp(self):
+        self.client = load_client()
+        self.sent = []
+        test = self
+
+        class Stub:
+            def call(self, name, args, kwargs):
+                test.sent.append((name, list(args), dict(kwargs)))
+                return "ok"
+
+            async def call_async(self, name, args, kwargs):
+                return self.call(name, args, kwargs)
+
+        self.client._bridge = Stub()
+        self.search = self.client._make_tool(
+            {
+                "name": "search",
+                "description": "Find things.",
+                "params": [
+                    {"name": "query", "required": True, "default": None},
+                    {"name": "limit", "required": False, "default": 10},
+                    {"name": "tag", "required": False, "default": None},
+                ],
+            }
+        )
+
+    def test_the_signature_follows_the_schema_with_required_parameters_first(self):
+        self.assertEqual(str(inspect.signature(self.search)), "(query, limit=10, tag=None)")
+        self.assertEqual(self.search.__name__, "search")
+        self.assertEqual(self.search.__doc__, "Find things.")
+
+    def test_positional_arguments_and_defaults_are_sent_by_name(self):
+        self.search("cats", 3)
+        self.search(query="dogs")
+        self.assertEqual(
+            self.sent,
+            [
+                ("search", [], {"query": "cats", "limit": 3, "tag": None}),
+                ("search", [], {"query": "dogs", "limit": 10, "tag": None}),
+            ],
+        )
+
+    def test_wrong_arguments_raise_type_error_before_anything_is_sent(self):
+        for call in (lambda: self.search(), lambda: self.search("q", nope=1), lambda: self.search("q", 1, 2, 3)):
+            with self.assertRaises(TypeError):
+                call()
+        self.assertEqual(self.sent, [])
+
+    def test_the_awaitable_flavour_sends_the_same_call(self):
+        coroutine = self.client._aio(self.search)("cats")
+        self.assertTrue(inspect.iscoroutine(coroutine))
+        self.assertEqual(asyncio.run(coroutine), "ok")
+        self.assertEqual(self.sent, [("search", [], {"query": "cats", "limit": 10, "tag": None})])
+        self.assertIs(self.client._aio(len), len, "anything that is not a tool passes through")
+
+    def test_parameter_names_that_are_keywords_or_not_identifiers_are_refused(self):
+        for bad in ("class", "not-ok", "2x"):
+            with self.subTest(name=bad):
+                spec = {"name": "t", "params": [{"name": bad, "required": True}]}
+                with self.assertRaises(ValueError) as caught:
+                    self.client._make_tool(spec)
+                self.assertIn("not a Python identifier", str(caught.exception))
+
+    def test_a_default_is_the_schema_value_not_shared_text(self):
+        tool = self.client._make_tool(
+            {"name": "t", "params": [{"name": "opts", "required": False, "default": {"a": [1]}}]}
+        )
+        tool()
+        self.assertEqual(self.sent, [("t", [], {"opts": {"a": [1]}})])
+
+
+class RewriteAwaitedCalls(unittest.TestCase):
+    def setUp(self):
+        self.client = load_client()
+
+    def rewrite(self, source):
+        tree = ast.parse(source)
+        self.client.rewrite_awaited_calls(tree)
+        return ast.unparse(tree)
+
+    def test_an_awaited_call_is_marked(self):
+        self.assertEqual(self.rewrite("await f(x)"), "await __runpython_aio__(f)(x)")
+
+    def test_calls_written_in_gathers_arguments_are_marked_and_others_are_not(self):
+        self.assertEqual(
+            self.rewrite("r = asyncio.gather(f(1), g(2), *[h(i) for i in xs])\nplain(3)"),
+            "r = asyncio.gather(__runpython_aio__(f)(1), __runpython_aio__(g)(2), "
+            "*[__runpython_aio__(h)(i) for i in xs])\nplain(3)",
+        )
+
+    def test_every_awaitable_taker_counts_by_attribute_or_by_name(self):
+        for taker in ("create_task", "ensure_future", "wait_for", "shield", "wait", "as_completed", "run"):
+            with self.subTest(taker=taker):
+                self.assertEqual(self.rewrite("%s(f())" % taker), "%s(__runpython_aio__(f)())" % taker)
+                self.assertEqual(
+                    self.rewrite("asyncio.%s(f())" % taker), "asyncio.%s(__runpython_aio__(f)())" % taker
+                )
+
+    def test_tuples_sets_and_generator_arguments_are_looked_into(self):
+        self.assertEqual(
+            self.rewrite("asyncio.gather((f(1), g(2)))"),
+            "asyncio.gather((__runpython_aio__(f)(1), __runpython_aio__(g)(2)))",
+        )
+        self.assertEqual(
+            self.rewrite("asyncio.gather(*(f(i) for i in xs))"),
+            "asyncio.gather(*(__runpython_aio__(f)(i) for i in xs))",
+        )
+
+    def test_an_awaited_gather_marks_both_the_gather_and_its_calls(self):
+        self.assertEqual(
+            self.rewrite("await asyncio.gather(f(1))"),
+            "await __runpython_aio__(asyncio.gather)(__runpython_aio__(f)(1))",
+        )
+
+    def test_rewriting_twice_marks_once(self):
+        tree = ast.parse("await f(x)\nasyncio.gather(g(1))")
+        self.client.rewrite_awaited_calls(tree)
+        self.client.rewrite_awaited_calls(tree)
+        self.assertEqual(ast.unparse(tree), "await __runpython_aio__(f)(x)\nasyncio.gather(__runpython_aio__(g)(1))")
+
+    def test_marked_calls_keep_the_users_line_numbers(self):
+        tree = ast.parse("x = 1\n\nawait f(\n    2)\n")
+        self.client.rewrite_awaited_calls(tree)
+        marked = tree.body[1].value.value.func
+        self.assertEqual((marked.lineno, marked.end_lineno), (3, 3))
+        compile(tree, "<code>", "exec", flags=0x2000)  # positions are complete enough to compile
+
+    def test_calls_in_nested_functions_are_found(self):
+        self.assertEqual(
+            self.rewrite("async def main():\n    return await f()"),
+            "async def main():\n    return await __runpython_aio__(f)()",
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,269 @@
+"""Tests of the runner (`src/runner.py`), with plain `python3` (3.10+) and the stdlib only.
+
+    python3 -m unittest discover -s crates/runpython-core/tests/python -t crates/runpython-core/tests/python
+
+Each test drives the runner as its docstring says, `python3 runner.py 3>result <request.json`: a real
+interpreter (`-I -S`, as the host starts it), the request on stdin, the result read from descriptor 3.
+"""
+
+import base64
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import unittest
+
+RUNNER_PY = pathlib.Path(__file__).resolve().parents[2] / "src" / "runner.py"
+# Bound on one run, so a runner that hangs fails its test instead of the suite.
+DEADLINE = 60
+
+
+class Ran:
+    """What one run of the runner produced."""
+
+    def __init__(self, result, stdout, stderr, returncode):
+        self.result = result
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode = returncode
+
+    @property
+    def error(self):
+        return self.result.get("error")
+
+
+def run(code, **request):
+    """Runs `code` through the runner with `request`'s other fields; the parsed result and the streams."""
+    request = dict({"code": code, "inputs": {}, "code_dir": None, "site_dir": None, "bridge": None}, **request)
+    with tempfile.TemporaryFile() as result:
+        fd = result.fileno()
+        # The shell puts the result file at descriptor 3, whatever number it has here.
+        proc = subprocess.run(
+            ["/bin/sh", "-c", 'exec "$@" 3>&%d' % fd, "sh", sys.executable, "-I", "-S", str(RUNNER_PY)],
+            input=json.dumps(request).encode(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(fd,),
+            timeout=DEADLINE,
+        )
+        result.seek(0)
+        text = result.read().decode()
+    if not text:
+        raise AssertionError("no result on fd 3 (exit %d): %s" % (proc.returncode, proc.stderr.decode()))
+    return Ran(json.loads(text), proc.stdout.decode(), proc.stderr.decode(), proc.returncode)
+
+
+class Values(unittest.TestCase):
+    def test_the_last_expression_is_the_value_with_its_type(self):
+        ran = run("x = 20\nx + 22")
+        self.assertEqual(
+            ran.result, {"status": "success", "return_type": "int", "return_preview": None, "return_value": 42}
+        )
+        self.assertEqual(ran.returncode, 0)
+
+    def test_code_ending_in_a_statement_has_no_value(self):
+        for code in ("x = 1", "", "def f():\n    return 1", "for i in range(3):\n    i"):
+            with self.subTest(code=code):
+                self.assertEqual(
+                    run(code).result, {"status": "success", "return_type": None, "return_value": None}
+                )
+
+    def test_a_last_expression_that_is_none_has_no_value_and_still_runs(self):
+        ran = run("print('side effect')")
+        self.assertEqual(ran.result["return_value"], None)
+        self.assertEqual(ran.stdout, "side effect\n")
+
+    def test_json_values_come_back_as_json(self):
+        value = {"a": [1, 2.5, None, True], "b": {"nested": "text ü"}, "c": []}
+        ran = run(json.dumps(value).replace("null", "None").replace("true", "True"))
+        self.assertEqual(ran.result["return_value"], value)
+        self.assertEqual(ran.result["return_type"], "dict")
+
+    def test_values_that_are_not_json_come_back_as_their_repr(self):
+        cases = {
+            "{1, 2}": ("set", "{1, 2}"),
+            "{1: 'a'}": ("dict", "{1: 'a'}"),
+            "float('nan')": ("float", "nan"),
+            "b'\\x00ab'": ("bytes", "b'\\x00ab'"),
+            "(1, (2, 3))": ("tuple", [1, [2, 3]]),
+            "class Point:\n    def __repr__(self):\n        return 'Point(1, 2)'\nPoint()": ("Point", "Point(1, 2)"),
+        }
+        for code, (type_name, value) in cases.items():
+            with self.subTest(code=code):
+                result = run(code).result
+                self.assertEqual((result["return_type"], result["return_value"]), (type_name, value))
+
+    def test_a_broken_repr_is_reported_instead_of_failing_the_run(self):
+        ran = run("class Bad:\n    def __repr__(self):\n        raise RuntimeError('no')\nBad()")
+        self.assertEqual(ran.result["status"], "success")
+        self.assertEqual(ran.result["return_value"], "<Bad object: repr() raised RuntimeError>")
+
+    def test_inputs_are_globals(self):
+        self.assertEqual(run("n * 2", inputs={"n": 21}).result["return_value"], 42)
+
+    def test_the_result_is_never_read_from_stdout(self):
+        forged = '{"status":"success","return_type":"int","return_value":1}'
+        ran = run("print(%r)\n2" % forged)
+        self.assertEqual(ran.result["return_value"], 2)
+        self.assertEqual(ran.stdout, forged + "\n")
+
+
+class Previews(unittest.TestCase):
+    def test_a_value_over_the_inline_limit_carries_a_preview_and_the_whole_value(self):
+        result = run("list(range(100))", inline_return_bytes=100).result
+        self.assertEqual(result["return_value"], list(range(100)))
+        self.assertEqual(result["return_preview"], {"type": "list", "length": 100, "items": list(range(10))})
+
+    def test_a_value_under_the_inline_limit_has_no_preview(self):
+        self.assertIsNone(run("list(range(10))", inline_return_bytes=100).result["return_preview"])
+
+    def test_previews_of_dicts_strings_and_bytes_are_bounded(self):
+        cases = {
+            "{str(i): i for i in range(50)}": {"type": "dict", "size": 50},
+            "'ab' * 1000": {"type": "str", "length": 2000, "head": "ab" * 100, "tail": "ab" * 100},
+            "bytes(range(256)) * 4": {"type": "bytes", "length": 1024, "hex_head": bytes(range(32)).hex()},
+        }
+        for code, expected in cases.items():
+            with self.subTest(code=code):
+                preview = run(code, inline_return_bytes=100).result["return_preview"]
+                for key, value in expected.items():
+                    self.assertEqual(preview[key], value)
+                self.assertLess(len(json.dumps(preview)), 1000)
+
+    def test_a_value_over_the_return_limit_is_return_value_too_large(self):
+        ran = run("'x' * 100", max_return_bytes=50, inline_return_bytes=10)
+        self.assertEqual(ran.result["status"], "error")
+        self.assertEqual(ran.error["type"], "ReturnValueTooLarge")
+        self.assertIn("more than 50 bytes as JSON, over the limit of 50", ran.error["message"])
+        self.assertEqual(ran.result["return_preview"]["length"], 100)
+
+    def test_a_huge_repr_is_cut_before_it_is_encoded(self):
+        ran = run("{i for i in range(200000)}", max_return_bytes=1000)
+        self.assertEqual(ran.error["type"], "ReturnValueTooLarge")
+        self.assertIn("more than 1000 bytes", ran.error["message"])
+
+
+class Errors(unittest.TestCase):
+    def test_an_exception_shows_only_user_frames_with_user_line_numbers(self):
+        ran = run("x = 1\n\ndef f():\n    raise ValueError('bad value')\n\nf()")
+        self.assertEqual(ran.result["status"], "error")
+        self.assertEqual(ran.error["type"], "ValueError")
+        self.assertEqual(ran.error["message"], "bad value")
+        traceback = ran.error["traceback"]
+        self.assertIn('File "<code>", line 6, in <module>', traceback)
+        self.assertIn('File "<code>", line 4, in f', traceback)
+        self.assertIn("raise ValueError('bad value')", traceback, "the source line is shown")
+        self.assertNotIn("runner", traceback)
+        self.assertTrue(traceback.rstrip().endswith("ValueError: bad value"), traceback)
+
+    def test_an_error_in_the_last_expression_is_reported_at_its_line(self):
+        ran = run("a = 1\n\n\n1 / 0")
+        self.assertEqual(ran.error["type"], "ZeroDivisionError")
+        self.assertIn('File "<code>", line 4', ran.error["traceback"])
+
+    def test_chained_exceptions_keep_both_and_hide_the_runner_in_each(self):
+        ran = run("try:\n    {}['k']\nexcept KeyError as e:\n    raise RuntimeError('wrapped') from e")
+        traceback = ran.error["traceback"]
+        self.assertIn("KeyError: 'k'", traceback)
+        self.assertIn("direct cause", traceback)
+        self.assertNotIn("runner", traceback)
+
+    def test_a_key_error_message_is_the_keys_repr(self):
+        self.assertEqual(run("{}['missing']").error["message"], "'missing'")
+
+    def test_a_syntax_error_names_the_users_line(self):
+        ran = run("x = 1\ny = (\n")
+        self.assertEqual(ran.error["type"], "SyntaxError")
+        self.assertIn("line 2", ran.error["traceback"])
+        self.assertNotIn("runner", ran.error["traceback"])
+
+    def test_system_exit_zero_or_none_is_a_normal_end(self):
+        for code in ("import sys\nsys.exit()", "import sys\nsys.exit(0)", "raise SystemExit"):
+            with self.subTest(code=code):
+                self.assertEqual(run(code + "\n").result["status"], "success")
+
+    def test_system_exit_with_a_failure_code_is_an_error(self):
+        ran = run("import sys\nsys.exit(3)")
+        self.assertEqual(ran.error["type"], "SystemExit")
+        self.assertEqual(ran.error["message"], "3")
+
+    def test_an_error_after_output_keeps_the_output(self):
+        ran = run("print('before')\nraise KeyError('k')")
+        self.assertEqual(ran.stdout, "before\n")
+        self.assertEqual(ran.error["type"], "KeyError")
+
+
+class TopLevelAwait(unittest.TestCase):
+    def test_top_level_await_runs_and_its_value_is_the_result(self):
+        ran = run("import asyncio\nawait asyncio.sleep(0)\nasync def f():\n    return 7\nawait f()")
+        self.assertEqual(ran.result["return_value"], 7)
+
+    def test_gather_at_top_level(self):
+        code = "import asyncio\nasync def sq(x):\n    await asyncio.sleep(0)\n    return x * x\n"
+        code += "await asyncio.gather(*(sq(i) for i in range(4)))"
+        self.assertEqual(run(code).result["return_value"], [0, 1, 4, 9])
+
+    def test_an_exception_in_awaited_code_shows_user_frames_only(self):
+        ran = run("import asyncio\nasync def f():\n    raise OSError('io')\nawait f()")
+        self.assertEqual(ran.error["type"], "OSError")
+        self.assertIn('File "<code>", line 3, in f', ran.error["traceback"])
+        self.assertNotIn("asyncio", ran.error["traceback"].replace("import asyncio", ""))
+
+    def test_code_without_await_does_not_import_asyncio(self):
+        self.assertEqual(run("import sys\n'asyncio' in sys.modules").result["return_value"], False)
+
+
+class Stdin(unittest.TestCase):
+    def test_stdin_is_at_dev_null_so_input_raises_eof_error(self):
+        ran = run("input()")
+        self.assertEqual(ran.error["type"], "EOFError")
+
+    def test_reading_stdin_gives_nothing(self):
+        self.assertEqual(run("import sys\nsys.stdin.read()").result["return_value"], "")
+
+
+def b64(data):
+    return base64.b64encode(data).decode()
+
+
+class InputArtifacts(unittest.TestCase):
+    def test_input_artifacts_are_parsed_by_what_they_hold(self):
+        artifacts = {
+            "data": b64(b'{"k": [1, 2]}'),
+            "table": b64(b"a,b\n1,x\n2,y\n"),
+            "tabs": b64(b"a\tb\n1\t2\n"),
+            "text": b64("héllo".encode()),
+            "blob": b64(b"\xff\x00\x01"),
+        }
+        ran = run("[data, table, tabs, text, type(blob).__name__, list(blob)]", input_artifacts=artifacts)
+        self.assertEqual(
+            ran.result["return_value"],
+            [
+                {"k": [1, 2]},
+                [{"a": "1", "b": "x"}, {"a": "2", "b": "y"}],
+                [{"a": "1", "b": "2"}],
+                "héllo",
+                "bytes",
+                [255, 0, 1],
+            ],
+        )
+
+    def test_one_line_with_commas_is_text_not_a_table(self):
+        ran = run("line", input_artifacts={"line": b64(b"a,b,c")})
+        self.assertEqual(ran.result["return_value"], "a,b,c")
+
+
+class Process(unittest.TestCase):
+    def test_a_child_the_code_forks_does_not_write_a_second_result(self):
+        ran = run("import os\npid = os.fork()\nif pid == 0:\n    pass\nelse:\n    os.waitpid(pid, 0)\n'parent'")
+        self.assertEqual(ran.result["return_value"], "parent")
+
+    def test_the_result_descriptor_is_not_inherited_by_subprocesses(self):
+        code = "import subprocess, sys\n"
+        code += "subprocess.run([sys.executable, '-c', 'import os; os.fstat(3)'], close_fds=False).returncode"
+        self.assertEqual(run(code).result["return_value"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
