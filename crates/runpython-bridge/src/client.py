@@ -106,6 +106,8 @@ class _Bridge:
                 readable, _, _ = select.select([self.sock], [self.sock], [])
                 if readable:
                     self._read_frames(block=False)
+            except OSError as exc:  # a reset or a broken pipe: the host hung up
+                raise BridgeError("the host closed the tool bridge (%s)" % exc) from None
 
     def _request(self, name, args, kwargs):
         if self.sock is None:

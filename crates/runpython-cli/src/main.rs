@@ -29,7 +29,7 @@ macro_rules! say_err_raw {
 
 mod mcp;
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -329,10 +329,12 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 Event::Dependencies(step) => status.show(&step),
                 Event::Stdout(text) => {
                     let mut out = std::io::stdout().lock();
+                    let text = for_terminal(&text, std::io::stdout().is_terminal());
                     let _ = out.write_all(text.as_bytes());
                     let _ = out.flush();
                 }
                 Event::Stderr(text) => {
+                    let text = for_terminal(&text, std::io::stderr().is_terminal());
                     let _ = std::io::stderr().lock().write_all(text.as_bytes());
                 }
                 _ => {}
@@ -527,11 +529,11 @@ async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
                     writeln!(
                         out,
                         "{}  {}  {:<12} {:>10}  {}",
-                        item.run_id,
+                        escape_controls(&item.run_id),
                         a.id,
                         kind.as_str().unwrap_or(""),
                         a.bytes,
-                        a.name
+                        escape_controls(&a.name)
                     )?;
                 }
             }
@@ -602,7 +604,8 @@ impl StatusLine {
             DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
             _ => return,
         };
-        let text: String = text.chars().take(100).collect();
+        // Package names come from the code's imports and its PEP 723 block: shown escaped.
+        let text: String = escape_controls(&text).chars().take(100).collect();
         self.frame += 1;
         say_err_raw!("\r\x1b[2K{} {text}", SPINNER[self.frame % SPINNER.len()]);
         self.shown = true;
@@ -629,15 +632,61 @@ fn print_human(envelope: &Envelope) {
             }
         }
     }
+    // Everything below is what the code chose: no control character reaches the terminal raw.
     match &envelope.error {
         Some(error) => match &error.traceback {
-            Some(tb) if !tb.is_empty() => say_err_raw!("{tb}"),
-            _ => say_err!("{}: {}", error.kind, error.message),
+            Some(tb) if !tb.is_empty() => say_err_raw!("{}", keep_lines(tb)),
+            _ => say_err!(
+                "{}: {}",
+                escape_controls(&error.kind),
+                keep_lines(&error.message)
+            ),
         },
         None if !envelope.return_value.is_null() => match &envelope.return_value {
-            Value::String(s) if envelope.return_type.as_deref() != Some("str") => say!("{s}"),
+            Value::String(s) if envelope.return_type.as_deref() != Some("str") => {
+                say!("{}", keep_lines(s))
+            }
             value => say!("{value}"),
         },
         None => {}
+    }
+}
+
+/// `text` with every control character shown escaped (`\x1b`, `\n`): for one-line fields a terminal
+/// prints, where the code chose the text (a file name holding ESC and a newline must not rewrite the
+/// screen or forge a line).
+fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls_but(text, &[])
+}
+
+/// [`escape_controls`] that keeps newlines and tabs: for multi-line text (messages, tracebacks).
+fn keep_lines(text: &str) -> std::borrow::Cow<'_, str> {
+    escape_controls_but(text, &['\n', '\t'])
+}
+
+fn escape_controls_but<'a>(text: &'a str, keep: &[char]) -> std::borrow::Cow<'a, str> {
+    let bad = |c: char| c.is_control() && !keep.contains(&c);
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if bad(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The code's own output as it goes to a terminal: control characters other than newlines and tabs
+/// escaped, so it cannot move the cursor, retitle the window or write the clipboard. Piped output is
+/// passed through exactly.
+fn for_terminal(text: &str, terminal: bool) -> std::borrow::Cow<'_, str> {
+    if terminal {
+        keep_lines(text)
+    } else {
+        std::borrow::Cow::Borrowed(text)
     }
 }

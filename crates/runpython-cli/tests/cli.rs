@@ -402,3 +402,26 @@ fn a_reader_that_goes_away_is_not_a_panic() {
     let err = text(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn human_mode_escapes_the_control_characters_the_code_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    // A file name holding ESC (a terminal escape) and a newline (a forged line), and an exception
+    // whose message holds an escape too.
+    let code = "open('a\\x1b[31mred\\nforged.txt', 'w').write('x')\nraise ValueError('\\x1b]0;title\\x07 boom')";
+    let out = runpython(&["run", "-c", code, "--store", &store]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(!err.contains('\x1b') && !err.contains('\x07'), "{err:?}");
+    assert!(err.contains("\\u{1b}]0;title"), "{err:?}");
+    let out = runpython(&["artifacts", "list", "--store", &store]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(!listed.contains('\x1b'), "{listed:?}");
+    let line = listed
+        .lines()
+        .find(|l| l.contains("red"))
+        .unwrap_or_else(|| panic!("{listed:?}"));
+    assert!(line.ends_with("a\\u{1b}[31mred\\nforged.txt"), "{line:?}");
+}

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError};
-use runpython_store::{RunFile, Store};
+use runpython_store::{Artifact, BeneathDir, Store};
 use serde_json::{json, Value};
 
 /// Name of the hidden tool behind `read_artifact(id, offset=0, length=None)`.
@@ -70,11 +70,16 @@ impl Tool for ReadArtifact {
     }
 }
 
+/// `save_artifact(name, data)`: the runner writes the data into the run's `saved/` directory and calls
+/// this with the name; the host streams the file from beneath the scratch it holds into the store (never
+/// holding it in memory, never following a link the code put there), removes it, and returns its id.
 #[derive(Debug)]
 pub(crate) struct SaveArtifact {
     pub store: Store,
+    /// The run's scratch, held since before the code started.
+    pub scratch: Arc<BeneathDir>,
     /// What this run saved, to list with its other artifacts.
-    pub saved: Arc<Mutex<Vec<RunFile>>>,
+    pub saved: Arc<Mutex<Vec<Artifact>>>,
 }
 
 impl Tool for SaveArtifact {
@@ -86,6 +91,7 @@ impl Tool for SaveArtifact {
     }
     fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let store = self.store.clone();
+        let scratch = Arc::clone(&self.scratch);
         let saved = Arc::clone(&self.saved);
         Box::pin(async move {
             let name = arg(&args, "name")
@@ -104,21 +110,32 @@ impl Tool for SaveArtifact {
                     "artifact name {name:?} must be 1-200 characters without slashes"
                 )));
             }
-            let data = arg(&args, "data_b64")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(data)
-                .map_err(|e| {
-                    ToolError::value_error(format!("save_artifact data is not base64: {e}"))
-                })?;
-            let id = store
-                .put_blob(bytes.clone())
+            let opened = {
+                let (scratch, name) = (Arc::clone(&scratch), name.clone());
+                tokio::task::spawn_blocking(move || scratch.dir("saved")?.file(&name))
+                    .await
+                    .map_err(|e| ToolError::new("OSError", e.to_string()))?
+            };
+            let file = opened.map_err(|e| {
+                ToolError::new(
+                    "OSError",
+                    format!("save_artifact: the data written for {name:?} cannot be read: {e}"),
+                )
+            })?;
+            let artifact = store
+                .put_artifact_stream(&name, tokio::fs::File::from_std(file))
                 .await
                 .map_err(|e| ToolError::new("OSError", e.to_string()))?;
+            // Its space in the scratch is the run's again.
+            let _ = tokio::task::spawn_blocking({
+                let name = name.clone();
+                move || scratch.dir("saved").and_then(|d| d.remove_file(&name))
+            })
+            .await;
+            let id = artifact.id.clone();
             if let Ok(mut saved) = saved.lock() {
-                saved.retain(|f| f.name != name);
-                saved.push(RunFile { name, bytes });
+                saved.retain(|a| a.name != name);
+                saved.push(artifact);
             }
             Ok(json!(id))
         })

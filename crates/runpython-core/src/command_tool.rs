@@ -4,12 +4,22 @@ use std::process::Stdio;
 
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError};
 use serde_json::Value;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest JSON result a command may print (the bridge frame must carry it back).
+const MAX_STDOUT: u64 = 16 << 20;
+/// How much of a failing command's stderr is kept for the error (its tail).
+const MAX_STDERR: u64 = 1 << 20;
 
 /// A tool that runs `sh -c COMMAND` on the host for each call: the call's `{"args": [...], "kwargs": {...}}`
 /// arrives on its stdin and whatever JSON it prints is the result. A non-zero exit raises in the code
 /// with the tail of the command's stderr. The command runs outside the sandbox, with the host's
 /// environment: it is the host's tool.
+///
+/// Each call runs in a process group of its own, with a parent-death signal: when the call ends (or
+/// is dropped because the run ended), everything the command started is killed, and a host that dies
+/// takes its commands with it. How many run at once for one run is bounded by the bridge's
+/// `max_concurrent_calls`.
 #[derive(Debug, Clone)]
 pub struct CommandTool {
     name: String,
@@ -29,6 +39,19 @@ impl CommandTool {
     }
 }
 
+/// Kills a command's whole process group when dropped: the call ended, or its run did.
+struct KillGroup(i32);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        // ESRCH (the group is gone) is the normal case.
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 impl Tool for CommandTool {
     fn name(&self) -> &str {
         &self.name
@@ -42,36 +65,82 @@ impl Tool for CommandTool {
         Box::pin(async move {
             let input = serde_json::to_vec(&args)
                 .map_err(|e| ToolError::value_error(format!("arguments are not JSON: {e}")))?;
-            let mut child = tokio::process::Command::new("sh")
-                .arg("-c")
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
                 .arg(&command)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| {
-                    ToolError::new("ToolError", format!("cannot start `sh -c {command}`: {e}"))
-                })?;
-            if let Some(mut stdin) = child.stdin.take() {
-                // A command that ignores its input closes the pipe early; that is its business.
-                let _ = stdin.write_all(&input).await;
+                .process_group(0)
+                .kill_on_drop(true);
+            // SAFETY: prctl with integer arguments, between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    // A host killed with SIGKILL takes the command with it.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
             }
-            let out = child.wait_with_output().await.map_err(|e| {
-                ToolError::new("ToolError", format!("waiting for `sh -c {command}`: {e}"))
+            let mut child = cmd.spawn().map_err(|e| {
+                ToolError::new("ToolError", format!("cannot start `sh -c {command}`: {e}"))
             })?;
-            if !out.status.success() {
-                let stderr = String::from_utf8_lossy(&out.stderr);
+            let _group = child.id().map(|pid| KillGroup(pid as i32));
+            let stdin = child.stdin.take();
+            let write_in = async {
+                if let Some(mut stdin) = stdin {
+                    // A command that ignores its input closes the pipe early; that is its business.
+                    let _ = stdin.write_all(&input).await;
+                }
+            };
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let stdout = child.stdout.take();
+            let stderr = child.stderr.take();
+            let read_out = async {
+                if let Some(pipe) = stdout {
+                    let _ = pipe.take(MAX_STDOUT + 1).read_to_end(&mut out).await;
+                }
+            };
+            let read_err = async {
+                if let Some(mut pipe) = stderr {
+                    // Keep the tail: read in chunks, dropping the oldest beyond the cap.
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    while let Ok(n) = pipe.read(&mut chunk).await {
+                        if n == 0 {
+                            break;
+                        }
+                        err.extend_from_slice(&chunk[..n]);
+                        if err.len() as u64 > MAX_STDERR {
+                            let cut = err.len() - MAX_STDERR as usize;
+                            err.drain(..cut);
+                        }
+                    }
+                }
+            };
+            tokio::join!(write_in, read_out, read_err);
+            if out.len() as u64 > MAX_STDOUT {
                 return Err(ToolError::new(
                     "ToolError",
                     format!(
-                        "command `{command}` for tool {name:?} failed ({}): {}",
-                        out.status,
+                        "command for tool {name:?} printed more than {MAX_STDOUT} bytes; print a smaller JSON result"
+                    ),
+                ));
+            }
+            let status = child.wait().await.map_err(|e| {
+                ToolError::new("ToolError", format!("waiting for `sh -c {command}`: {e}"))
+            })?;
+            if !status.success() {
+                let stderr = String::from_utf8_lossy(&err);
+                return Err(ToolError::new(
+                    "ToolError",
+                    format!(
+                        "command `{command}` for tool {name:?} failed ({status}): {}",
                         tail_chars(stderr.trim(), 2000)
                     ),
                 ));
             }
-            let stdout = String::from_utf8_lossy(&out.stdout);
+            let stdout = String::from_utf8_lossy(&out);
             let trimmed = stdout.trim();
             if trimmed.is_empty() {
                 return Ok(Value::Null);

@@ -7,8 +7,7 @@ use std::time::Duration;
 use runpython_bridge::canonical_json;
 use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{
-    BeneathDir,
-    memo_key, CollectLimits, CollectedFiles, MemoKey, Redactor, RunRecord, Store, Tier,
+    memo_key, BeneathDir, CollectLimits, CollectedFiles, MemoKey, Redactor, RunRecord, Store, Tier,
 };
 use serde_json::Value;
 
@@ -167,7 +166,7 @@ pub(crate) async fn keep_run(
     keep: &Keeping,
     request: &RunRequest,
     envelope: &mut Envelope,
-    files: CollectedFiles,
+    (files, stored): (CollectedFiles, Vec<runpython_store::Artifact>),
     interpreter: &Interpreter,
     env: Option<&PreparedEnv>,
     passthrough: &[String],
@@ -195,6 +194,7 @@ pub(crate) async fn keep_run(
         isolation_json: "{}".into(),
         files: files.files,
         skipped_files: files.skipped,
+        stored,
     };
     let manifest = keep.store.put_run(record).await?;
     envelope.artifacts = manifest.artifacts;

@@ -24,6 +24,7 @@ import _json
 
 FILENAME = "<code>"
 RESULT_FD = 3
+BRIDGE_FD = 4
 CO_COROUTINE = 0x80
 PyCF_ONLY_AST = 0x400
 PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
@@ -399,7 +400,7 @@ def _parse_artifact(data):
     return text
 
 
-def _artifact_helpers(namespace, spec):
+def _artifact_helpers(namespace, spec, saved_dir):
     """read_artifact / load_artifact / save_artifact: data by reference through the host's store. The
     bridge client is imported on their first use, so a run that never touches artifacts pays nothing."""
 
@@ -421,16 +422,24 @@ def _artifact_helpers(namespace, spec):
 
     def save_artifact(name, data):
         """Keeps `data` (bytes, str, or a JSON value) as an artifact of this run; returns its id."""
-        import binascii
-
+        if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or len(name) > 200:
+            raise ValueError("artifact name %r must be 1-200 characters without slashes" % (name,))
         if isinstance(data, (bytes, bytearray, memoryview)):
-            payload = bytes(data)
+            payload = data
         elif isinstance(data, str):
             payload = data.encode("utf-8")
         else:
             payload = json_dumps(data).encode("utf-8")
-        encoded = binascii.b2a_base64(payload, newline=False).decode("ascii")
-        return call("runpython_save_artifact", name=name, data_b64=encoded)
+        # The data goes to the run's `saved/` directory; the host streams it from there into the store
+        # (it never crosses the bridge, and the host never holds it in memory).
+        fd = posix.open(saved_dir + "/" + name, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_NOFOLLOW, 0o600)
+        try:
+            view = memoryview(payload).cast("B")
+            while view:
+                view = view[posix.write(fd, view) :]
+        finally:
+            posix.close(fd)
+        return call("runpython_save_artifact", name=name)
 
     for helper in (read_artifact, load_artifact, save_artifact):
         namespace[helper.__name__] = helper
@@ -501,6 +510,10 @@ def _warm_up(args):
 def main():
     global _code_dir
     posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
+    try:
+        posix.set_inheritable(BRIDGE_FD, False)  # nor the tool bridge
+    except OSError:
+        pass
     pid = posix.getpid()
     _warm_up(sys.argv[2:])
     request = _read_request()
@@ -537,7 +550,7 @@ def main():
         visible = spec is not None and any(not t.get("hidden") for t in spec["tools"])
         bridge = _install_bridge(spec, namespace) if visible else None
         if request.get("artifact_helpers") and spec is not None:
-            _artifact_helpers(namespace, spec)
+            _artifact_helpers(namespace, spec, request.get("saved_dir") or "saved")
         if code_dir in sys.path:
             sys.path.remove(code_dir)  # it was only needed to import runpython's own modules
         body_code, last_code = _compile(source, bridge)

@@ -98,8 +98,12 @@ impl BeneathDir {
 
     /// The subdirectory `name` (a single name: no `/`, not `..`).
     pub fn dir(&self, name: &str) -> std::io::Result<Self> {
-        open_beneath(self.0.as_fd(), &single_name(name)?, libc::O_RDONLY | libc::O_DIRECTORY)
-            .map(Self)
+        open_beneath(
+            self.0.as_fd(),
+            &single_name(name)?,
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )
+        .map(Self)
     }
 
     /// The regular file `name`, open for reading (a FIFO, socket or device is refused, never opened
@@ -171,7 +175,11 @@ fn single_name(name: &str) -> std::io::Result<std::ffi::CString> {
 /// `openat2(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)` resolving beneath `dir` only, with no link of
 /// any kind and no mount crossing; `openat` with `O_NOFOLLOW` where the kernel has no `openat2` (the
 /// name is a single component, so it cannot leave `dir` either).
-fn open_beneath(dir: BorrowedFd<'_>, name: &std::ffi::CStr, flags: i32) -> std::io::Result<OwnedFd> {
+fn open_beneath(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    flags: i32,
+) -> std::io::Result<OwnedFd> {
     let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // `struct open_how` of openat2(2) (libc's is non-exhaustive).
     #[repr(C)]
@@ -244,7 +252,11 @@ fn walk(
         Ok(names) => names,
         Err(e) => {
             out.skipped.push(SkippedFile {
-                name: if rel.is_empty() { ".".into() } else { rel.to_owned() },
+                name: if rel.is_empty() {
+                    ".".into()
+                } else {
+                    rel.to_owned()
+                },
                 reason: format!("unreadable directory: {e}"),
             });
             return;
@@ -252,7 +264,7 @@ fn walk(
     };
     for file_name in names {
         let file_name = file_name.to_string_lossy().into_owned();
-        if depth == 0 && limits.ignore.iter().any(|i| *i == file_name) {
+        if depth == 0 && limits.ignore.contains(&file_name) {
             continue;
         }
         let name = if rel.is_empty() {
@@ -295,7 +307,10 @@ fn walk(
                 skip("symlink (never followed)".into());
                 continue;
             }
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) || e.to_string() == "not a regular file" => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENXIO)
+                    || e.to_string() == "not a regular file" =>
+            {
                 skip("not a regular file (fifo, socket or device)".into());
                 continue;
             }
@@ -306,10 +321,12 @@ fn walk(
         };
         match read_capped(file, limits.max_file_bytes) {
             Ok(None) => skip(format!("larger than {} bytes", limits.max_file_bytes)),
-            Ok(Some(bytes)) if *total + bytes.len() as u64 > limits.max_total_bytes => skip(format!(
-                "total size of kept files would exceed {} bytes",
-                limits.max_total_bytes
-            )),
+            Ok(Some(bytes)) if *total + bytes.len() as u64 > limits.max_total_bytes => {
+                skip(format!(
+                    "total size of kept files would exceed {} bytes",
+                    limits.max_total_bytes
+                ))
+            }
             Ok(Some(bytes)) => {
                 *total += bytes.len() as u64;
                 out.files.push(RunFile { name, bytes });
@@ -383,8 +400,13 @@ mod tests {
         std::fs::rename(d.path().join("work"), d.path().join("moved")).unwrap();
         std::os::unix::fs::symlink(outside.path(), d.path().join("work")).unwrap();
         assert!(held.dir("work").is_err());
-        assert_eq!(held.file("work").unwrap_err().raw_os_error(), Some(libc::ELOOP));
-        assert!(collect_files_in(&work, &CollectLimits::default()).files.is_empty());
+        assert_eq!(
+            held.file("work").unwrap_err().raw_os_error(),
+            Some(libc::ELOOP)
+        );
+        assert!(collect_files_in(&work, &CollectLimits::default())
+            .files
+            .is_empty());
         let c = collect_files_in(&held, &CollectLimits::default());
         assert!(c.files.is_empty(), "{c:?}");
         assert!(reason(&c, "work").contains("symlink"));

@@ -65,6 +65,7 @@ fn record(run_id: &str, tier: Tier, created_at: SystemTime) -> RunRecord {
             name: "link".into(),
             reason: "symlink (never followed)".into(),
         }],
+        stored: Vec::new(),
     }
 }
 

@@ -33,6 +33,7 @@
 //!         isolation_json: "{}".into(),
 //!         files: vec![],
 //!         skipped_files: vec![],
+//!         stored: vec![],
 //!     })
 //!     .await?;
 //! let stdout = manifest.artifacts.iter().find(|a| a.name == "stdout.txt").unwrap();
@@ -71,7 +72,8 @@ pub use object_store;
 pub use artifact::{Artifact, ArtifactKind, ListedArtifact};
 pub use backend::{default_local_url, StoreOptions};
 pub use collect::{
-    collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile, SkippedFile,
+    collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile,
+    SkippedFile,
 };
 pub use error::Error;
 pub use gc::GcReport;

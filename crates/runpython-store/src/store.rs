@@ -76,6 +76,9 @@ pub struct RunRecord {
     pub files: Vec<RunFile>,
     /// Files seen but not kept, and why.
     pub skipped_files: Vec<SkippedFile>,
+    /// Artifacts already in the store (streamed there while the run ran, see
+    /// [`Store::put_artifact_stream`]), listed in the manifest as they are.
+    pub stored: Vec<Artifact>,
 }
 
 /// A stored run: its metadata and the artifacts whose bytes [`Store::get_run_artifact`] returns.
@@ -353,6 +356,32 @@ impl Store {
         Ok((hash, size))
     }
 
+    /// Streams a file the run made into a blob, without holding it in memory, and describes it as an
+    /// artifact named `name` (its preview from the first 64 KiB). List it in [`RunRecord::stored`].
+    pub async fn put_artifact_stream<R>(&self, name: &str, mut reader: R) -> Result<Artifact>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        const PREVIEW_BYTES: usize = 64 * 1024;
+        let mut head = Vec::with_capacity(PREVIEW_BYTES);
+        (&mut reader)
+            .take(PREVIEW_BYTES as u64)
+            .read_to_end(&mut head)
+            .await
+            .map_err(|source| Error::Source { source })?;
+        let preview = preview(name, &head);
+        let (id, bytes) = self
+            .put_blob_reader(std::io::Cursor::new(head).chain(reader))
+            .await?;
+        Ok(Artifact {
+            id,
+            name: name.to_owned(),
+            kind: ArtifactKind::File,
+            bytes,
+            preview,
+        })
+    }
+
     /// The bytes of the artifact (blob) `id`.
     pub async fn get_run_artifact(&self, id: &str) -> Result<Bytes> {
         let key = layout::blob(id)?;
@@ -444,6 +473,8 @@ impl Store {
             .buffered(FAN_OUT)
             .try_collect()
             .await?;
+        let mut artifacts = artifacts;
+        artifacts.extend(run.stored);
         let created_at_ms = to_ms(run.created_at);
         let tier = match run.tier {
             Tier::Persistent => TierV1::Persistent,

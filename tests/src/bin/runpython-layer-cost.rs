@@ -1,5 +1,7 @@
 //! What each sandbox layer costs on the trivial run (`1+1`): p50 wall time of runs with every layer
 //! off, each layer alone, and all layers on, interleaved so that machine noise hits all alike.
+//! `namespaces` includes the filesystem view and its scratch (they need the mount namespace);
+//! `cgroup` is the run's cgroup alone (where the host offers one).
 //!
 //! Usage: `cargo run --release -p runpython-tests --bin runpython-layer-cost [ROUNDS]`
 
@@ -47,6 +49,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         ),
         (
+            "cgroup",
+            Sandbox {
+                cgroups: true,
+                ..off.clone()
+            },
+        ),
+        (
             "namespaces_host_net",
             Sandbox {
                 namespaces: true,
@@ -65,6 +74,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "all_host_net",
             Sandbox {
                 allow_network: true,
+                ..Sandbox::default()
+            },
+        ),
+        (
+            "all_no_cgroup",
+            Sandbox {
+                cgroups: false,
                 ..Sandbox::default()
             },
         ),

@@ -9,7 +9,11 @@ pub(crate) const ENV_ALLOWLIST: &[&str] = &["PATH", "HOME", "LANG", "TZ", "TERM"
 /// the caches and configuration libraries write (matplotlib's, fontconfig's) in the run's own scratch
 /// (`scratch/home`, never collected), and with a filesystem view `TMPDIR=/tmp` (the host's does not
 /// exist there).
-pub(crate) fn child_env(passthrough: &[String], scratch: &Path, view: bool) -> Vec<(String, String)> {
+pub(crate) fn child_env(
+    passthrough: &[String],
+    scratch: &Path,
+    view: bool,
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = std::env::vars()
         .filter(|(name, _)| {
             ENV_ALLOWLIST.contains(&name.as_str())
@@ -30,8 +34,14 @@ pub(crate) fn child_env(passthrough: &[String], scratch: &Path, view: bool) -> V
     };
     set("HOME", home.display().to_string());
     set("XDG_CACHE_HOME", home.join(".cache").display().to_string());
-    set("XDG_CONFIG_HOME", home.join(".config").display().to_string());
-    set("MPLCONFIGDIR", home.join(".config/matplotlib").display().to_string());
+    set(
+        "XDG_CONFIG_HOME",
+        home.join(".config").display().to_string(),
+    );
+    set(
+        "MPLCONFIGDIR",
+        home.join(".config/matplotlib").display().to_string(),
+    );
     if view {
         set("TMPDIR", "/tmp".into());
     }

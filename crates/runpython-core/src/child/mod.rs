@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use runpython_bridge::HostEnd;
 use runpython_store::BeneathDir;
 
 pub(crate) use code_dir::{bytecode_ready, code_dir, code_version, ensure_bytecode};
@@ -21,7 +22,7 @@ pub(crate) use output::{capture, take_capture, Captured, Closed, HeadTail};
 pub use pool::PoolConfig;
 pub(crate) use pool::{Pool, PoolKey};
 pub(crate) use run_dir::discard_run_dir;
-pub(crate) use spawn::Spawned;
+pub(crate) use spawn::{Spawned, BRIDGE_FD};
 
 use crate::envelope::Isolation;
 use crate::error::Error;
@@ -37,6 +38,8 @@ pub(crate) struct Slot {
     pub scratch: Arc<BeneathDir>,
     /// Where `save_artifact` writes, as the code sees it.
     pub saved_dir: PathBuf,
+    /// The host's end of the run's tool bridge (the child has the other as descriptor 4).
+    pub bridge: HostEnd,
     pub isolation: Isolation,
     pub born: Instant,
 }
@@ -79,14 +82,24 @@ impl SlotSpec {
             run_dir.path().to_owned()
         };
         let env = env::child_env(&self.env_passthrough, &scratch_path, plan.has_view());
-        let held = if plan.has_view() {
-            None
-        } else {
-            Some(BeneathDir::open(run_dir.path()).map_err(|source| {
-                Error::io("opening the run directory", run_dir.path(), source)
-            })?)
-        };
-        let mut spawned = spawn::spawn_runner(python, code_dir, warm_up, &work_dir, &env, plan)?;
+        let held =
+            if plan.has_view() {
+                None
+            } else {
+                Some(BeneathDir::open(run_dir.path()).map_err(|source| {
+                    Error::io("opening the run directory", run_dir.path(), source)
+                })?)
+            };
+        let (bridge, bridge_child) = runpython_bridge::socket_pair()?;
+        let mut spawned = spawn::spawn_runner(
+            python,
+            code_dir,
+            warm_up,
+            &work_dir,
+            &env,
+            plan,
+            bridge_child,
+        )?;
         let scratch = match (held, spawned.handoff.take()) {
             (Some(held), _) => held,
             (None, Some(handoff)) => {
@@ -100,7 +113,9 @@ impl SlotSpec {
                 fd
             }
             (None, None) => {
-                return Err(Error::Internal("a run with a view has no handoff socket".into()))
+                return Err(Error::Internal(
+                    "a run with a view has no handoff socket".into(),
+                ))
             }
         };
         Ok(Slot {
@@ -108,6 +123,7 @@ impl SlotSpec {
             spawned,
             scratch: Arc::new(scratch),
             saved_dir: scratch_path.join("saved"),
+            bridge,
             isolation,
             born: Instant::now(),
         })

@@ -12,6 +12,9 @@ use crate::error::Error;
 /// Where the runner writes its result. The child gets the write end as this descriptor.
 pub(crate) const RESULT_FD: i32 = 3;
 
+/// The child's end of the tool bridge (a socket pair: one connection per run, nothing on a path).
+pub(crate) const BRIDGE_FD: i32 = 4;
+
 /// Kills the child's whole process group when dropped, so a timeout, a cancellation or a dropped future
 /// leaves no survivor behind (children that stay in the group included).
 /// Without a PID namespace but with a run uid, every process of that uid is killed too (a `setsid`
@@ -61,12 +64,14 @@ pub(crate) fn spawn_runner(
     cwd: &Path,
     env: &[(String, String)],
     mut plan: crate::sandbox::Plan,
+    bridge_child: OwnedFd,
 ) -> Result<Spawned, Error> {
     let sweep_uid = plan.sweep_uid;
     let cgroup = plan.take_cgroup();
     let handoff = if plan.has_view() {
-        let (host, child) = crate::sandbox::seqpacket_pair()
-            .map_err(|e| Error::io_pathless("creating the socket the run's scratch comes through", e))?;
+        let (host, child) = crate::sandbox::seqpacket_pair().map_err(|e| {
+            Error::io_pathless("creating the socket the run's scratch comes through", e)
+        })?;
         plan.set_handoff(child);
         Some(host)
     } else {
@@ -86,7 +91,13 @@ pub(crate) fn spawn_runner(
     let (result_read, result_write): (OwnedFd, OwnedFd) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::io_pathless("creating the result pipe", e.into()))?;
-    let write_fd = result_write.as_raw_fd();
+    // Above the fixed slots, so that placing one cannot clobber the other.
+    let high = |fd: OwnedFd| {
+        crate::sandbox::dup_high(fd).map_err(|e| Error::io_pathless("placing the child's pipes", e))
+    };
+    let result_write = high(result_write)?;
+    let bridge_child = high(bridge_child)?;
+    let (write_fd, bridge_fd) = (result_write.as_raw_fd(), bridge_child.as_raw_fd());
 
     let mut command = tokio::process::Command::new(python);
     command
@@ -105,15 +116,9 @@ pub(crate) fn spawn_runner(
         command.pre_exec(move || {
             // If the host dies, even by SIGKILL, the child dies with it.
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            if write_fd == RESULT_FD {
-                nix::fcntl::fcntl(
-                    std::os::fd::BorrowedFd::borrow_raw(write_fd),
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                )?;
-            } else {
-                // dup2 leaves the new descriptor without close-on-exec: the runner inherits it.
-                let rc = libc_dup2(write_fd, RESULT_FD);
-                if rc < 0 {
+            // dup2 leaves the new descriptors without close-on-exec: the runner inherits them.
+            for (from, to) in [(write_fd, RESULT_FD), (bridge_fd, BRIDGE_FD)] {
+                if libc_dup2(from, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
@@ -123,7 +128,9 @@ pub(crate) fn spawn_runner(
     let child = command
         .spawn()
         .map_err(|source| spawn_error(python, source))?;
-    drop(result_write); // the child holds the only write end now: EOF comes when it exits
+    // The child holds the only write end and the only child end of the bridge now: EOF comes when it
+    // exits.
+    drop((result_write, bridge_child));
     let pid = child.id().ok_or_else(|| {
         Error::io_pathless(
             "reading the child's pid",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use runpython_bridge::{Bridge, BridgeStats, Journal, ReplayPlan};
 use runpython_deps::{Interpreter, PreparedEnv};
-use runpython_store::CollectedFiles;
+use runpython_store::{Artifact, CollectedFiles};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -16,6 +16,7 @@ use super::tools::RunTools;
 use super::RunPython;
 use crate::child::{
     capture, code_dir, discard_run_dir, take_capture, Captured, Closed, HeadTail, PoolKey, Slot,
+    BRIDGE_FD,
 };
 use crate::envelope::Isolation;
 use crate::error::Error;
@@ -55,8 +56,9 @@ pub(super) struct Attempt {
     pub stdout: Captured,
     pub stderr: Captured,
     pub isolation: Isolation,
-    /// The files the run left, when runs are kept (and the run got far enough to leave any).
-    pub files: Option<CollectedFiles>,
+    /// The files the run left and what it saved with `save_artifact` (already in the store), when
+    /// runs are kept (and the run got far enough to leave any).
+    pub files: Option<(CollectedFiles, Vec<Artifact>)>,
     pub bridge_stats: Option<Arc<BridgeStats>>,
     pub journal: Option<Journal>,
     /// The kernel killed a process of the run for going over the run's memory limit (its cgroup).
@@ -118,6 +120,7 @@ impl RunPython {
             spawned,
             scratch,
             saved_dir,
+            bridge: bridge_end,
             isolation,
             ..
         } = slot;
@@ -126,7 +129,7 @@ impl RunPython {
             tools,
             nested_stats,
             saved: saved_artifacts,
-        } = self.run_tools(Instant::now())?;
+        } = self.run_tools(Instant::now(), &scratch)?;
         let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
         let durable = match &self.inner.keep {
             Some(keep) if self.inner.durable => Some(
@@ -137,31 +140,12 @@ impl RunPython {
         let (bridge_spec, bridge_future, bridge_stats, journal) = if tools.is_empty() {
             (Value::Null, None, None, None)
         } else {
-            let mut bridge = Bridge::bind(
-                &run_dir.path().join("bridge.sock"),
-                tools,
-                self.inner.bridge.clone(),
-            )?;
+            let mut bridge = Bridge::new(bridge_end, tools, self.inner.bridge.clone())?;
             if let Some(plan) = replay {
                 bridge = bridge.with_replay(plan);
             }
             if let Some(sink) = durable {
                 bridge = bridge.with_sink(sink);
-            }
-            // The child runs as the run's uid: the socket must be its to connect to.
-            if isolation.uid != nix::unistd::geteuid().as_raw() {
-                std::os::unix::fs::lchown(
-                    run_dir.path().join("bridge.sock"),
-                    Some(isolation.uid),
-                    Some(isolation.uid),
-                )
-                .map_err(|source| {
-                    Error::io(
-                        "handing the bridge socket to the run's uid",
-                        run_dir.path().join("bridge.sock"),
-                        source,
-                    )
-                })?;
             }
             let stats = bridge.stats();
             if let Some(cell) = &nested_stats {
@@ -169,7 +153,7 @@ impl RunPython {
             }
             let journal = bridge.journal();
             (
-                bridge.client_spec(),
+                bridge.client_spec_fd(BRIDGE_FD),
                 Some(bridge.serve()),
                 Some(stats),
                 Some(journal),
@@ -185,6 +169,7 @@ impl RunPython {
             "max_return_bytes": limits.max_return_bytes,
             "inline_return_bytes": limits.inline_return_bytes,
             "site_dir": site_dir,
+            "saved_dir": saved_dir,
             "bridge": bridge_spec,
         });
         let runner_request =
@@ -309,8 +294,12 @@ impl RunPython {
                     crate::persist::collect_run_files(Arc::clone(&scratch), keep.collect.clone())
                         .await?;
                 // What the code saved with save_artifact() is kept beside the files it wrote.
-                merge_saved(&mut files, &saved_artifacts);
-                Some(files)
+                let saved =
+                    std::mem::take(&mut *saved_artifacts.lock().unwrap_or_else(|p| p.into_inner()));
+                files
+                    .files
+                    .retain(|f| !saved.iter().any(|s| s.name == f.name));
+                Some((files, saved))
             }
             _ => None,
         };
@@ -330,13 +319,4 @@ impl RunPython {
             oom_killed,
         })
     }
-}
-
-/// What the code kept with `save_artifact` replaces the file of the same name it may have written.
-fn merge_saved(files: &mut CollectedFiles, saved: &Mutex<Vec<runpython_store::RunFile>>) {
-    let saved = std::mem::take(&mut *saved.lock().unwrap_or_else(|p| p.into_inner()));
-    files
-        .files
-        .retain(|f| !saved.iter().any(|s| s.name == f.name));
-    files.files.extend(saved);
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use runpython_bridge::ToolSet;
-use runpython_store::RunFile;
+use runpython_store::{Artifact, BeneathDir};
 
 use super::RunPython;
 use crate::artifact_tools::{ReadArtifact, SaveArtifact};
@@ -18,12 +18,16 @@ pub(super) struct RunTools {
     /// The outer budget a nested `run_python` reads, set once the bridge is bound.
     pub nested_stats: Option<RunStats>,
     /// What the code kept with `save_artifact`.
-    pub saved: Arc<Mutex<Vec<RunFile>>>,
+    pub saved: Arc<Mutex<Vec<Artifact>>>,
 }
 
 impl RunPython {
     /// The tools of one run whose clock started at `started`.
-    pub(super) fn run_tools(&self, started: Instant) -> Result<RunTools, Error> {
+    pub(super) fn run_tools(
+        &self,
+        started: Instant,
+        scratch: &Arc<BeneathDir>,
+    ) -> Result<RunTools, Error> {
         let (mut tools, nested_stats) =
             crate::nested::tools_for_run(&self.inner.tools, Arc::new(self.clone()), started)?;
         let saved = Arc::new(Mutex::new(Vec::new()));
@@ -33,6 +37,7 @@ impl RunPython {
             })?;
             tools.insert(SaveArtifact {
                 store: keep.store.clone(),
+                scratch: Arc::clone(scratch),
                 saved: Arc::clone(&saved),
             })?;
         }

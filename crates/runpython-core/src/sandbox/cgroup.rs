@@ -47,14 +47,17 @@ impl Hierarchy {
 pub(crate) fn hierarchy() -> &'static Result<Hierarchy, String> {
     static FOUND: OnceLock<Result<Hierarchy, String>> = OnceLock::new();
     FOUND.get_or_init(|| {
-        let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-        let mounts =
-            fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+        let own = fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+        let mounts = fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
         let found = find(&own, &mounts);
         if let Ok(h) = &found {
             let parents = match h {
                 Hierarchy::V2 { parent } => vec![parent.clone()],
-                Hierarchy::V1 { memory, pids } => std::iter::once(memory.clone()).chain(pids.clone()).collect(),
+                Hierarchy::V1 { memory, pids } => std::iter::once(memory.clone())
+                    .chain(pids.clone())
+                    .collect(),
             };
             sweep(&parents);
         }
@@ -121,9 +124,15 @@ fn find(own: &str, mountinfo: &str) -> Result<Hierarchy, String> {
         let dir = mount.join(path.trim_start_matches('/'));
         let controllers = fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
         if !controllers.split_whitespace().any(|c| c == "memory") {
-            why.push(format!("cgroup v2 at {} offers no memory controller", dir.display()));
+            why.push(format!(
+                "cgroup v2 at {} offers no memory controller",
+                dir.display()
+            ));
         } else if !writable(&dir) {
-            why.push(format!("cgroup v2 at {} is not delegated to this user", dir.display()));
+            why.push(format!(
+                "cgroup v2 at {} is not delegated to this user",
+                dir.display()
+            ));
         } else {
             match enable_v2(&dir) {
                 Ok(parent) => return Ok(Hierarchy::V2 { parent }),
@@ -135,10 +144,13 @@ fn find(own: &str, mountinfo: &str) -> Result<Hierarchy, String> {
     }
     // v1: the memory hierarchy (and pids), where we may write.
     let v1 = |controller: &str| -> Option<PathBuf> {
-        let (mount, _) = mounts
+        let (mount, _) = mounts.iter().find(|(_, c)| {
+            c.as_ref()
+                .is_some_and(|c| c.iter().any(|x| x == controller))
+        })?;
+        let (_, path) = own
             .iter()
-            .find(|(_, c)| c.as_ref().is_some_and(|c| c.iter().any(|x| x == controller)))?;
-        let (_, path) = own.iter().find(|(c, _)| c.iter().any(|x| x == controller))?;
+            .find(|(c, _)| c.iter().any(|x| x == controller))?;
         Some(mount.join(path.trim_start_matches('/')))
     };
     match v1("memory") {
@@ -147,7 +159,10 @@ fn find(own: &str, mountinfo: &str) -> Result<Hierarchy, String> {
             pids: v1("pids").filter(|p| writable(p)),
         }),
         Some(memory) => {
-            why.push(format!("cgroup v1 memory at {} is not writable by this user", memory.display()));
+            why.push(format!(
+                "cgroup v1 memory at {} is not writable by this user",
+                memory.display()
+            ));
             Err(why.join("; "))
         }
         None => {
@@ -231,7 +246,10 @@ impl RunCgroup {
         let name = format!(
             "{PREFIX}{}-{}",
             std::process::id(),
-            random.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            random
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         );
         let mut made = RunCgroup {
             dirs: Vec::new(),
@@ -256,7 +274,10 @@ impl RunCgroup {
                 fs::create_dir(&dir)?;
                 made.dirs.push(dir.clone());
                 fs::write(dir.join("memory.limit_in_bytes"), memory_bytes.to_string())?;
-                let _ = fs::write(dir.join("memory.memsw.limit_in_bytes"), memory_bytes.to_string());
+                let _ = fs::write(
+                    dir.join("memory.memsw.limit_in_bytes"),
+                    memory_bytes.to_string(),
+                );
                 made.oom_file = dir.join("memory.oom_control");
                 if let Some(pids) = pids {
                     let dir = pids.join(&name);
@@ -305,7 +326,9 @@ pub(crate) fn join(fds: &[std::os::fd::RawFd]) -> Result<(), StepError> {
     for &fd in fds {
         // SAFETY: a write of a constant buffer to a descriptor the host opened.
         let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        super::sys::cvt(n as libc::c_int).map(drop).at(Step::JoinCgroup)?;
+        super::sys::cvt(n as libc::c_int)
+            .map(drop)
+            .at(Step::JoinCgroup)?;
     }
     Ok(())
 }
@@ -377,7 +400,10 @@ mod tests {
         let mounts = cgroup_mounts(MOUNTINFO);
         assert_eq!(mounts.len(), 3);
         assert_eq!(mounts[2], (PathBuf::from("/sys/fs/cgroup/unified"), None));
-        assert_eq!(mounts[0].1.as_deref(), Some(&["rw".to_owned(), "memory".to_owned()][..]));
+        assert_eq!(
+            mounts[0].1.as_deref(),
+            Some(&["rw".to_owned(), "memory".to_owned()][..])
+        );
         let own = own_cgroups("8:pids:/\n4:memory:/a/b\n0::/\n");
         assert_eq!(own[1], (vec!["memory".to_owned()], "/a/b".to_owned()));
         assert_eq!(own[2], (Vec::new(), "/".to_owned()));
@@ -385,8 +411,11 @@ mod tests {
 
     #[test]
     fn a_v2_hierarchy_without_a_memory_controller_is_explained() {
-        let e = find("0::/nowhere-runpython-test\n", "41 31 0:38 / /nonexistent/cg rw - cgroup2 cgroup2 rw\n")
-            .unwrap_err();
+        let e = find(
+            "0::/nowhere-runpython-test\n",
+            "41 31 0:38 / /nonexistent/cg rw - cgroup2 cgroup2 rw\n",
+        )
+        .unwrap_err();
         assert!(e.contains("offers no memory controller"), "{e}");
         assert!(e.contains("no cgroup v1 memory hierarchy"), "{e}");
     }

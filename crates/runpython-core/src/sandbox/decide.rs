@@ -357,7 +357,14 @@ mod tests {
             [
                 "namespaces: user namespaces are refused: writing /proc/self/uid_map failed: EPERM",
                 "processes limit: needs a user namespace or a dropped uid",
+                "filesystem view: needs a mount namespace, so the code sees the host's tree (Landlock \
+                 alone restricts it) and nothing caps what it writes",
             ]
+        );
+        let report = d.report(&Sandbox::default(), 1000, 1);
+        assert_eq!(
+            (report.filesystem.as_str(), report.disk.enforced_by.as_str()),
+            ("host", "none")
         );
         // As root, the dropped uid alone still enforces the process limit.
         let d = decide(&Sandbox::default(), &kernel, ROOT, open);
@@ -450,6 +457,49 @@ mod tests {
             panic!("asked with a mount namespace")
         });
         assert!(d.drop_privileges);
+    }
+
+    #[test]
+    fn no_cgroup_limits_each_process_and_refuses_shared_memory_instead() {
+        let kernel = Kernel {
+            cgroup: Err(
+                "cgroup v1 memory at /sys/fs/cgroup/memory is not writable by this user".into(),
+            ),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert_eq!(d.cgroup, None);
+        assert!(d.seccomp_extra.shared_memory && d.seccomp_extra.vsock);
+        assert_eq!(d.missing.len(), 1);
+        assert!(
+            d.missing[0].starts_with("memory limit for the whole run: no cgroup (cgroup v1"),
+            "{:?}",
+            d.missing
+        );
+        let report = d.report(&Sandbox::default(), 1000, 1);
+        assert_eq!(report.memory.enforced_by, "rlimit");
+        // With a cgroup the run's whole memory is limited and shared memory is allowed.
+        let d = decide(&Sandbox::default(), &Kernel::permissive(), USER, open);
+        assert!(!d.seccomp_extra.shared_memory);
+        let report = d.report(&Sandbox::default(), 1000, 1);
+        assert_eq!(
+            (report.memory.enforced_by.as_str(), report.memory.bytes),
+            ("cgroup-v1", Some(4 << 30))
+        );
+        assert_eq!(
+            (report.filesystem.as_str(), report.disk.bytes),
+            ("allowlist", Some(1 << 30))
+        );
+    }
+
+    #[test]
+    fn the_network_allowed_lets_vsock_through() {
+        let config = Sandbox {
+            allow_network: true,
+            ..Sandbox::default()
+        };
+        let d = decide(&config, &Kernel::permissive(), USER, open);
+        assert!(!d.seccomp_extra.vsock);
     }
 
     #[test]

@@ -14,8 +14,8 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use super::sys::{
-    cloexec_from, close_from, cvt, read_exact_fd, send_fd, set_pdeathsig, set_rlimit,
-    write_all_fd, zero_host_args, AtStep, Step, StepError,
+    cloexec_from, close_from, cvt, read_exact_fd, send_fd, set_pdeathsig, set_rlimit, write_all_fd,
+    zero_host_args, AtStep, Step, StepError,
 };
 use super::userns::{drop_ids, forbid_nested_user_namespaces};
 use super::{cgroup, landlock, mounts, seccomp, Plan};
@@ -36,11 +36,55 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
     cgroup::join(procs)?;
     // Replicating a crash signal must not write a core file.
     set_rlimit(libc::RLIMIT_CORE, 0, 0).at(Step::Rlimit)?;
-    if let (true, Some(view)) = (plan.view_as_root, &plan.view) {
-        // SAFETY: unshare with a constant flag.
-        cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).at(Step::Unshare)?;
-        mounts::build(view)?;
+    let pid_ns = plan.unshare & libc::CLONE_NEWPID != 0;
+    if plan.view_as_root {
+        // A root host builds the view as root (it can open what the run's uid cannot traverse, like
+        // `/root/.pyenv`), in mount and PID namespaces owned by the host's user namespace: the new
+        // root is then not a locked mount, and the init mounts the run's /proc before the pivot.
+        // The user namespace (with IPC and UTS) comes after, entered by the last process standing
+        // before the interpreter.
+        let early = plan.unshare & (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET);
+        // SAFETY: unshare with flags the probe found to work.
+        cvt(unsafe { libc::unshare(early | libc::CLONE_NEWNS) }).at(Step::Unshare)?;
+        join_netns(plan)?;
+        if let Some(view) = &plan.view {
+            mounts::build(view)?;
+        }
+        if pid_ns {
+            return start_init(plan, exec_of(plan)?);
+        }
+        enter_view(plan, false)?;
+        enter_userns(plan, plan.unshare & !early)?;
+        set_nproc(plan)?;
+    } else {
+        join_netns(plan)?;
+        if let Some((uid, gid)) = plan.drop_to {
+            drop_ids(uid, gid)?;
+        }
+        enter_userns(plan, plan.unshare)?;
+        if let Some(view) = &plan.view {
+            mounts::build(view)?;
+        }
+        set_nproc(plan)?;
+        if pid_ns {
+            return start_init(plan, exec_of(plan)?);
+        }
+        enter_view(plan, false)?;
     }
+    inner_setup(plan)?;
+    // H: the interpreter.
+    restrict_interpreter(plan)
+}
+
+fn exec_of(plan: &Plan) -> Result<&Exec, StepError> {
+    plan.exec
+        .as_ref()
+        .ok_or(StepError::new(Step::Exec, libc::EINVAL))
+}
+
+/// Joins the network namespace made ahead of time (and, for a non-root host, the user namespace that
+/// owns it).
+fn join_netns(plan: &Plan) -> Result<(), StepError> {
     if let Some(netns) = &plan.netns {
         if let Some(owner) = &netns.owner {
             // SAFETY: setns into a user namespace the host's uid owns; S is single-threaded.
@@ -51,56 +95,65 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
         cvt(unsafe { libc::setns(netns.net.as_raw_fd(), libc::CLONE_NEWNET) })
             .at(Step::JoinNetns)?;
     }
-    if let Some((uid, gid)) = plan.drop_to {
-        drop_ids(uid, gid)?;
-    }
-    if plan.unshare != 0 {
-        // SAFETY: unshare with flags the probe found to work.
-        cvt(unsafe { libc::unshare(plan.unshare) }).at(Step::Unshare)?;
-        if plan.unshare & libc::CLONE_NEWUSER != 0 {
-            plan.ids.write()?;
-            if plan.forbid_nested_userns {
-                forbid_nested_user_namespaces()?;
-            }
-            // Entering a user namespace changed the credentials.
-            set_pdeathsig().at(Step::Pdeathsig)?;
-        }
-        if plan.unshare & libc::CLONE_NEWUTS != 0 {
-            let name = b"runpython";
-            // SAFETY: a live buffer and its length.
-            cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })
-                .at(Step::Hostname)?;
-        }
-        if let (false, Some(view)) = (plan.view_as_root, &plan.view) {
-            mounts::build(view)?;
+    Ok(())
+}
+
+/// Unshares `flags` and, when they make a user namespace, maps its ids, forbids namespaces below it
+/// and names the host. A root host drops to the run's ids first.
+fn enter_userns(plan: &Plan, flags: libc::c_int) -> Result<(), StepError> {
+    if plan.view_as_root {
+        if let Some((uid, gid)) = plan.drop_to {
+            drop_ids(uid, gid)?;
         }
     }
-    if let Some(view) = &plan.view {
-        // The host's tree goes; the host gets the scratch (before any code runs) to read the run's
-        // files beneath it.
-        let scratch = mounts::pivot(view)?;
-        let sent = match &plan.handoff {
-            Some(sock) => send_fd(sock.as_raw_fd(), scratch).at(Step::HandOverScratch),
-            None => Ok(()),
-        };
-        // SAFETY: closing the descriptor pivot opened.
-        unsafe { libc::close(scratch) };
-        sent?;
+    if flags == 0 {
+        return Ok(());
     }
+    // SAFETY: unshare with flags the probe found to work.
+    cvt(unsafe { libc::unshare(flags) }).at(Step::Unshare)?;
+    if flags & libc::CLONE_NEWUSER != 0 {
+        plan.ids.write()?;
+        if plan.forbid_nested_userns {
+            forbid_nested_user_namespaces()?;
+        }
+        // Entering a user namespace changed the credentials.
+        set_pdeathsig().at(Step::Pdeathsig)?;
+    }
+    if flags & libc::CLONE_NEWUTS != 0 {
+        let name = b"runpython";
+        // SAFETY: a live buffer and its length.
+        cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).at(Step::Hostname)?;
+    }
+    Ok(())
+}
+
+fn set_nproc(plan: &Plan) -> Result<(), StepError> {
     if let Some(n) = plan.nproc {
         // Set after entering the user namespace: the limit then counts the run's own processes.
         set_rlimit(libc::RLIMIT_NPROC, n, n).at(Step::Rlimit)?;
     }
-    if plan.unshare & libc::CLONE_NEWPID != 0 {
-        let exec = plan
-            .exec
-            .as_ref()
-            .ok_or(StepError::new(Step::Exec, libc::EINVAL))?;
-        return start_init(plan, exec);
+    Ok(())
+}
+
+/// With a view (the working directory is its new root): mounts the run's `/proc` when this is the
+/// run's init, enters the view, and hands the scratch to the host before any code runs.
+fn enter_view(plan: &Plan, proc: bool) -> Result<(), StepError> {
+    let Some(view) = &plan.view else {
+        return Ok(());
+    };
+    if proc {
+        // Before the pivot, while the host's /proc is still in this mount namespace: the kernel
+        // allows a new proc only where one is already fully visible.
+        mounts::mount_proc(c"proc")?;
     }
-    inner_setup(plan)?;
-    // H: the interpreter.
-    restrict_interpreter(plan)
+    let scratch = mounts::pivot(view)?;
+    let sent = match &plan.handoff {
+        Some(sock) => send_fd(sock.as_raw_fd(), scratch).at(Step::HandOverScratch),
+        None => Ok(()),
+    };
+    // SAFETY: closing the descriptor pivot opened.
+    unsafe { libc::close(scratch) };
+    sent
 }
 
 /// H's last steps before exec: parent-death signal, rlimits, no new privileges, Landlock, seccomp.
@@ -250,7 +303,20 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
         // Its name in the run's /proc is its own, not the host binary's.
         // SAFETY: prctl with a NUL-terminated constant.
         unsafe { libc::prctl(libc::PR_SET_NAME, c"runpython-init".as_ptr(), 0, 0, 0) };
-        mounts::mount_proc()?;
+        if plan.view.is_some() {
+            enter_view(plan, true)?;
+        } else {
+            mounts::mount_proc(c"/proc")?;
+        }
+        if plan.view_as_root {
+            let late =
+                plan.unshare & (libc::CLONE_NEWUSER | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS);
+            enter_userns(plan, late)?;
+            // The credentials changed: G must stay undumpable (it holds a copy of the host's memory).
+            // SAFETY: prctl with integer arguments.
+            cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }).at(Step::Dumpable)?;
+            set_nproc(plan)?;
+        }
         inner_setup(plan)?;
         let mut h_args = args;
         // SAFETY: H runs `interpreter_main` on its own stack; we are suspended until it execs or

@@ -31,6 +31,12 @@ pub(crate) fn access_all(abi: i32) -> u64 {
     landlock::AccessFs::from_all(landlock::ABI::from(abi)).bits()
 }
 
+/// Listing directories only, for the view's own skeleton (everything in the view is allowlisted).
+pub(crate) fn access_list(abi: i32) -> u64 {
+    let _ = abi; // READ_DIR exists from ABI 1
+    landlock::BitFlags::from(landlock::AccessFs::ReadDir).bits()
+}
+
 /// Read and execute access bits, for rules added inside the run.
 pub(crate) fn access_read(abi: i32) -> u64 {
     let abi = landlock::ABI::from(abi);

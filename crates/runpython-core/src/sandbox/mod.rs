@@ -23,21 +23,30 @@
 //! after the host was told (S's exit kills G via PDEATHSIG). G is not dumpable: it holds a copy of the
 //! host's memory.
 //!
-//! As root, S first builds the filesystem view in a root-owned mount namespace (tmpfs over `/tmp`,
-//! `/dev/shm` and every directory the run uid cannot traverse, e.g. `/root`, with the interpreter
-//! prefix, the code dir and the run dir bound back in place), joins a fresh empty network namespace made
-//! ahead of time ([`netns`]), then drops to a fresh uid in `[2^30, 2^30+2^24)`, then unshares
-//! user+pid+mount+ipc+uts(+net when no ready one) and maps inside uid/gid 1000 to that uid (a non-root
-//! host maps its own uid). The code is not uid 0 inside, so H's exec leaves it no capability in its user
-//! namespace (the creator holds them all until then, and G and S need them for `/proc` and the mounts),
-//! and S sets the namespace's own `max_user_namespaces` to 0 (a per-namespace limit; the host's is
-//! untouched), so the code cannot make a user namespace of its own to regain them: it can create no
-//! namespace at all, which keeps netfilter and the other namespace-gated kernel surface out of reach.
-//! `RLIMIT_NPROC` is set after entering the user namespace, so it counts the run's own processes. H sets
-//! `PR_SET_NO_NEW_PRIVS`, the rlimits (AS, CPU = timeout+1 s, FSIZE, NOFILE) and restricts itself with
-//! Landlock (reads: system dirs, the interpreter prefix, the code dir, `read_paths`; writes: run dir,
-//! private `/tmp` and `/dev/shm`, a few devices; signals and abstract sockets scoped to the run at ABI ≥
-//! 6), then installs the seccomp deny-list ([`seccomp`]).
+//! The filesystem view (`mounts.rs`) is a fresh tmpfs root holding only allowlisted directories
+//! (read-only binds), a minimal `/dev`, the run's own `/proc` and its *scratch*, one tmpfs of
+//! `disk_bytes` at `/runpython` for everything the code writes; the host's tree is detached by
+//! `pivot_root`. The run's first process to enter the view sends the host a descriptor of the scratch
+//! over a socket pair, before any code runs: the host reads the run's files beneath it only.
+//!
+//! A root host (with `drop_privileges`) takes two steps: S, still root, unshares mount and PID (and
+//! network) namespaces owned by the host's user namespace and builds the view there (it can bind what
+//! the run's uid could not traverse, such as `/root/.pyenv`); G, PID 1 of the new namespace, mounts
+//! the run's `/proc` (the kernel allows a new proc only where one is fully visible, so before the
+//! pivot), pivots into the view, then drops to a fresh uid in `[2^30, 2^30+2^24)` and unshares the user,
+//! IPC and UTS namespaces, mapping inside uid/gid 1000 to that uid. A non-root host enters its user
+//! namespace first (joining a network namespace made ahead of time through the user namespace that
+//! owns it, see [`netns`]), maps inside 1000 to its own uid, builds the view inside, and G mounts
+//! `/proc` and pivots. Either way the code is not uid 0 inside, so H's exec leaves it no capability in
+//! its user namespace, and the namespace's own `max_user_namespaces` is 0 (a per-namespace limit; the
+//! host's is untouched), so the code cannot make a namespace of its own to regain them, which keeps
+//! netfilter and the other namespace-gated kernel surface out of reach. `RLIMIT_NPROC` is set after
+//! entering the user namespace, so it counts the run's own processes. S writes itself into the run's
+//! cgroup first of all. G zeroes its copy of the host's argv and environment before anything of the
+//! run can read `/proc/1/cmdline`. H sets `PR_SET_NO_NEW_PRIVS`, the rlimits (AS, CPU = timeout+1 s,
+//! FSIZE, NOFILE), restricts itself with Landlock (reads: the allowlist; writes: the scratch and a few
+//! devices; signals and abstract sockets scoped to the run at ABI ≥ 6), installs the seccomp deny-list
+//! ([`seccomp`]) and marks every descriptor above the bridge's close-on-exec.
 //!
 //! # Invariants
 //!
@@ -46,7 +55,10 @@
 //!   PDEATHSIG, S with the host or the group kill); without one, the group is killed and, with a run
 //!   uid, every process of that uid is swept ([`kill_all_of_uid`]).
 //! - PDEATHSIG is set again after every fork and credential change (both clear it).
-//! - S and G close every descriptor, so pipes reach end of file when H's last holder exits.
+//! - S and G close every descriptor, so pipes reach end of file when H's last holder exits; H keeps
+//!   only stdin, stdout, stderr, the result pipe (3) and the bridge (4).
+//! - The host never follows a path the code controls (it holds the scratch's descriptor); the code
+//!   sees an allowlisted view, runpython's code and environments read-only in it.
 //! - The code never runs as host root when `drop_privileges` is on (root is exempt from `RLIMIT_NPROC`).
 //! - Every layer that is off or refused is reported in `isolation`; nothing degrades silently.
 
@@ -72,7 +84,7 @@ pub(crate) use cgroup::RunCgroup;
 pub(crate) use init::enter;
 pub(crate) use mounts::{SCRATCH, SCRATCH_DIRS};
 pub(crate) use netns::refill as refill_netns;
-pub(crate) use sys::{recv_fd, seqpacket_pair, StepError};
+pub(crate) use sys::{dup_high, recv_fd, seqpacket_pair, StepError};
 pub(crate) use userns::{is_run_uid, kill_all_of_uid};
 
 use crate::envelope::Isolation;
@@ -224,7 +236,12 @@ fn canonical(p: &Path) -> PathBuf {
 
 /// The directories the code reads: the interpreter's prefix (of the path given, and of the binary it
 /// resolves to), runpython's code dir, `read_paths`, and `extra_reads` (the run's environment).
-fn read_dirs(config: &Sandbox, python: &Path, code_dir: &Path, extra_reads: &[&Path]) -> Vec<PathBuf> {
+fn read_dirs(
+    config: &Sandbox,
+    python: &Path,
+    code_dir: &Path,
+    extra_reads: &[&Path],
+) -> Vec<PathBuf> {
     let prefix = |exe: &Path| {
         exe.parent()
             .and_then(Path::parent)
@@ -253,7 +270,11 @@ fn host_args() -> (usize, usize) {
         // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
         let fields: Vec<usize> = stat
             .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().filter_map(|f| f.parse().ok()).collect())
+            .map(|(_, rest)| {
+                rest.split_whitespace()
+                    .map(|f| f.parse().unwrap_or(0))
+                    .collect()
+            })
             .unwrap_or_default();
         // After ')' the fields start at 3: arg_start is field 48, env_end field 51.
         match (fields.get(45), fields.get(48)) {
@@ -276,7 +297,9 @@ pub(crate) fn prepare(
     let kernel = probe::kernel();
     let read_dirs = read_dirs(config, python, code_dir, extra_reads);
     let mut decision = decide(config, kernel, host(), || {
-        read_dirs.iter().find_map(|d| mounts::first_untraversable(d))
+        read_dirs
+            .iter()
+            .find_map(|d| mounts::first_untraversable(d))
     });
     let run_dir = canonical(run_dir);
     let drop_to = decision.drop_privileges.then(|| {
@@ -311,6 +334,8 @@ pub(crate) fn prepare(
                     for dir in [mounts::SCRATCH, "/tmp", "/dev/shm"] {
                         landlock_inner.push((cstring(Path::new(dir))?, all));
                     }
+                    // The view holds only what is allowlisted: its directories may be listed.
+                    landlock_inner.push((c"/".to_owned(), landlock::access_list(abi)));
                 }
                 if decision.pid_ns {
                     landlock_inner.push((c"/proc".to_owned(), read));
@@ -359,7 +384,12 @@ pub(crate) fn prepare(
 
     if let (Some((uid, gid)), None) = (drop_to, &view) {
         // Without a view the code works in the host's run directory: it must be the run uid's.
-        for path in [run_dir.clone(), run_dir.join("work"), run_dir.join("saved"), run_dir.join("home")] {
+        for path in [
+            run_dir.clone(),
+            run_dir.join("work"),
+            run_dir.join("saved"),
+            run_dir.join("home"),
+        ] {
             match std::os::unix::fs::lchown(&path, Some(uid), Some(gid)) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && path != run_dir => {}
                 r => r.map_err(|source| {
@@ -438,9 +468,16 @@ fn cpu_seconds(timeout: Duration) -> u64 {
 /// `RunPython::isolation_report`). The uid is the host's, or the first of the run range when runs get a
 /// fresh one.
 pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, Error> {
-    let read_dirs = read_dirs(config, Path::new("/usr/bin/python3"), Path::new("/usr"), &[]);
+    let read_dirs = read_dirs(
+        config,
+        Path::new("/usr/bin/python3"),
+        Path::new("/usr"),
+        &[],
+    );
     let decision = decide(config, probe::kernel(), host(), || {
-        read_dirs.iter().find_map(|d| mounts::first_untraversable(d))
+        read_dirs
+            .iter()
+            .find_map(|d| mounts::first_untraversable(d))
     });
     if config.require && !decision.missing.is_empty() {
         return Err(Error::IsolationUnavailable(decision.missing.join("; ")));

@@ -393,8 +393,12 @@ fn make_read_only(target: &CString, fd_of_target: RawFd) -> Result<(), StepError
     // SAFETY: fstatvfs into a live struct (glibc takes the flags from the kernel's statfs).
     cvt(unsafe { libc::fstatvfs(fd_of_target, &mut st) }).at(Step::ReadOnlyBind)?;
     let keep = (st.f_flag as libc::c_ulong)
-        & (libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOATIME
-            | libc::MS_NODIRATIME | libc::MS_RELATIME);
+        & (libc::MS_NOSUID
+            | libc::MS_NODEV
+            | libc::MS_NOEXEC
+            | libc::MS_NOATIME
+            | libc::MS_NODIRATIME
+            | libc::MS_RELATIME);
     // SAFETY: a remount with a NUL-terminated target.
     cvt(unsafe {
         libc::mount(
@@ -448,7 +452,11 @@ fn build_with(view: &View, fds: &mut [RawFd; MAX_SOURCES]) -> Result<(), StepErr
             if i >= MAX_SOURCES {
                 return Err(StepError::new(Step::OpenBindSource, libc::E2BIG));
             }
-            if view.ops.iter().any(|op| matches!(op, Op::Bind { source, .. } if *source == i + INSIDE_SOURCE)) {
+            if view
+                .ops
+                .iter()
+                .any(|op| matches!(op, Op::Bind { source, .. } if *source == i + INSIDE_SOURCE))
+            {
                 continue; // inside the new root: named by its path when bound
             }
             fds[i] = cvt(libc::open(source.as_ptr(), libc::O_PATH | libc::O_CLOEXEC))
@@ -542,7 +550,10 @@ fn build_with(view: &View, fds: &mut [RawFd; MAX_SOURCES]) -> Result<(), StepErr
                         std::ptr::null(),
                         target.as_ptr(),
                         std::ptr::null(),
-                        libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID
+                        libc::MS_REMOUNT
+                            | libc::MS_BIND
+                            | libc::MS_RDONLY
+                            | libc::MS_NOSUID
                             | libc::MS_NODEV,
                         std::ptr::null(),
                     ))
@@ -579,13 +590,13 @@ pub(crate) fn pivot(view: &View) -> Result<RawFd, StepError> {
     }
 }
 
-/// Mounts a fresh `/proc` (from PID 1 of a new PID namespace). Async-signal-safe.
-pub(crate) fn mount_proc() -> Result<(), StepError> {
-    // SAFETY: mount with constant strings.
+/// Mounts a fresh proc at `target` (from PID 1 of a new PID namespace). Async-signal-safe.
+pub(crate) fn mount_proc(target: &std::ffi::CStr) -> Result<(), StepError> {
+    // SAFETY: mount with NUL-terminated strings.
     cvt(unsafe {
         libc::mount(
             c"proc".as_ptr(),
-            c"/proc".as_ptr(),
+            target.as_ptr(),
             c"proc".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             std::ptr::null(),
@@ -650,7 +661,9 @@ mod tests {
         view.ops
             .iter()
             .filter_map(|op| match op {
-                Op::Bind { target, readonly, .. } => Some(format!(
+                Op::Bind {
+                    target, readonly, ..
+                } => Some(format!(
                     "{}{}",
                     target.to_str().unwrap(),
                     if *readonly { " ro" } else { "" }
@@ -680,12 +693,17 @@ mod tests {
         assert!(binds.contains(&format!("{r}/tmp")), "{binds:?}");
         assert!(binds.contains(&format!("{r}/dev/shm")), "{binds:?}");
         assert!(binds.contains(&format!("{r}/dev/null")), "{binds:?}");
-        assert!(binds.contains(&format!("{r}{} ro", code.display())), "{binds:?}");
+        assert!(
+            binds.contains(&format!("{r}{} ro", code.display())),
+            "{binds:?}"
+        );
         // /usr/lib is under /usr, bound already; nothing of /run, /var, /home or /root.
         assert!(!binds.iter().any(|b| b.contains("/usr/lib")), "{binds:?}");
         for absent in ["/run", "/var", "/home", "/root", "/proc"] {
             assert!(
-                !binds.iter().any(|b| b == &format!("{r}{absent}") || b.starts_with(&format!("{r}{absent}/"))),
+                !binds.iter().any(
+                    |b| b == &format!("{r}{absent}") || b.starts_with(&format!("{r}{absent}/"))
+                ),
                 "{absent} is in the view: {binds:?}"
             );
         }

@@ -158,7 +158,7 @@ fn try_namespaces(
         }
         // The first child of the new PID namespace is its PID 1, which may mount its `/proc`.
         if proc {
-            in_forked_child(Step::Fork, mounts::mount_proc)?;
+            in_forked_child(Step::Fork, || mounts::mount_proc(c"/proc"))?;
         }
         Ok(())
     })

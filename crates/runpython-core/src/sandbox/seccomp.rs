@@ -43,8 +43,12 @@ pub(crate) struct Extra {
 /// The deny-list (with `extra`) compiled to BPF for this architecture, once per process and variant;
 /// `None` where seccompiler has no backend.
 pub(crate) fn filter(extra: Extra) -> Option<&'static seccompiler::BpfProgram> {
-    static FILTERS: [OnceLock<Option<seccompiler::BpfProgram>>; 4] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static FILTERS: [OnceLock<Option<seccompiler::BpfProgram>>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
     let slot = usize::from(extra.shared_memory) * 2 + usize::from(extra.vsock);
     FILTERS[slot].get_or_init(|| compile(extra)).as_ref()
 }
