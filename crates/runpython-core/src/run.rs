@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use runpython_bridge::{Bridge, BridgeConfig, ReplayPlan, Stop, Tool, ToolSet};
+use runpython_bridge::{
+    Bridge, BridgeConfig, ReplayPlan, Stop, Tool, ToolArgs, ToolError, ToolSet,
+};
 use runpython_deps::Interpreter;
 use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -74,6 +76,12 @@ pub enum Event {
     Stderr(String),
     /// A step of preparing the run's dependencies (before the code starts).
     Dependencies(DepsProgress),
+    /// The code called the host tool `name` (sent as the call starts; calls answered from a resumed
+    /// run's journal are not announced).
+    ToolCall {
+        /// The tool's name.
+        name: String,
+    },
 }
 
 /// One piece of code to run, with the globals it sees.
@@ -90,6 +98,8 @@ pub struct RunRequest {
     pub dependencies: Vec<String>,
     /// Whether a memoizing [`RunPython`] may serve this run from, and record it in, its memo cache.
     pub use_memo: bool,
+    /// A wall-clock limit for this run; the engine's timeout caps it (`None`: the engine's).
+    pub timeout: Option<Duration>,
 }
 
 impl RunRequest {
@@ -101,7 +111,14 @@ impl RunRequest {
             input_artifacts: Vec::new(),
             dependencies: Vec::new(),
             use_memo: true,
+            timeout: None,
         }
+    }
+
+    /// Stops this run after `timeout` (never later than the engine's own timeout).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// Binds `name` to the stored artifact `id` (pass by reference: the data never goes through the
@@ -679,6 +696,28 @@ impl RunPython {
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
+        if let Some(timeout) = request.timeout {
+            if timeout.is_zero() {
+                return Err(Error::InvalidInput(
+                    "the run's timeout must be longer than zero".into(),
+                ));
+            }
+            if timeout < self.inner.limits.timeout {
+                // A copy of the engine with the shorter limit, so everything that reads the timeout
+                // (the kill, nested runs' budgets, memo keys) sees the same one. Pooled interpreters
+                // stay shared: their CPU rlimit is the engine's, longer than this run's.
+                let mut inner = (*self.inner).clone();
+                inner.limits.timeout = timeout;
+                let engine = RunPython {
+                    inner: Arc::new(inner),
+                };
+                let request = RunRequest {
+                    timeout: None,
+                    ..request
+                };
+                return Box::pin(engine.execute(request, events, cancel)).await;
+            }
+        }
         let started = Instant::now();
         let limits = &self.inner.limits;
         for name in request
@@ -810,6 +849,9 @@ impl RunPython {
                 store: keep.store.clone(),
                 saved: Arc::clone(&saved_artifacts),
             })?;
+        }
+        if let Some(events) = &events {
+            tools = announced(&tools, events)?;
         }
         let input_artifacts = self.fetch_input_artifacts(request).await?;
         let durable = self.durable_sink(&run_id, request, &replay).await?;
@@ -1416,5 +1458,58 @@ mod tests {
             assert!(kept.exists(), "{} was removed", kept.display());
         }
         assert!(live_host.join("f").exists(), "a symlink was followed");
+    }
+}
+
+/// `tools` with each visible tool announcing its calls as [`Event::ToolCall`] (hidden plumbing stays
+/// quiet). The announcement never waits: a full event channel drops it rather than slow the call.
+fn announced(tools: &ToolSet, events: &mpsc::Sender<Event>) -> Result<ToolSet, Error> {
+    let mut out = ToolSet::new();
+    for tool in tools.iter() {
+        if tool.is_hidden() {
+            out.insert_arc(Arc::clone(tool))?;
+        } else {
+            out.insert(Announced {
+                tool: Arc::clone(tool),
+                events: events.clone(),
+            })?;
+        }
+    }
+    Ok(out)
+}
+
+struct Announced {
+    tool: Arc<dyn Tool>,
+    events: mpsc::Sender<Event>,
+}
+
+impl Tool for Announced {
+    fn name(&self) -> &str {
+        self.tool.name()
+    }
+    fn description(&self) -> &str {
+        self.tool.description()
+    }
+    fn input_schema(&self) -> Option<&Value> {
+        self.tool.input_schema()
+    }
+    fn is_pure(&self) -> bool {
+        self.tool.is_pure()
+    }
+    fn is_hidden(&self) -> bool {
+        self.tool.is_hidden()
+    }
+    fn call(&self, args: ToolArgs) -> runpython_bridge::BoxFuture<Result<Value, ToolError>> {
+        let _ = self.events.try_send(Event::ToolCall {
+            name: self.tool.name().to_owned(),
+        });
+        self.tool.call(args)
+    }
+    fn resume(
+        &self,
+        request: Value,
+        decision: Value,
+    ) -> Option<runpython_bridge::BoxFuture<Result<Value, ToolError>>> {
+        self.tool.resume(request, decision)
     }
 }
