@@ -187,7 +187,7 @@ impl RunPython {
                 name: RESUME_TOOL.into(),
                 title: "Resume a suspended run".into(),
                 description: "Resume a run whose envelope has status `suspended`, giving a decision for each \
-                              pending request named in its `suspension` (by its `id`, e.g. `s1`). Returns the \
+                              pending request named in its `suspension` (by its `id`, e.g. `s0`). Returns the \
                               resumed run's envelope, which may be suspended again."
                     .into(),
                 input_schema: json!({
@@ -196,7 +196,7 @@ impl RunPython {
                         "run_id": {"type": "string", "description": "The suspended run's `run_id`."},
                         "decisions": {
                             "type": "object",
-                            "description": "Decision per pending suspension id (the envelope's `suspension.id`), e.g. {\"s1\": true} or {\"s1\": {\"approved\": false, \"reason\": \"too costly\"}}.",
+                            "description": "Decision per pending suspension id (the envelope's `suspension.id`: `s` and the tool call's ordinal, `s0` for the code's first call), e.g. {\"s0\": true} or {\"s2\": {\"approved\": false, \"reason\": \"too costly\"}}.",
                             "additionalProperties": true,
                         },
                     },
