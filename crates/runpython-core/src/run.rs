@@ -1416,51 +1416,6 @@ fn new_run_id() -> String {
     format!("{ms:012x}{:016x}", u64::from_be_bytes(random))
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn only_old_run_dirs_of_gone_hosts_are_swept() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let alive = std::process::id();
-        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
-        let make = |name: &str, old: bool| {
-            let path = tmp.path().join(name);
-            std::fs::create_dir(&path).unwrap();
-            std::fs::write(path.join("f"), b"x").unwrap();
-            if old {
-                std::fs::File::open(&path)
-                    .unwrap()
-                    .set_modified(two_hours_ago)
-                    .unwrap();
-            }
-            path
-        };
-        let stale = make(&format!("runpython-{dead}-abc"), true);
-        let stale_trash = make(&format!("runpython-{dead}-abc.done"), true);
-        let young = make(&format!("runpython-{dead}-young"), false);
-        let live_host = make(&format!("runpython-{alive}-live"), true);
-        let other_name = make("runpython-legacy", true);
-        let not_ours = make(&format!("python-{dead}-abc"), true);
-        let file = tmp.path().join(format!("runpython-{dead}-file"));
-        std::fs::write(&file, b"x").unwrap();
-        let link = tmp.path().join(format!("runpython-{dead}-link"));
-        std::os::unix::fs::symlink(&live_host, &link).unwrap();
-
-        assert_eq!(sweep_run_dirs_in(tmp.path(), Duration::from_secs(3600)), 2);
-        assert!(!stale.exists() && !stale_trash.exists());
-        for kept in [&young, &live_host, &other_name, &not_ours, &file, &link] {
-            assert!(kept.exists(), "{} was removed", kept.display());
-        }
-        assert!(live_host.join("f").exists(), "a symlink was followed");
-    }
-}
-
 /// `tools` with each visible tool announcing its calls as [`Event::ToolCall`] (hidden plumbing stays
 /// quiet). The announcement never waits: a full event channel drops it rather than slow the call.
 fn announced(tools: &ToolSet, events: &mpsc::Sender<Event>) -> Result<ToolSet, Error> {
@@ -1511,5 +1466,50 @@ impl Tool for Announced {
         decision: Value,
     ) -> Option<runpython_bridge::BoxFuture<Result<Value, ToolError>>> {
         self.tool.resume(request, decision)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn only_old_run_dirs_of_gone_hosts_are_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let alive = std::process::id();
+        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+        let make = |name: &str, old: bool| {
+            let path = tmp.path().join(name);
+            std::fs::create_dir(&path).unwrap();
+            std::fs::write(path.join("f"), b"x").unwrap();
+            if old {
+                std::fs::File::open(&path)
+                    .unwrap()
+                    .set_modified(two_hours_ago)
+                    .unwrap();
+            }
+            path
+        };
+        let stale = make(&format!("runpython-{dead}-abc"), true);
+        let stale_trash = make(&format!("runpython-{dead}-abc.done"), true);
+        let young = make(&format!("runpython-{dead}-young"), false);
+        let live_host = make(&format!("runpython-{alive}-live"), true);
+        let other_name = make("runpython-legacy", true);
+        let not_ours = make(&format!("python-{dead}-abc"), true);
+        let file = tmp.path().join(format!("runpython-{dead}-file"));
+        std::fs::write(&file, b"x").unwrap();
+        let link = tmp.path().join(format!("runpython-{dead}-link"));
+        std::os::unix::fs::symlink(&live_host, &link).unwrap();
+
+        assert_eq!(sweep_run_dirs_in(tmp.path(), Duration::from_secs(3600)), 2);
+        assert!(!stale.exists() && !stale_trash.exists());
+        for kept in [&young, &live_host, &other_name, &not_ours, &file, &link] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+        assert!(live_host.join("f").exists(), "a symlink was followed");
     }
 }
