@@ -42,6 +42,9 @@ pub const TOKENS_ENV: &str = "RUNPYTHON_TOKENS";
 /// Shortest token accepted: a guessable token is no authentication.
 const MIN_TOKEN_CHARS: usize = 16;
 
+/// After the drain, how long the last replies get to reach their clients before sessions close.
+const REPLY_GRACE: Duration = Duration::from_millis(500);
+
 /// MCP sessions remembered per server (their token binding); the oldest are forgotten first.
 const MAX_SESSIONS: usize = 10_000;
 
@@ -346,6 +349,8 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
                     "runs still in flight after {bound:?}; stopping them"
                 );
             }
+            // The last runs' replies are written after their runs leave the gate: let them out.
+            tokio::time::sleep(REPLY_GRACE).await;
             sessions_ct.cancel();
             drained.cancel();
         }
