@@ -69,7 +69,7 @@ impl std::fmt::Display for ClientScope {
 /// The key a `session_id` is looked up by (issue 17): an id a caller chose is only ever meaningful
 /// within its client's scope, so two tokens choosing `"s"` get two sessions, and no token can reach
 /// another's. When the core gains sessions, `run_python` reads `session_id`, builds this key from the
-/// call's [`ClientScope`] (see `Server::call_tool`) and hands it to the core's session lookup.
+/// call's [`ClientScope`] (see `Server::answer`) and hands it to the core's session lookup.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[allow(dead_code)] // built by run_python once the core has sessions (issue 17)
 pub struct SessionKey {
