@@ -79,7 +79,8 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// An agent whose tools are the engine's `run_python`, `get_run_artifact` and `resume`.
+    /// An agent whose tools are the engine's `run_python` and `get_run_artifact` (and `resume` when
+    /// its runs can suspend).
     pub fn new(model: Arc<dyn Model>, python: RunPython) -> Self {
         Self {
             model,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use runpython_core::{tool_fn, Error, RunPython, Store, ToolFormat};
+use runpython_core::{tool_fn, Error, Event, RunPython, RunRequest, Store, ToolFormat};
 use serde_json::{json, Value};
 
 fn engine() -> RunPython {
@@ -18,6 +18,7 @@ fn engine() -> RunPython {
         ))
         .allow_nested(1)
         .store(Store::open("memory://").unwrap())
+        .approval("ask_a_person")
         .build()
         .unwrap()
 }
@@ -103,14 +104,109 @@ fn mcp_definitions_have_an_input_schema_in_camel_case() {
     let spec = engine().tool_spec(ToolFormat::Mcp);
     let defs: Vec<_> = spec.as_array().unwrap().iter().collect();
     for d in &defs {
-        assert_eq!(keys(d), ["description", "inputSchema", "name"]);
+        assert_eq!(
+            keys(d),
+            [
+                "annotations",
+                "description",
+                "inputSchema",
+                "name",
+                "outputSchema",
+                "title"
+            ]
+        );
+        assert_eq!(d["outputSchema"]["type"], "object");
     }
+    assert_eq!(defs[0]["outputSchema"]["required"][0], "status");
+    assert_eq!(defs[0]["annotations"]["readOnlyHint"], false);
+    assert_eq!(
+        defs[0]["annotations"]["openWorldHint"], true,
+        "it has tools"
+    );
+    assert_eq!(defs[1]["annotations"]["readOnlyHint"], true);
+    assert_eq!(defs[1]["annotations"]["idempotentHint"], true);
+    assert_eq!(
+        defs[0]["inputSchema"]["properties"]["timeout"]["type"],
+        "number"
+    );
     check_definitions(
         &defs
             .iter()
             .map(|d| (&d["name"], &d["description"], &d["inputSchema"]))
             .collect::<Vec<_>>(),
     );
+}
+
+#[test]
+fn resume_is_offered_only_by_engines_whose_runs_can_suspend() {
+    let plain = RunPython::builder()
+        .store(Store::open("memory://").unwrap())
+        .build()
+        .unwrap();
+    let names: Vec<String> = plain
+        .tool_definitions()
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(names, ["run_python", "get_run_artifact"]);
+    let resume = engine().tool_definitions().pop().unwrap();
+    assert_eq!(resume.name, "resume");
+    let example = resume.input_schema["properties"]["decisions"]["description"].to_string();
+    assert!(example.contains("s0"), "{example}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_arguments_are_refused_and_a_call_timeout_stops_the_run_early() {
+    let python = engine();
+    for bad in [
+        json!({"code": "1", "session": "x"}),
+        json!({"code": "1", "timeout": 0}),
+        json!({"code": "1", "timeout": "soon"}),
+    ] {
+        let err = python
+            .handle_tool_call("run_python", &bad)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "invalid_input", "{bad}: {err}");
+    }
+    let err = python
+        .handle_tool_call("get_run_artifact", &json!({"id": "x", "page": 2}))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("`page`"), "{err}");
+
+    let started = std::time::Instant::now();
+    let envelope = python
+        .handle_tool_call(
+            "run_python",
+            &json!({"code": "import time\ntime.sleep(20)", "timeout": 0.5}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(envelope["status"], "timeout", "{envelope}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The request keeps what was asked; the engine caps it at its own timeout when it runs.
+    let request = python
+        .run_python_request(&json!({"code": "1", "timeout": 1000}))
+        .unwrap();
+    assert_eq!(request.timeout, Some(Duration::from_secs(1000)));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_calls_are_announced_on_the_event_stream() {
+    let python = engine();
+    let mut handle = python.start(RunRequest::new(
+        "search(query='x')\nsearch(query='y')\n'ok'",
+    ));
+    let mut calls = Vec::new();
+    while let Some(event) = handle.next_event().await {
+        if let Event::ToolCall { name } = event {
+            calls.push(name);
+        }
+    }
+    let envelope = handle.wait().await.unwrap();
+    assert_eq!(envelope.return_value, json!("ok"));
+    assert_eq!(calls, ["search", "search"]);
 }
 
 #[test]

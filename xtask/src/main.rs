@@ -250,7 +250,7 @@ fn python3() -> Result<PathBuf> {
 fn bootstrap_tools() -> Result<PathBuf> {
     let venv = root().join("target/tools/venv");
     let bin = venv.join("bin");
-    let marker = venv.join(".runpython-tools-v1");
+    let marker = venv.join(".runpython-tools-v2");
     if marker.exists() && bin.join("uv").exists() && bin.join("moto_server").exists() {
         return Ok(bin);
     }
@@ -263,7 +263,7 @@ fn bootstrap_tools() -> Result<PathBuf> {
         Command::new(python3()?).args(["-m", "venv"]).arg(&venv),
     )?;
     step(
-        "install uv and moto",
+        "install uv, moto and the MCP SDK",
         Command::new(bin.join("python")).args([
             "-m",
             "pip",
@@ -272,6 +272,8 @@ fn bootstrap_tools() -> Result<PathBuf> {
             "--disable-pip-version-check",
             "uv",
             "moto[server]",
+            // The official MCP client the CLI's end-to-end suite drives the servers with.
+            "mcp==2.3.0",
         ]),
     )?;
     for tool in ["uv", "moto_server"] {
@@ -279,14 +281,14 @@ fn bootstrap_tools() -> Result<PathBuf> {
             bail!("the bootstrap did not produce {}", bin.join(tool).display());
         }
     }
-    std::fs::write(&marker, "uv moto[server]\n")?;
+    std::fs::write(&marker, "uv moto[server] mcp==2.3.0\n")?;
     Ok(bin)
 }
 
 fn bench(args: &[String]) -> Result<()> {
     let json = args.iter().any(|a| a == "--json");
     step(
-        "build bench harness (release)",
+        "build bench harness and cli (release)",
         cargo().args([
             "build",
             "--release",
@@ -295,6 +297,11 @@ fn bench(args: &[String]) -> Result<()> {
             "runpython-tests",
             "--bin",
             "runpython-bench",
+            // The MCP figures drive the real binary.
+            "-p",
+            "runpython-cli",
+            "--bin",
+            "runpython",
         ]),
     )?;
     let out = Command::new(root().join("target/release/runpython-bench"))

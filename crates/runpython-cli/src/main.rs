@@ -27,7 +27,9 @@ macro_rules! say_err_raw {
     }};
 }
 
+mod lines;
 mod mcp;
+mod serve;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -46,6 +48,10 @@ use serde_json::Value;
 #[derive(Debug, Parser)]
 #[command(name = "runpython", version, about)]
 struct Cli {
+    /// More log lines on stderr: -v for each call and the server's steps, -vv for debugging
+    /// (RUST_LOG, when set, decides instead).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,6 +66,8 @@ enum Command {
     ToolSpec(ToolSpecArgs),
     /// Serve run_python, get_run_artifact and resume over MCP on stdio.
     Mcp(McpArgs),
+    /// Serve the same MCP server over Streamable HTTP at /mcp, with bearer tokens.
+    Serve(ServeArgs),
     /// List or fetch what kept runs produced.
     Artifacts {
         #[command(subcommand)]
@@ -260,6 +268,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    init_logging(cli.verbose, matches!(cli.command, Command::Serve(_)));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -276,6 +285,7 @@ fn main() -> ExitCode {
             Command::Resume(args) => resume(args).await,
             Command::ToolSpec(args) => tool_spec(args).await,
             Command::Mcp(args) => serve_mcp(args).await,
+            Command::Serve(args) => serve_http(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
         }
@@ -442,6 +452,46 @@ struct McpArgs {
     engine: EngineArgs,
 }
 
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address to listen on (loopback unless you say otherwise).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8750")]
+    bind: std::net::SocketAddr,
+    /// Bearer tokens, one NAME:TOKEN per line (also RUNPYTHON_TOKENS, comma-separated).
+    #[arg(long, value_name = "FILE")]
+    tokens_file: Option<PathBuf>,
+    /// Runs one token may have in flight at once (0: no limit).
+    #[arg(long, value_name = "N", default_value = "4")]
+    max_runs_per_token: usize,
+    /// On SIGTERM/SIGINT, how long runs in flight may take to finish before they are stopped.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "30")]
+    drain_timeout: Duration,
+    /// A Host header value to accept besides loopback names (repeatable; default with a
+    /// non-loopback --bind: any).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Logs go to stderr through `tracing`: `RUST_LOG` when set, else warnings (`serve`: one line per
+/// call too), `-v` info, `-vv` debug.
+fn init_logging(verbose: u8, serving: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = match (verbose, serving) {
+        // rmcp logs every error reply as a warning: a client's mistake, not the server's.
+        (0, false) => "warn,rmcp=error",
+        (0, true) | (1, _) => "warn,rmcp=error,runpython=info",
+        _ => "info,runpython=debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn parse_format(s: &str) -> Result<ToolFormat, String> {
     s.parse().map_err(|e: runpython_core::Error| e.to_string())
 }
@@ -463,7 +513,28 @@ async fn serve_mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
         .await?
         .pool(PoolConfig::default())
         .build()?;
-    mcp::serve(engine).await?;
+    mcp::serve_stdio(engine).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let engine = args
+        .engine
+        .builder()
+        .await?
+        .pool(PoolConfig::default())
+        .build()?;
+    serve::serve(
+        engine,
+        serve::ServeConfig {
+            bind: args.bind,
+            tokens_file: args.tokens_file,
+            max_runs_per_token: args.max_runs_per_token,
+            drain_timeout: args.drain_timeout,
+            allowed_hosts: args.allowed_hosts,
+        },
+    )
+    .await?;
     Ok(ExitCode::SUCCESS)
 }
 

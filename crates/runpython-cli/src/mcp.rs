@@ -1,34 +1,254 @@
-//! `runpython mcp`: `run_python`, `get_run_artifact` and `resume` served over MCP on stdio.
+//! The MCP server: `run_python`, `get_run_artifact` and (on durable engines) `resume`, with the runs'
+//! artifacts as resources. One handler serves stdio (`runpython mcp`, [`serve_stdio`]) and Streamable
+//! HTTP (`runpython serve`, `crate::serve`).
 //!
 //! A run's envelope is the tool's result whatever its status (the code raising or timing out is an
-//! outcome the model should read), so `isError` is false with the envelope as text content; `isError`
-//! is true only when the call could not be served: bad arguments, an unknown or finished run to resume, or
-//! runpython's own failures (spawn, store, protocol).
+//! outcome the model should read): `structuredContent` is the envelope (the tools declare it as their
+//! `outputSchema`), the same JSON is the text content for older clients, and each artifact is a
+//! `resource_link` to `runpython://artifact/<id>`. Arguments that break the declared input schema
+//! (an unknown tool, a missing or unknown argument, a wrong type) are a JSON-RPC `-32602` error;
+//! a call that could not be served (an unknown run to resume, runpython's own failures) is a result
+//! with `isError` and `structuredContent: {"error": {"code", "message"}}`, `code` from
+//! `runpython_core::Error::code`. Cancelling a call (`notifications/cancelled`, or an HTTP client
+//! going away) drops the run's future, which kills its processes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use base64::Engine as _;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, ErrorData, Implementation,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ServerHandler, ServiceExt};
-use runpython_core::{RunPython, ToolFormat};
-use serde_json::Value;
+use runpython_core::{
+    DepsProgress, Error, Event, RunPython, ToolFormat, RESUME_TOOL, RUN_PYTHON_TOOL,
+};
+use serde_json::{json, Map, Value};
+use tokio::sync::Notify;
 
-struct Server {
+use crate::lines::{LineTransport, MAX_LINE_BYTES};
+
+/// The URI scheme of artifacts served as resources: `runpython://artifact/<id>`.
+pub const ARTIFACT_URI_PREFIX: &str = "runpython://artifact/";
+
+/// Resources listed per `resources/list` page (newest runs first).
+const RESOURCES_PAGE: usize = 100;
+
+/// The largest artifact `resources/read` returns whole; larger ones are read in slices with
+/// `get_run_artifact`.
+const MAX_RESOURCE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Output progress is sent at most this often (dependency steps and tool calls always are).
+const OUTPUT_PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Who is calling: the scope that per-client limits and session ids live in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClientScope {
+    /// The one client of a stdio server (the server process is the scope).
+    Stdio,
+    /// An HTTP client, by the name of the bearer token it presented.
+    Token(String),
+}
+
+impl std::fmt::Display for ClientScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Stdio => f.write_str("stdio"),
+            Self::Token(name) => f.write_str(name),
+        }
+    }
+}
+
+/// The key a `session_id` is looked up by (issue 17): an id a caller chose is only ever meaningful
+/// within its client's scope, so two tokens choosing `"s"` get two sessions, and no token can reach
+/// another's. When the core gains sessions, `run_python` reads `session_id`, builds this key from the
+/// call's [`ClientScope`] (see `Server::answer`) and hands it to the core's session lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[allow(dead_code)] // built by run_python once the core has sessions (issue 17)
+pub struct SessionKey {
+    /// Whose session it is.
+    pub scope: ClientScope,
+    /// The id the client chose.
+    pub session_id: String,
+}
+
+/// Admission of runs: at most `per_scope` at once per client (0: no limit), and none once draining.
+#[derive(Debug, Default)]
+pub struct RunGate {
+    per_scope: usize,
+    in_flight: Mutex<HashMap<ClientScope, usize>>,
+    total: AtomicUsize,
+    draining: AtomicBool,
+    idle: Notify,
+}
+
+/// A run admitted by [`RunGate::enter`]; leaving it frees the place.
+#[derive(Debug)]
+pub struct Admitted {
+    gate: Arc<RunGate>,
+    scope: ClientScope,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut map = self
+            .gate
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.scope) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.scope);
+            }
+        }
+        if self.gate.total.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.gate.idle.notify_waiters();
+        }
+    }
+}
+
+impl RunGate {
+    /// A gate allowing `per_scope` concurrent runs per client (0: unlimited).
+    pub fn new(per_scope: usize) -> Arc<Self> {
+        Arc::new(Self {
+            per_scope,
+            ..Self::default()
+        })
+    }
+
+    /// Admits one run of `scope`, or says why not.
+    pub fn enter(
+        self: &Arc<Self>,
+        scope: &ClientScope,
+    ) -> Result<Admitted, (String, &'static str)> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err((
+                "the server is shutting down and takes no new runs; retry on another host or later"
+                    .into(),
+                "shutting_down",
+            ));
+        }
+        let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(scope.clone()).or_insert(0);
+        if self.per_scope > 0 && *n >= self.per_scope {
+            return Err((
+                format!(
+                    "client {scope} already has {n} runs in flight, its limit; wait for one to finish \
+                     (the server's --max-runs-per-token)"
+                ),
+                "too_many_runs",
+            ));
+        }
+        *n += 1;
+        self.total.fetch_add(1, Ordering::SeqCst);
+        Ok(Admitted {
+            gate: Arc::clone(self),
+            scope: scope.clone(),
+        })
+    }
+
+    /// Takes no new runs from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// True once [`RunGate::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Runs in flight.
+    pub fn in_flight(&self) -> usize {
+        self.total.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no run is in flight.
+    pub async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// The MCP handler. Cheap to clone (the HTTP transport makes one per session).
+#[derive(Clone)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     python: RunPython,
     tools: Vec<Tool>,
+    schemas: HashMap<String, Value>,
+    gate: Arc<RunGate>,
+}
+
+impl Server {
+    /// A handler for `python`'s tools, admitting runs through `gate`.
+    pub fn new(python: RunPython, gate: Arc<RunGate>) -> anyhow::Result<Self> {
+        let mut tools = Vec::new();
+        let mut schemas = HashMap::new();
+        for spec in python
+            .tool_spec(ToolFormat::Mcp)
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let tool: Tool = serde_json::from_value(spec.clone())
+                .context("the tool definitions are not MCP tools")?;
+            schemas.insert(tool.name.to_string(), spec["inputSchema"].clone());
+            tools.push(tool);
+        }
+        Ok(Self {
+            shared: Arc::new(Shared {
+                python,
+                tools,
+                schemas,
+                gate,
+            }),
+        })
+    }
+}
+
+/// The caller of a request: the token name the HTTP layer put in the request's extensions, else stdio.
+fn caller(context: &RequestContext<RoleServer>) -> ClientScope {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<ClientScope>())
+        .cloned()
+        .unwrap_or(ClientScope::Stdio)
 }
 
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = if self.shared.python.store().is_some() {
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build()
+        } else {
+            ServerCapabilities::builder().enable_tools().build()
+        };
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("runpython", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Run Python with run_python: each call is a fresh sandboxed process returning a JSON \
                  envelope (status, return_value, stdout, stderr, error, artifacts). A status other than \
-                 success is the code's outcome, not a failure of the tool.",
+                 success is the code's outcome, not a failure of the tool. Files a run writes are \
+                 resources (runpython://artifact/<id>).",
             )
     }
 
@@ -37,38 +257,483 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools.clone()))
+        Ok(ListToolsResult::with_all_items(self.shared.tools.clone()))
     }
 
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let input = request.arguments.map_or(Value::Null, Value::Object);
-        let result = match self.python.handle_tool_call(&request.name, &input).await {
-            Ok(value) => CallToolResult::success(vec![ContentBlock::text(value.to_string())]),
-            Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+        let started = Instant::now();
+        let scope = caller(&context);
+        let name = request.name.to_string();
+        let args = request.arguments.unwrap_or_default();
+        let outcome = self.answer(&name, args, &scope, &context).await;
+        let status = match &outcome {
+            Ok(result) => result_status(result),
+            Err(e) if e.code == ErrorCode(-32800) => "cancelled".to_owned(),
+            Err(e) => format!("rpc_error {}", e.code.0),
         };
+        tracing::info!(
+            client = %scope,
+            tool = %name,
+            status = %status,
+            ms = started.elapsed().as_millis() as u64,
+            "call"
+        );
+        outcome.map(Into::into)
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let Some(store) = self.shared.python.store() else {
+            return Ok(ListResourcesResult::default());
+        };
+        let start = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+                ErrorData::invalid_params(
+                    format!("cursor {cursor:?} is not one this server gave; list from the start"),
+                    None,
+                )
+            })?,
+        };
+        let listing = store.list_artifacts(None).await.map_err(|e| {
+            ErrorData::internal_error(format!("cannot list the store's artifacts: {e}"), None)
+        })?;
+        // Oldest run first in the listing; the newest are the ones a client wants.
+        let newest: Vec<_> = listing.items.iter().rev().collect();
+        let page: Vec<Value> = newest
+            .iter()
+            .skip(start)
+            .take(RESOURCES_PAGE)
+            .map(|item| {
+                let mut link = resource_json(&item.artifact);
+                link["description"] = json!(format!(
+                    "{} of run {}: {}",
+                    item.artifact.name, item.run_id, item.artifact.preview
+                ));
+                link
+            })
+            .collect();
+        let next = start + page.len();
+        let mut result = json!({"resources": page, "resultType": "complete"});
+        if next < newest.len() {
+            result["nextCursor"] = json!(next.to_string());
+        }
+        serde_json::from_value(result).map_err(|e| ErrorData::internal_error(e.to_string(), None))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let uri = request.uri.to_string();
+        let Some(id) = uri.strip_prefix(ARTIFACT_URI_PREFIX) else {
+            return Err(ErrorData::new(
+                ErrorCode::RESOURCE_NOT_FOUND,
+                format!(
+                    "no resource {uri:?}: this server serves {ARTIFACT_URI_PREFIX}<artifact id>"
+                ),
+                Some(json!({"code": "not_found", "uri": uri})),
+            ));
+        };
+        let bytes = self.shared.python.get_run_artifact(id).await.map_err(|e| {
+            let code = if e.code() == "not_found" || e.code() == "invalid_input" {
+                ErrorCode::RESOURCE_NOT_FOUND
+            } else {
+                ErrorCode::INTERNAL_ERROR
+            };
+            ErrorData::new(
+                code,
+                e.to_string(),
+                Some(json!({"code": e.code(), "uri": uri})),
+            )
+        })?;
+        if bytes.len() > MAX_RESOURCE_BYTES {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "artifact {id} is {} bytes, over the {MAX_RESOURCE_BYTES}-byte limit of resources/read; \
+                     read it in slices with get_run_artifact (offset, length)",
+                    bytes.len()
+                ),
+                Some(json!({"code": "too_large", "bytes": bytes.len()})),
+            ));
+        }
+        let contents = match std::str::from_utf8(&bytes) {
+            Ok(text) => json!({"uri": uri, "mimeType": "text/plain", "text": text}),
+            Err(_) => json!({
+                "uri": uri,
+                "mimeType": sniff_mime_type(&bytes),
+                "blob": base64::engine::general_purpose::STANDARD.encode(&bytes),
+            }),
+        };
+        let result: ReadResourceResult =
+            serde_json::from_value(json!({"contents": [contents], "resultType": "complete"}))
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         Ok(result.into())
     }
 }
 
-/// Serves until the client closes stdin.
-pub async fn serve(python: RunPython) -> anyhow::Result<()> {
-    let tools = python
-        .tool_spec(ToolFormat::Mcp)
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|spec| serde_json::from_value::<Tool>(spec.clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .context("the tool definitions are not MCP tools")?;
-    let server = Server { python, tools };
+impl Server {
+    async fn answer(
+        &self,
+        name: &str,
+        args: Map<String, Value>,
+        scope: &ClientScope,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let Some(schema) = self.shared.schemas.get(name) else {
+            let names: Vec<&str> = self.shared.tools.iter().map(|t| t.name.as_ref()).collect();
+            return Err(ErrorData::invalid_params(
+                format!("no tool named {name:?}; the tools are {}", names.join(", ")),
+                Some(json!({"code": "unknown_tool"})),
+            ));
+        };
+        if let Err(why) = check_arguments(schema, &args) {
+            return Err(ErrorData::invalid_params(
+                format!("invalid arguments for {name}: {why}"),
+                Some(json!({"code": "invalid_arguments"})),
+            ));
+        }
+        // Sessions (issue 17) plug in here: a `session_id` argument becomes
+        // `SessionKey { scope: scope.clone(), session_id }` for the core's session lookup.
+        let runs_code = name == RUN_PYTHON_TOOL || name == RESUME_TOOL;
+        let _admitted = if runs_code {
+            match self.shared.gate.enter(scope) {
+                Ok(admitted) => Some(admitted),
+                Err((message, code)) => return Ok(failure(code, &message)),
+            }
+        } else {
+            None
+        };
+        let args = Value::Object(args);
+        let work = async {
+            if name == RUN_PYTHON_TOOL {
+                self.run_python(&args, context).await
+            } else {
+                self.shared.python.handle_tool_call(name, &args).await
+            }
+        };
+        // Dropping `work` drops the run's future (or its handle), which kills the run's processes.
+        let outcome = tokio::select! {
+            outcome = work => outcome,
+            () = context.ct.cancelled() => {
+                return Err(ErrorData::new(ErrorCode(-32800), "the request was cancelled", None));
+            }
+        };
+        Ok(match outcome {
+            Ok(value) => success(value, runs_code),
+            Err(e) => failure(e.code(), &e.to_string()),
+        })
+    }
+
+    /// `run_python`, reporting progress when the request asked for it.
+    async fn run_python(
+        &self,
+        args: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Value, Error> {
+        let python = &self.shared.python;
+        let request = python.run_python_request(args)?;
+        let Some(token) = context.meta.get_progress_token() else {
+            let envelope = python.run(request).await?;
+            return serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()));
+        };
+        let mut handle = python.start(request);
+        let mut progress = 0u32;
+        let mut last_output: Option<Instant> = None;
+        while let Some(event) = handle.next_event().await {
+            let message = match event {
+                Event::Dependencies(step) => match deps_message(&step) {
+                    Some(m) => m,
+                    None => continue,
+                },
+                Event::ToolCall { name } => format!("calling {name}"),
+                Event::Stdout(text) | Event::Stderr(text) => {
+                    if last_output.is_some_and(|t| t.elapsed() < OUTPUT_PROGRESS_EVERY) {
+                        continue;
+                    }
+                    last_output = Some(Instant::now());
+                    let line = text
+                        .lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("");
+                    format!("output: {}", line.chars().take(200).collect::<String>())
+                }
+                _ => continue,
+            };
+            progress += 1;
+            let param = ProgressNotificationParam::new(token.clone(), f64::from(progress))
+                .with_message(message);
+            // A client that stopped listening does not stop the run.
+            let _ = context.peer.notify_progress(param).await;
+        }
+        let envelope = handle.wait().await?;
+        serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()))
+    }
+}
+
+fn deps_message(step: &DepsProgress) -> Option<String> {
+    Some(match step {
+        DepsProgress::Resolving { specs } => format!("resolving {}", specs.join(" ")),
+        DepsProgress::Downloading { detail } => format!("downloading {detail}"),
+        DepsProgress::Installing { detail } => format!("installing {detail}"),
+        DepsProgress::Waiting { .. } => {
+            "waiting for another run preparing the same environment".into()
+        }
+        DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
+        _ => return None,
+    })
+}
+
+/// A served call: the value as structured content and as JSON text; an envelope's artifacts as
+/// resource links.
+fn success(value: Value, envelope: bool) -> CallToolResult {
+    let mut content = vec![json!({"type": "text", "text": value.to_string()})];
+    if envelope {
+        for artifact in value["artifacts"].as_array().into_iter().flatten() {
+            if let Ok(artifact) = serde_json::from_value(artifact.clone()) {
+                let mut link = resource_json(&artifact);
+                link["type"] = json!("resource_link");
+                content.push(link);
+            }
+        }
+    }
+    let result = json!({
+        "content": content,
+        "structuredContent": value,
+        "isError": false,
+        "resultType": "complete",
+    });
+    serde_json::from_value(result).unwrap_or_else(|e| {
+        CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
+            "internal error: the result is not an MCP result: {e}"
+        ))])
+    })
+}
+
+/// A call that could not be served, with its machine-readable code.
+fn failure(code: &str, message: &str) -> CallToolResult {
+    let result = json!({
+        "content": [{"type": "text", "text": message}],
+        "structuredContent": {"error": {"code": code, "message": message}},
+        "isError": true,
+        "resultType": "complete",
+    });
+    serde_json::from_value(result).unwrap_or_else(|_| {
+        CallToolResult::error(vec![rmcp::model::ContentBlock::text(message.to_owned())])
+    })
+}
+
+/// How a call ended, for the log line: the envelope's status, or the error's code.
+fn result_status(result: &CallToolResult) -> String {
+    let structured = result.structured_content.as_ref();
+    if result.is_error == Some(true) {
+        let code = structured
+            .and_then(|v| v["error"]["code"].as_str())
+            .unwrap_or("error");
+        return format!("error {code}");
+    }
+    structured
+        .and_then(|v| v["status"].as_str())
+        .unwrap_or("ok")
+        .to_owned()
+}
+
+fn resource_json(artifact: &runpython_core::Artifact) -> Value {
+    json!({
+        "uri": format!("{ARTIFACT_URI_PREFIX}{}", artifact.id),
+        "name": artifact.name,
+        "mimeType": mime_type(&artifact.name),
+        "size": artifact.bytes,
+    })
+}
+
+/// The MIME type of binary content read by id (no name to go by): the formats runs make most.
+fn sniff_mime_type(bytes: &[u8]) -> &'static str {
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        "image/png"
+    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+        "image/jpeg"
+    } else if bytes.starts_with(b"%PDF-") {
+        "application/pdf"
+    } else if bytes.starts_with(b"PAR1") {
+        "application/vnd.apache.parquet"
+    } else {
+        "application/octet-stream"
+    }
+}
+
+/// A MIME type from a file name's extension (what clients need to render CSVs and plots).
+fn mime_type(name: &str) -> &'static str {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("csv") => "text/csv",
+        Some("json") => "application/json",
+        Some("txt" | "log") => "text/plain",
+        Some("py") => "text/x-python",
+        Some("md") => "text/markdown",
+        Some("html" | "htm") => "text/html",
+        Some("png") => "image/png",
+        Some("jpg" | "jpeg") => "image/jpeg",
+        Some("svg") => "image/svg+xml",
+        Some("pdf") => "application/pdf",
+        Some("parquet") => "application/vnd.apache.parquet",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Checks call arguments against a tool's declared input schema (the flat object schemas of
+/// `runpython_core::ToolDefinition`): required properties, `additionalProperties: false`, each
+/// property's `type`, `items.type` of arrays, `minimum`/`exclusiveMinimum`.
+fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), String> {
+    let properties = schema["properties"].as_object();
+    for required in schema["required"].as_array().into_iter().flatten() {
+        if let Some(key) = required.as_str() {
+            if !args.contains_key(key) {
+                return Err(format!("`{key}` is required"));
+            }
+        }
+    }
+    for (key, value) in args {
+        let Some(property) = properties.and_then(|p| p.get(key)) else {
+            if schema["additionalProperties"] == json!(false) {
+                let known: Vec<&str> = properties
+                    .map(|p| p.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                return Err(format!(
+                    "unknown argument `{key}`; the arguments are {}",
+                    known.join(", ")
+                ));
+            }
+            continue;
+        };
+        if value.is_null()
+            && !schema["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!(key)))
+        {
+            continue; // an optional argument given as null is the same as absent
+        }
+        if !has_type(value, &property["type"]) {
+            return Err(format!("`{key}` must be {}, not {value}", property["type"]));
+        }
+        if let Some(item_type) = property["items"].get("type") {
+            for item in value.as_array().into_iter().flatten() {
+                if !has_type(item, item_type) {
+                    return Err(format!("`{key}` items must be {item_type}, not {item}"));
+                }
+            }
+        }
+        if let (Some(n), Some(min)) = (value.as_f64(), property["minimum"].as_f64()) {
+            if n < min {
+                return Err(format!("`{key}` must be at least {min}, not {value}"));
+            }
+        }
+        if let (Some(n), Some(min)) = (value.as_f64(), property["exclusiveMinimum"].as_f64()) {
+            if n <= min {
+                return Err(format!("`{key}` must be more than {min}, not {value}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn has_type(value: &Value, expected: &Value) -> bool {
+    match expected {
+        Value::String(t) => match t.as_str() {
+            "string" => value.is_string(),
+            "integer" => value.is_i64() || value.is_u64(),
+            "number" => value.is_number(),
+            "boolean" => value.is_boolean(),
+            "object" => value.is_object(),
+            "array" => value.is_array(),
+            "null" => value.is_null(),
+            _ => true,
+        },
+        Value::Array(types) => types.iter().any(|t| has_type(value, t)),
+        _ => true,
+    }
+}
+
+/// Serves on stdin and stdout until the client closes stdin.
+pub async fn serve_stdio(python: RunPython) -> anyhow::Result<()> {
+    let server = Server::new(python, RunGate::new(0))?;
+    let transport = LineTransport::new(tokio::io::stdin(), tokio::io::stdout(), MAX_LINE_BYTES);
     let running = server
-        .serve(rmcp::transport::stdio())
+        .serve(transport)
         .await
         .context("the MCP handshake on stdio failed")?;
     running.waiting().await.context("the MCP server stopped")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "dependencies": {"type": "array", "items": {"type": "string"}},
+                "timeout": {"type": "number", "exclusiveMinimum": 0},
+                "offset": {"type": "integer", "minimum": 0},
+            },
+            "required": ["code"],
+            "additionalProperties": false,
+        })
+    }
+
+    fn check(args: Value) -> Result<(), String> {
+        check_arguments(&schema(), args.as_object().unwrap())
+    }
+
+    #[test]
+    fn arguments_outside_the_declared_schema_are_refused() {
+        assert!(check(json!({"code": "1", "timeout": 2.5, "dependencies": ["six"]})).is_ok());
+        assert!(check(json!({"code": "1", "timeout": null})).is_ok());
+        let unknown = check(json!({"code": "1", "source": "x"})).unwrap_err();
+        assert!(unknown.contains("unknown argument `source`"), "{unknown}");
+        assert!(check(json!({"timeout": 1}))
+            .unwrap_err()
+            .contains("`code` is required"));
+        assert!(check(json!({"code": 1})).is_err());
+        assert!(check(json!({"code": "1", "dependencies": [1]})).is_err());
+        assert!(check(json!({"code": "1", "timeout": 0})).is_err());
+        assert!(check(json!({"code": "1", "offset": -1})).is_err());
+        assert!(check(json!({"code": "1", "offset": 1.5})).is_err());
+    }
+
+    #[test]
+    fn the_gate_limits_runs_per_client_and_refuses_all_once_draining() {
+        let gate = RunGate::new(1);
+        let a = ClientScope::Token("a".into());
+        let first = gate.enter(&a).unwrap();
+        assert_eq!(gate.enter(&a).unwrap_err().1, "too_many_runs");
+        let other = gate.enter(&ClientScope::Token("b".into())).unwrap();
+        drop(first);
+        let again = gate.enter(&a).unwrap();
+        assert_eq!(gate.in_flight(), 2);
+        gate.start_draining();
+        assert_eq!(gate.enter(&a).unwrap_err().1, "shutting_down");
+        drop((other, again));
+        assert_eq!(gate.in_flight(), 0);
+    }
+
+    #[test]
+    fn artifacts_get_the_mime_types_clients_render() {
+        assert_eq!(mime_type("out/table.CSV"), "text/csv");
+        assert_eq!(mime_type("plot_1.png"), "image/png");
+        assert_eq!(mime_type("blob"), "application/octet-stream");
+    }
 }

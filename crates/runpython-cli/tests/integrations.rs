@@ -29,7 +29,17 @@ fn tool_spec_prints_each_providers_shape() {
     for (format, keys) in [
         ("anthropic", vec!["description", "input_schema", "name"]),
         ("openai", vec!["function", "type"]),
-        ("mcp", vec!["description", "inputSchema", "name"]),
+        (
+            "mcp",
+            vec![
+                "annotations",
+                "description",
+                "inputSchema",
+                "name",
+                "outputSchema",
+                "title",
+            ],
+        ),
     ] {
         let (code, spec, stderr) = runpython(&[
             "tool-spec",
@@ -38,10 +48,14 @@ fn tool_spec_prints_each_providers_shape() {
             "--tool",
             "lookup=cat",
             "--allow-nested",
+            "--store",
+            "memory://",
+            "--approval",
+            "ask",
         ]);
         assert_eq!(code, Some(0), "{stderr}");
         let defs = spec.as_array().unwrap();
-        assert_eq!(defs.len(), 3);
+        assert_eq!(defs.len(), 3, "{spec}");
         for d in defs {
             let mut got: Vec<&str> = d.as_object().unwrap().keys().map(String::as_str).collect();
             got.sort_unstable();
@@ -164,8 +178,11 @@ async fn mcp_server_answers_a_real_client() {
         "shipped"
     );
 
-    let (is_error, text) = call(&client, "run_python", json!({"source": "1"})).await;
-    assert!(is_error, "{text}");
+    // Arguments outside the declared schema are a JSON-RPC error (-32602), not a result.
+    let params = CallToolRequestParams::new("run_python")
+        .with_arguments(json!({"source": "1"}).as_object().cloned().unwrap());
+    let err = client.call_tool(params).await.unwrap_err().to_string();
+    assert!(err.contains("`code` is required"), "{err}");
     client.cancel().await.unwrap();
 }
 
@@ -174,7 +191,7 @@ fn code_calls_the_tools_of_another_mcp_server() {
     // The second server is runpython's own: the script calls its run_python tool through the bridge.
     let server = format!("'{BIN}' mcp --no-store");
     let code = "r = run_python(code='6 * 7')\n\
-                try:\n    resume(run_id='x', decisions={})\nexcept Exception as e:\n    err = str(e)\n\
+                try:\n    get_run_artifact(id='x')\nexcept Exception as e:\n    err = str(e)\n\
                 [r['status'], r['return_value'], 'store' in err]";
     let (status, envelope, stderr) = runpython(&[
         "run",

@@ -68,6 +68,30 @@ pub enum Error {
 }
 
 impl Error {
+    /// A stable, machine-readable name for the kind of failure, for protocols that carry a code beside
+    /// the message: `invalid_input` (the caller can fix the request), `not_found` (no such run or
+    /// artifact in the store), `config`, `cancelled`, or one of runpython's own failures
+    /// (`interpreter`, `spawn`, `sandbox_setup`, `io`, `store`, `bridge`, `mcp_server`,
+    /// `isolation_unavailable`, `internal`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Interpreter(_) => "interpreter",
+            Self::Spawn { .. } => "spawn",
+            Self::SandboxSetup { .. } => "sandbox_setup",
+            Self::Io { .. } => "io",
+            Self::Store(runpython_store::Error::NotFound { .. }) => "not_found",
+            Self::Store(runpython_store::Error::InvalidId { .. }) => "invalid_input",
+            Self::Store(_) => "store",
+            Self::Bridge(_) => "bridge",
+            Self::Config(_) => "config",
+            Self::InvalidInput(_) => "invalid_input",
+            Self::Mcp { .. } => "mcp_server",
+            Self::Cancelled => "cancelled",
+            Self::IsolationUnavailable(_) => "isolation_unavailable",
+            Self::Internal(_) => "internal",
+        }
+    }
+
     /// An I/O failure of `what`, done to `path`.
     pub(crate) fn io(what: &'static str, path: impl AsRef<Path>, source: std::io::Error) -> Self {
         Self::Io {

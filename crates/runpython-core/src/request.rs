@@ -52,6 +52,12 @@ pub enum Event {
     Stderr(String),
     /// A step of preparing the run's dependencies (before the code starts).
     Dependencies(DepsProgress),
+    /// The code called the host tool `name` (sent as the call starts; calls answered from a resumed
+    /// run's journal are not announced).
+    ToolCall {
+        /// The tool's name.
+        name: String,
+    },
 }
 
 /// One piece of code to run, with the globals it sees.

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::RunPython;
 use crate::error::Error;
-use crate::request::{run_python_schema, run_request_from, RUN_PYTHON_TOOL};
+use crate::request::{run_python_schema, run_request_from, RunRequest, RUN_PYTHON_TOOL};
 
 /// The name of the tool that reads a kept run's artifact.
 pub const GET_RUN_ARTIFACT_TOOL: &str = "get_run_artifact";
@@ -52,14 +52,23 @@ impl FromStr for ToolFormat {
 pub struct ToolDefinition {
     /// The name the model calls it by.
     pub name: String,
+    /// A short human-readable name (MCP's `title`).
+    pub title: String,
     /// What it does and what it returns.
     pub description: String,
     /// JSON Schema of the call's input (an object).
     pub input_schema: Value,
+    /// JSON Schema of the result (an object), for protocols that carry structured results (MCP's
+    /// `outputSchema`: the result is then also given as `structuredContent`).
+    pub output_schema: Value,
+    /// Behaviour hints for clients (MCP's `annotations`: `readOnlyHint`, `destructiveHint`,
+    /// `idempotentHint`, `openWorldHint`).
+    pub annotations: Value,
 }
 
 impl ToolDefinition {
-    /// The definition in `format`'s shape.
+    /// The definition in `format`'s shape. Only MCP carries the title, output schema and annotations;
+    /// the model providers' shapes have no place for them.
     pub fn to_format(&self, format: ToolFormat) -> Value {
         match format {
             ToolFormat::Anthropic => json!({
@@ -77,8 +86,11 @@ impl ToolDefinition {
             }),
             ToolFormat::Mcp => json!({
                 "name": self.name,
+                "title": self.title,
                 "description": self.description,
                 "inputSchema": self.input_schema,
+                "outputSchema": self.output_schema,
+                "annotations": self.annotations,
             }),
         }
     }
@@ -106,14 +118,34 @@ impl RunPython {
             run_description.push_str(&stubs);
             run_description.push_str("\n```");
         }
-        vec![
+        // Tools or the network let the code reach beyond the sandbox.
+        let open_world = !self.tools().is_empty() || self.sandbox().allow_network;
+        let mut run_schema = run_python_schema();
+        run_schema["properties"]["timeout"] = json!({
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "description": format!(
+                "Seconds before the run is stopped (default and maximum {}).",
+                self.limits().timeout.as_secs_f64()
+            ),
+        });
+        let mut definitions = vec![
             ToolDefinition {
                 name: RUN_PYTHON_TOOL.into(),
+                title: "Run Python".into(),
                 description: run_description,
-                input_schema: run_python_schema(),
+                input_schema: run_schema,
+                output_schema: envelope_schema(),
+                annotations: json!({
+                    "readOnlyHint": false,
+                    "destructiveHint": false,
+                    "idempotentHint": false,
+                    "openWorldHint": open_world,
+                }),
             },
             ToolDefinition {
                 name: GET_RUN_ARTIFACT_TOOL.into(),
+                title: "Read a run's artifact".into(),
                 description: format!(
                     "Read an artifact of an earlier run (an `id` from an envelope's `artifacts`). Returns \
                      {{id, offset, length, total_bytes}} with `text` for UTF-8 content or `base64` otherwise. \
@@ -129,11 +161,33 @@ impl RunPython {
                     "required": ["id"],
                     "additionalProperties": false,
                 }),
+                output_schema: json!({
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "offset": {"type": "integer"},
+                        "length": {"type": "integer"},
+                        "total_bytes": {"type": "integer"},
+                        "text": {"type": "string", "description": "The slice, when it is UTF-8."},
+                        "base64": {"type": "string", "description": "The slice, base64, when it is not UTF-8."},
+                    },
+                    "required": ["id", "offset", "length", "total_bytes"],
+                }),
+                annotations: json!({
+                    "readOnlyHint": true,
+                    "idempotentHint": true,
+                    "openWorldHint": false,
+                }),
             },
-            ToolDefinition {
+        ];
+        // Only a durable engine (one with an approval tool) keeps the checkpoints resume needs.
+        if self.is_durable() && self.store().is_some() {
+            definitions.push(ToolDefinition {
                 name: RESUME_TOOL.into(),
+                title: "Resume a suspended run".into(),
                 description: "Resume a run whose envelope has status `suspended`, giving a decision for each \
-                              pending request named in its `suspension`. Returns the resumed run's envelope."
+                              pending request named in its `suspension` (by its `id`, e.g. `s0`). Returns the \
+                              resumed run's envelope, which may be suspended again."
                     .into(),
                 input_schema: json!({
                     "type": "object",
@@ -141,15 +195,23 @@ impl RunPython {
                         "run_id": {"type": "string", "description": "The suspended run's `run_id`."},
                         "decisions": {
                             "type": "object",
-                            "description": "Decision per pending request id, e.g. {\"call-1\": {\"approve\": true}}.",
+                            "description": "Decision per pending suspension id (the envelope's `suspension.id`: `s` and the tool call's ordinal, `s0` for the code's first call), e.g. {\"s0\": true} or {\"s2\": {\"approved\": false, \"reason\": \"too costly\"}}.",
                             "additionalProperties": true,
                         },
                     },
                     "required": ["run_id", "decisions"],
                     "additionalProperties": false,
                 }),
-            },
-        ]
+                output_schema: envelope_schema(),
+                annotations: json!({
+                    "readOnlyHint": false,
+                    "destructiveHint": false,
+                    "idempotentHint": false,
+                    "openWorldHint": open_world,
+                }),
+            });
+        }
+        definitions
     }
 
     /// [`RunPython::tool_definitions`] in `format`'s shape, as a JSON array.
@@ -160,6 +222,19 @@ impl RunPython {
                 .map(|d| d.to_format(format))
                 .collect(),
         )
+    }
+
+    /// The [`RunRequest`] a `run_python` call with these arguments asks for, checked as
+    /// [`RunPython::handle_tool_call`] checks them: for a server that starts the run itself
+    /// ([`RunPython::start`]) to follow its events or cancel it.
+    pub fn run_python_request(&self, input: &Value) -> Result<RunRequest, Error> {
+        match input {
+            Value::Object(map) => run_python_request_from(map),
+            Value::Null => run_python_request_from(&Map::new()),
+            other => Err(Error::InvalidInput(format!(
+                "the arguments of {RUN_PYTHON_TOOL} must be a JSON object, not {other}"
+            ))),
+        }
     }
 
     /// Answers a model's call of one of [`RunPython::tool_definitions`]: `run_python` gives the
@@ -179,11 +254,12 @@ impl RunPython {
         };
         match name {
             RUN_PYTHON_TOOL => {
-                let request = run_request_from(input)?;
+                let request = run_python_request_from(input)?;
                 let envelope = self.run(request).await?;
                 serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()))
             }
             GET_RUN_ARTIFACT_TOOL => {
+                reject_unknown(name, input, &["id", "offset", "length"])?;
                 let id = input.get("id").and_then(Value::as_str).ok_or_else(|| {
                     Error::InvalidInput("get_run_artifact needs `id`, a string".into())
                 })?;
@@ -193,6 +269,7 @@ impl RunPython {
                 Ok(artifact_slice(id, &bytes, offset, length))
             }
             RESUME_TOOL => {
+                reject_unknown(name, input, &["run_id", "decisions"])?;
                 let run_id = input.get("run_id").and_then(Value::as_str).ok_or_else(|| {
                     Error::InvalidInput("resume needs `run_id`, a string".into())
                 })?;
@@ -212,6 +289,99 @@ impl RunPython {
                 "no tool named {other:?}; the tools are {RUN_PYTHON_TOOL}, {GET_RUN_ARTIFACT_TOOL} and {RESUME_TOOL}"
             ))),
         }
+    }
+}
+
+/// A [`RunRequest`] from the top-level `run_python`'s arguments (those of the nested tool plus
+/// `timeout`).
+fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Error> {
+    reject_unknown(
+        RUN_PYTHON_TOOL,
+        input,
+        &["code", "dependencies", "inputs", "timeout"],
+    )?;
+    let mut request = run_request_from(input)?;
+    if let Some(timeout) = optional_seconds(input, "timeout")? {
+        request = request.timeout(timeout);
+    }
+    Ok(request)
+}
+
+/// The JSON Schema of [`crate::Envelope`] (MCP's `outputSchema` of `run_python` and `resume`).
+/// Loose where the envelope is open (values, previews, the isolation report): clients validate
+/// `structuredContent` against it.
+fn envelope_schema() -> Value {
+    let nullable_object = json!({"type": ["object", "null"]});
+    json!({
+        "type": "object",
+        "properties": {
+            "status": {"type": "string", "enum": ["success", "error", "timeout", "suspended"]},
+            "return_value": {"description": "The last expression's value as JSON (its repr when not JSON), or null."},
+            "return_type": {"type": ["string", "null"]},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "truncated": nullable_object,
+            "error": {
+                "type": ["object", "null"],
+                "properties": {
+                    "type": {"type": "string"},
+                    "message": {"type": "string"},
+                    "traceback": {"type": ["string", "null"]},
+                },
+            },
+            "artifacts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "name": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "bytes": {"type": "integer"},
+                        "preview": {"type": "string"},
+                    },
+                },
+            },
+            "run_id": {"type": "string"},
+            "cached": {"type": "boolean"},
+            "duration_ms": {"type": "integer"},
+            "suspension": nullable_object,
+            "return_preview": {"description": "A bounded summary of a large return value, or null."},
+            "isolation": nullable_object,
+        },
+        "required": ["status", "return_value", "stdout", "stderr", "error", "artifacts", "run_id"],
+    })
+}
+
+/// An argument not in `known` is an error naming it and the accepted ones (the schemas say
+/// `additionalProperties: false`).
+fn reject_unknown(tool: &str, input: &Map<String, Value>, known: &[&str]) -> Result<(), Error> {
+    match input.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(unknown) => Err(Error::InvalidInput(format!(
+            "{tool} has no argument `{unknown}`; its arguments are {}",
+            known.join(", ")
+        ))),
+    }
+}
+
+/// A positive number of seconds under `key`, if given.
+fn optional_seconds(
+    input: &Map<String, Value>,
+    key: &str,
+) -> Result<Option<std::time::Duration>, Error> {
+    match input.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|secs| secs.is_finite() && *secs > 0.0)
+            .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "`{key}` must be a positive number of seconds, not {v}"
+                ))
+            }),
     }
 }
 

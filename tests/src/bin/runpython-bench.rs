@@ -453,6 +453,30 @@ summarize(data)",
         json!(round3(resumed / original)),
     );
 
+    // MCP: the server's cost per call over stdio, and HTTP throughput with 16 concurrent clients.
+    // The `runpython` binary sits beside this one (`cargo xtask bench` builds both).
+    let bin = std::env::current_exe()?.with_file_name("runpython");
+    if bin.exists() {
+        let (mcp_ms, lib_ms) = runpython_tests::mcp_bench::stdio_vs_library(&bin, ROUNDS)
+            .await
+            .map_err(|e| e.to_string())?;
+        m.insert("mcp_stdio_call_ms".into(), json!(round3(mcp_ms)));
+        m.insert("mcp_library_run_ms".into(), json!(round3(lib_ms)));
+        m.insert(
+            "mcp_call_overhead_ms".into(),
+            json!(round3(mcp_ms - lib_ms)),
+        );
+        let rate = runpython_tests::mcp_bench::http_calls_per_s(&bin, 16, 8)
+            .await
+            .map_err(|e| e.to_string())?;
+        m.insert("http_calls_per_s".into(), json!(rate.round()));
+    } else {
+        eprintln!(
+            "skipped the MCP figures: {} is not built (cargo build --release -p runpython-cli)",
+            bin.display()
+        );
+    }
+
     println!("{}", serde_json::to_string(&Value::Object(m))?);
     Ok(())
 }

@@ -130,6 +130,10 @@ impl RunPython {
             nested_stats,
             saved: saved_artifacts,
         } = self.run_tools(Instant::now(), &scratch)?;
+        let tools = match &events {
+            Some(events) => super::tools::announced(&tools, events)?,
+            None => tools,
+        };
         let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
         let durable = match &self.inner.keep {
             Some(keep) if self.inner.durable => Some(

@@ -27,6 +27,24 @@ impl RunPython {
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
+        if let Some(timeout) = request.timeout {
+            if timeout.is_zero() {
+                return Err(Error::InvalidInput(
+                    "the run's timeout must be longer than zero".into(),
+                ));
+            }
+            if timeout < self.inner.limits.timeout {
+                // A copy of the engine with the shorter limit, so everything that reads the timeout
+                // (the kill, nested runs' budgets, memo keys) sees the same one. Pooled interpreters
+                // stay shared: their CPU rlimit is the engine's, longer than this run's.
+                let engine = self.with_timeout(timeout);
+                let request = RunRequest {
+                    timeout: None,
+                    ..request
+                };
+                return Box::pin(engine.execute(request, events, cancel)).await;
+            }
+        }
         let started = Instant::now();
         let limits = &self.inner.limits;
         check_input_names(&request)?;
@@ -124,9 +142,7 @@ impl RunPython {
             None => (new_run_id(), None),
         };
         let limits = &self.inner.limits;
-        let timeout = request
-            .timeout
-            .map_or(limits.timeout, |t| t.min(limits.timeout));
+        let timeout = limits.timeout;
         let interpreter = self.interpreter().await?.clone();
         // The script is known now: a kept run stores it while the code runs, off the critical path.
         let script_blob = self.inner.keep.as_ref().map(|keep| {

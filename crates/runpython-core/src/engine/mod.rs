@@ -222,6 +222,22 @@ impl RunPython {
     }
 }
 
+impl RunPython {
+    /// Whether runs journal their tool calls in the store (approval tools make an engine durable).
+    pub(crate) fn is_durable(&self) -> bool {
+        self.inner.durable
+    }
+
+    /// A copy of this engine whose runs stop after `timeout` (shorter than its own).
+    pub(crate) fn with_timeout(&self, timeout: Duration) -> RunPython {
+        let mut inner = (*self.inner).clone();
+        inner.limits.timeout = timeout;
+        RunPython {
+            inner: Arc::new(inner),
+        }
+    }
+}
+
 impl NestEngine for RunPython {
     fn timeout(&self) -> Duration {
         self.inner.limits.timeout

@@ -4,13 +4,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use runpython_bridge::ToolSet;
+use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError, ToolSet};
+use serde_json::Value;
+use tokio::sync::mpsc;
 use runpython_store::{Artifact, BeneathDir};
 
 use super::RunPython;
 use crate::artifact_tools::{ReadArtifact, SaveArtifact};
 use crate::error::Error;
 use crate::nested::RunStats;
+use crate::request::Event;
 
 /// A run's tools, and where they report back.
 pub(super) struct RunTools {
@@ -46,5 +49,58 @@ impl RunPython {
             nested_stats,
             saved,
         })
+    }
+}
+
+/// `tools` with each visible tool announcing its calls as [`Event::ToolCall`] (hidden plumbing stays
+/// quiet). The announcement never waits: a full event channel drops it rather than slow the call.
+pub(super) fn announced(tools: &ToolSet, events: &mpsc::Sender<Event>) -> Result<ToolSet, Error> {
+    let mut out = ToolSet::new();
+    for tool in tools.iter() {
+        if tool.is_hidden() {
+            out.insert_arc(Arc::clone(tool))?;
+        } else {
+            out.insert(Announced {
+                tool: Arc::clone(tool),
+                events: events.clone(),
+            })?;
+        }
+    }
+    Ok(out)
+}
+
+struct Announced {
+    tool: Arc<dyn Tool>,
+    events: mpsc::Sender<Event>,
+}
+
+impl Tool for Announced {
+    fn name(&self) -> &str {
+        self.tool.name()
+    }
+    fn description(&self) -> &str {
+        self.tool.description()
+    }
+    fn input_schema(&self) -> Option<&Value> {
+        self.tool.input_schema()
+    }
+    fn is_pure(&self) -> bool {
+        self.tool.is_pure()
+    }
+    fn is_hidden(&self) -> bool {
+        self.tool.is_hidden()
+    }
+    fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
+        let _ = self.events.try_send(Event::ToolCall {
+            name: self.tool.name().to_owned(),
+        });
+        self.tool.call(args)
+    }
+    fn resume(
+        &self,
+        request: Value,
+        decision: Value,
+    ) -> Option<BoxFuture<'static, Result<Value, ToolError>>> {
+        self.tool.resume(request, decision)
     }
 }
