@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError, ToolSet};
+use runpython_store::{Artifact, BeneathDir};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use runpython_store::{Artifact, BeneathDir};
 
 use super::RunPython;
 use crate::artifact_tools::{ReadArtifact, SaveArtifact};
