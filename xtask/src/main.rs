@@ -1,12 +1,14 @@
 //! `cargo xtask`: the project's scripts, in Rust.
 //!
-//! - `cargo xtask ci` — fmt check, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
+//! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
 //!   exists. As root it also runs the sandbox, run and pool suites as an unprivileged user (`setpriv`).
 //!   A fresh clone passes with this one command.
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
 //!   measured side by side in one run (a table, or one JSON object).
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
+//! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): module import cycles, long files that do not
+//!   say why, the Python suites.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,17 +16,20 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+mod tidy;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
+        Some("tidy") => tidy::tidy(),
         Some("bench") => bench(&args[1..]),
         Some("tools") => {
             println!("{}", bootstrap_tools()?.display());
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask <ci | bench [--json] | tools>");
+            eprintln!("usage: cargo xtask <ci | tidy | bench [--json] | tools>");
             std::process::exit(2);
         }
     }
@@ -59,6 +64,8 @@ fn step(name: &str, cmd: &mut Command) -> Result<()> {
 fn ci() -> Result<()> {
     let started = Instant::now();
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    eprintln!("==> tidy");
+    tidy::tidy()?;
     step(
         "clippy",
         cargo().args([

@@ -86,6 +86,7 @@ class _Bridge:
         else:
             raise BridgeError("the bridge spec names neither a descriptor nor a path")
         sock.set_inheritable(False)
+        sock.setblocking(True)  # whatever the inherited descriptor's mode: sends opt out per call
         self.sock = sock
         self.dontwait = socket.MSG_DONTWAIT
         self._send({"type": "hello", "version": PROTOCOL_VERSION, "token": self.token})

@@ -14,7 +14,9 @@ pub struct BridgeConfig {
     pub call_timeout: Duration,
     /// Calls allowed in one run (default 1,000); the next one ends the run with `ToolCallLimit`.
     pub max_calls: u32,
-    /// How long the child has to present the handshake once connected (default 10 s).
+    /// How long a connection to a path socket ([`crate::Bridge::bind`]) has to present the handshake
+    /// (default 10 s). The one connection of a socket pair has no such limit: the child says hello on
+    /// its first tool call, whenever that is.
     pub handshake_timeout: Duration,
     /// Suspensions allowed over a run's life (default 10); past it, a suspending tool raises.
     pub max_suspensions: usize,

@@ -51,8 +51,8 @@ pub fn socket_pair() -> Result<(HostEnd, OwnedFd), Error> {
 /// Where the bridge's one connection comes from.
 #[derive(Debug)]
 enum Endpoint {
-    /// The host's end of a socket pair: already connected.
-    Pair(Stream),
+    /// The host's end of a socket pair: already connected (made a Tokio stream when serving starts).
+    Pair(std::os::unix::net::UnixStream),
     /// A listener on a path: the first connection that passes the handshake is the one.
     Path { listener: Listener, path: PathBuf },
 }
@@ -84,11 +84,11 @@ enum Incoming {
 }
 
 impl Bridge {
-    /// Serves the one connection of a [`socket_pair`]. Call it within a Tokio runtime.
+    /// Serves the one connection of a [`socket_pair`]. The child may send its hello at any time (it
+    /// does on its first tool call): only it holds the other end, so no handshake timeout applies.
     pub fn new(host: HostEnd, tools: ToolSet, config: BridgeConfig) -> Result<Self, Error> {
         host.0.set_nonblocking(true).map_err(Error::SocketPair)?;
-        let stream = UdsStream::try_from(OwnedFd::from(host.0)).map_err(Error::SocketPair)?;
-        Self::with_endpoint(Endpoint::Pair(stream.into()), tools, config)
+        Self::with_endpoint(Endpoint::Pair(host.0), tools, config)
     }
 
     /// Listens on `path` (which must not exist; its directory should be private to the run). The first
@@ -188,7 +188,10 @@ impl Bridge {
         let shared = Arc::new(shared);
         let connection = async {
             let accepted = match endpoint {
-                Endpoint::Pair(stream) => handshake(&shared, &token, stream).await,
+                Endpoint::Pair(host) => {
+                    let stream = UdsStream::try_from(OwnedFd::from(host)).map_err(Error::Io)?;
+                    handshake(&shared, &token, stream.into(), None).await
+                }
                 Endpoint::Path { listener, .. } => accept_one(&shared, &token, listener).await?,
             };
             match accepted {
@@ -223,7 +226,8 @@ async fn accept_one(
     loop {
         tokio::select! {
             accepted = listener.accept(), if pending.len() < MAX_PENDING_HANDSHAKES => {
-                pending.push(handshake(shared, token, accepted.map_err(Error::Io)?));
+                let stream = accepted.map_err(Error::Io)?;
+                pending.push(handshake(shared, token, stream, Some(shared.config.handshake_timeout)));
             }
             Some(done) = pending.next(), if !pending.is_empty() => {
                 if done.is_some() {
@@ -235,8 +239,13 @@ async fn accept_one(
 }
 
 /// The stream and what was read past the hello, when the first frame is a hello with this run's token
-/// and protocol version, in time; else `None` (the stream is dropped).
-async fn handshake(shared: &Shared, token: &str, stream: Stream) -> Option<(Stream, Vec<u8>)> {
+/// and protocol version, within `timeout` if there is one; else `None` (the stream is dropped).
+async fn handshake(
+    shared: &Shared,
+    token: &str,
+    stream: Stream,
+    timeout: Option<std::time::Duration>,
+) -> Option<(Stream, Vec<u8>)> {
     let decoder = FrameDecoder::new(MAX_HELLO.min(shared.config.max_frame));
     let mut buf = Vec::new();
     let read_hello = async {
@@ -250,9 +259,10 @@ async fn handshake(shared: &Shared, token: &str, stream: Stream) -> Option<(Stre
             }
         }
     };
-    let frame = tokio::time::timeout(shared.config.handshake_timeout, read_hello)
-        .await
-        .ok()??;
+    let frame = match timeout {
+        Some(timeout) => tokio::time::timeout(timeout, read_hello).await.ok()??,
+        None => read_hello.await?,
+    };
     match serde_json::from_slice::<Incoming>(&frame) {
         Ok(Incoming::Hello { version, token: t }) if t == token && version == PROTOCOL_VERSION => {
             Some((stream, buf))

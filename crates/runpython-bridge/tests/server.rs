@@ -211,6 +211,21 @@ async fn a_call_before_the_hello_drops_the_connection() {
 }
 
 #[tokio::test]
+async fn the_hello_on_the_pair_may_come_long_after_serving_starts() {
+    let config = BridgeConfig {
+        handshake_timeout: Duration::from_millis(50),
+        ..BridgeConfig::default()
+    };
+    let (mut serving, token, mut client, _gate, _) = served_pair(config);
+    tokio::time::sleep(SETTLE).await; // the code runs a while before its first tool call
+    client.hello(&token).await;
+    client.call(1, "echo", json!({"value": "late"})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "late");
+    still_serving(&mut serving).await;
+    serving.abort();
+}
+
+#[tokio::test]
 async fn concurrent_calls_are_answered_as_they_finish_by_id() {
     let (mut serving, token, mut client, gate, _) = served_pair(BridgeConfig::default());
     client.hello(&token).await;

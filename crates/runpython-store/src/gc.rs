@@ -32,10 +32,10 @@ impl Store {
     /// staging leftovers and expired memo entries. `now` is normally `SystemTime::now()`.
     ///
     /// Safe while other hosts write: a blob or staging object modified within
-    /// [`StoreOptions::gc_grace`](crate::StoreOptions::gc_grace) of `now` is never deleted (writers put blobs before their manifest,
-    /// and re-put existing blobs, refreshing their age), and each blob's age is checked again just
-    /// before it is deleted. The remaining window is that one check-to-delete round trip. If any
-    /// manifest cannot be read, no blob is deleted.
+    /// [`StoreOptions::gc_grace`](crate::StoreOptions::gc_grace) of `now` is never deleted (writers
+    /// put blobs before their manifest, and re-put existing blobs, refreshing their age), and each
+    /// blob's age is checked again just before it is deleted. The remaining window is that one
+    /// check-to-delete round trip. If any manifest cannot be read, no blob is deleted.
     pub async fn gc(&self, now: SystemTime) -> Result<GcReport> {
         let mut report = GcReport::default();
         let grace = self.inner.options.gc_grace;

@@ -357,6 +357,29 @@ class FrameCap(Connected):
         host.join()
 
 
+class InheritedDescriptor(unittest.TestCase):
+    def test_a_non_blocking_descriptor_still_gives_blocking_plain_calls(self):
+        client = load_client()
+        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(host_end.close)
+        child_end.setblocking(False)
+        namespace = {}
+        client.install({"fd": child_end.detach(), "token": TOKEN, "tools": [tool_spec()]}, namespace, json.loads, dumps)
+
+        def script(host):
+            expect_hello(host)
+            call = host.recv()
+            threading.Event().wait(0.2)  # the answer is late: a non-blocking read would find nothing
+            host.send(answer(call, 6))
+
+        host = FakeHost(host_end).run(script)
+        self.assertEqual(namespace["double"](3), 6)
+        host.join()
+        # Blocking at the OS level, so a plain call waits in recv instead of spinning on EAGAIN.
+        self.assertTrue(os.get_blocking(client._bridge.sock.fileno()))
+        client._bridge.sock.close()
+
+
 class PathSpec(unittest.TestCase):
     def test_without_a_descriptor_the_client_connects_to_the_path(self):
         client = load_client()

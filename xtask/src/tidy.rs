@@ -1,0 +1,157 @@
+//! `cargo xtask tidy`: checks that fail the build on drift in how the code is laid out.
+//!
+//! - **Import graph.** In each library crate whose modules must depend on each other one way (core, deps,
+//!   store, bridge), the nodes are the top-level modules of `src/` (`src/x.rs` or `src/x/`), and module y
+//!   depends on x when y's files name a path into x: `crate::x::…` (in `use` trees and inline), `super::…`
+//!   and `self::…` paths that resolve there, and `crate::Name` where the crate root re-exports `Name` from
+//!   x. `lib.rs` is the root and has no edges of its own. Inside each directory module the same holds one
+//!   level down, between the children of `src/x/` (`mod.rs` is that module's root). Any cycle fails,
+//!   printed as `a -> b -> a` with where each edge comes from.
+//! - **Long files.** A `.rs` file under `crates/`, `xtask/` or `tests/` over [`MAX_LINES`] lines must say
+//!   why in a module doc line starting with `//! Why this file is long:`.
+//! - **Python suites.** The stdlib `unittest` suites of the Python that runs in the child.
+//!
+//! The scanner is a small hand-written lexer (comments, strings, raw strings, char literals and
+//! lifetimes are skipped; inline `mod name { … }` blocks are tracked), not a Rust parser: it reads paths,
+//! not types, so a glob import (`use crate::x::*`) counts as an edge to x but the names it brings in do
+//! not add edges of their own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+mod graph;
+mod scan;
+
+use graph::ModuleGraph;
+
+/// The crates whose module graphs must have no cycle.
+const LAYERED_CRATES: &[&str] = &[
+    "runpython-core",
+    "runpython-deps",
+    "runpython-store",
+    "runpython-bridge",
+];
+
+/// Above this many lines a file must say why it is long.
+const MAX_LINES: usize = 700;
+
+/// What a long file's module docs must start one line with.
+const LONG_FILE_REASON: &str = "//! Why this file is long:";
+
+/// The directories holding the Python suites, relative to the workspace root.
+const PYTHON_SUITES: &[&str] = &[
+    "crates/runpython-core/tests/python",
+    "crates/runpython-bridge/tests/python",
+];
+
+/// Runs every check, prints every problem, and fails if there was one.
+pub(crate) fn tidy() -> Result<()> {
+    let root = crate::root();
+    let mut problems = Vec::new();
+    for krate in LAYERED_CRATES {
+        let src = root.join("crates").join(krate).join("src");
+        let graph =
+            ModuleGraph::scan(&src).with_context(|| format!("scanning {}", src.display()))?;
+        problems.extend(graph.cycles(&format!("crates/{krate}/src")));
+    }
+    problems.extend(long_files(&root)?);
+    for problem in &problems {
+        eprintln!("tidy: {problem}\n");
+    }
+    let python = python_suites(&root);
+    if !problems.is_empty() {
+        bail!(
+            "tidy found {} problem(s) in the layout of the code (listed above)",
+            problems.len()
+        );
+    }
+    python
+}
+
+fn python_suites(root: &Path) -> Result<()> {
+    let python = crate::python3()?;
+    for suite in PYTHON_SUITES {
+        let dir = root.join(suite);
+        crate::step(
+            &format!("python tests in {suite}"),
+            Command::new(&python)
+                .args(["-m", "unittest", "discover", "-s"])
+                .arg(&dir)
+                .arg("-t")
+                .arg(&dir),
+        )?;
+    }
+    Ok(())
+}
+
+// ---- long files ----
+
+/// `path (N lines)` for every long file without its reason.
+fn long_files(root: &Path) -> Result<Vec<String>> {
+    let mut files = Vec::new();
+    for dir in ["crates", "xtask", "tests"] {
+        rust_files(&root.join(dir), &mut files)?;
+    }
+    let mut problems = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        if let Some(lines) = unexplained_length(&text) {
+            let shown = file.strip_prefix(root).unwrap_or(&file);
+            problems.push(format!(
+                "{} has {lines} lines, over {MAX_LINES}, and does not say why. A file this long usually \
+                 holds more than one job (STYLE.md 14): split it by job, or, if it is one job, add a \
+                 module doc line starting with `{LONG_FILE_REASON}`",
+                shown.display()
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// The line count of a file over the limit that lacks its reason.
+fn unexplained_length(text: &str) -> Option<usize> {
+    let lines = text.lines().count();
+    let explained = text
+        .lines()
+        .any(|l| l.trim_start().starts_with(LONG_FILE_REASON));
+    (lines > MAX_LINES && !explained).then_some(lines)
+}
+
+/// Every `.rs` file under `dir`, build output and hidden directories left out.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(()); // a directory this checkout does not have
+    };
+    for entry in entries {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if entry.file_type()?.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&path, out)?;
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_file_must_say_why() {
+        let long = "fn f() {}\n".repeat(MAX_LINES + 1);
+        assert_eq!(unexplained_length(&long), Some(MAX_LINES + 1));
+        let explained = format!("//! Why this file is long: one job, many tests.\n{long}");
+        assert_eq!(unexplained_length(&explained), None);
+        assert_eq!(unexplained_length(&"x\n".repeat(MAX_LINES)), None);
+    }
+}
