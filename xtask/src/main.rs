@@ -104,6 +104,8 @@ fn ci() -> Result<()> {
                     "--test",
                     "hostile",
                     "--test",
+                    "boundary",
+                    "--test",
                     "run",
                 ])
                 .env("RUNPYTHON_TOOLS_BIN", &tools)
@@ -175,7 +177,9 @@ fn unprivileged_suites() -> Result<()> {
             "-p",
             "runpython-tests",
         ])
-        .args(["--test", "hostile", "--test", "run", "--test", "pool"])
+        .args([
+            "--test", "hostile", "--test", "boundary", "--test", "run", "--test", "pool",
+        ])
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("cannot build the suites")?;
@@ -188,8 +192,8 @@ fn unprivileged_suites() -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    if suites.len() != 3 {
-        bail!("{NAME}: expected 3 test executables, cargo built {suites:?}");
+    if suites.len() != 4 {
+        bail!("{NAME}: expected 4 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites

@@ -88,9 +88,24 @@ pub struct Isolation {
     /// `"tmpfs"`, or `"none"`.
     #[serde(default)]
     pub disk: LimitReport,
+    /// The tool bridge's bounds: one connection, the bytes of calls the host holds at once, the calls
+    /// served at once (which also bounds the run's host command-tool processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<BridgeReport>,
     /// Requested layers that were not available, each with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+}
+
+/// The bounds of a run's tool bridge.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeReport {
+    /// Connections the run may make (always 1: an inherited socket pair).
+    pub connections: u32,
+    /// Bytes of tool-call arguments the host holds for the run at once.
+    pub bytes_in_flight: u64,
+    /// Tool calls served at once.
+    pub concurrent_calls: u64,
 }
 
 /// A limit on the whole run and what enforces it.

@@ -45,8 +45,8 @@ pub use child::PoolConfig;
 pub use command_tool::CommandTool;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder};
 pub use envelope::{
-    Envelope, ErrorInfo, Isolation, LimitReport, ListTruncation, RlimitReport, Status,
-    StreamTruncation, Truncated,
+    BridgeReport, Envelope, ErrorInfo, Isolation, LimitReport, ListTruncation, RlimitReport,
+    Status, StreamTruncation, Truncated,
 };
 pub use error::Error;
 #[cfg(feature = "mcp")]

@@ -129,6 +129,29 @@ impl RunPythonBuilder {
         self.bridge.max_frame = n;
         self
     }
+    /// Tool calls of one run served at once (default 16); more wait. It also bounds how many host
+    /// command-tool processes one run can have.
+    pub fn max_concurrent_tool_calls(mut self, n: usize) -> Self {
+        self.bridge.max_concurrent_calls = n;
+        self
+    }
+    /// Bytes of tool-call arguments the host holds for one run at once (default 64 MiB); past it the
+    /// bridge stops reading until calls finish.
+    pub fn max_tool_bytes_in_flight(mut self, n: usize) -> Self {
+        self.bridge.max_in_flight_bytes = n;
+        self
+    }
+    /// The run's total memory, every process and shared memory together (default 4 GiB; see
+    /// [`Sandbox::run_memory_bytes`]).
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.sandbox.run_memory_bytes = bytes;
+        self
+    }
+    /// Everything the run may write in total (default 1 GiB; see [`Sandbox::disk_bytes`]).
+    pub fn disk_limit(mut self, bytes: u64) -> Self {
+        self.sandbox.disk_bytes = bytes;
+        self
+    }
 
     /// Keeps every run in `store` (script, output, return value, files the code wrote), in the
     /// ephemeral tier unless [`RunPythonBuilder::tier`] says otherwise. The envelope's `run_id` then

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::attempt::{Attempt, Prepared};
 use super::RunPython;
-use crate::envelope::{Envelope, ErrorInfo, Status, Truncated};
+use crate::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
 use crate::error::Error;
 use crate::outcome::{apply_ending, apply_tool_limit};
 use crate::persist::{self, Keeping, MemoParts};
@@ -197,7 +197,10 @@ impl RunPython {
             stdout,
             stderr,
             truncated,
-            isolation: Some(isolation),
+            isolation: Some(Isolation {
+                bridge: Some(self.bridge_report()),
+                ..isolation
+            }),
             ..Envelope::empty(run_id)
         };
         apply_ending(

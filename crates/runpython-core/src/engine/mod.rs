@@ -22,7 +22,7 @@ pub use builder::RunPythonBuilder;
 
 use crate::child::Pool;
 use crate::deps::Deps;
-use crate::envelope::{Envelope, Isolation};
+use crate::envelope::{BridgeReport, Envelope, Isolation};
 use crate::error::Error;
 use crate::nested::{NestEngine, Nesting};
 use crate::persist::Keeping;
@@ -117,7 +117,20 @@ impl RunPython {
     /// Which isolation layers runs get on this machine (probed once per process), without running
     /// anything. `Err` when the sandbox requires a layer that is missing.
     pub fn isolation_report(&self) -> Result<Isolation, Error> {
-        crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout)
+        let report = crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout)?;
+        Ok(Isolation {
+            bridge: Some(self.bridge_report()),
+            ..report
+        })
+    }
+
+    /// The bounds of a run's tool bridge, for the isolation report.
+    pub(crate) fn bridge_report(&self) -> BridgeReport {
+        BridgeReport {
+            connections: 1,
+            bytes_in_flight: self.inner.bridge.max_in_flight_bytes as u64,
+            concurrent_calls: self.inner.bridge.max_concurrent_calls as u64,
+        }
     }
 
     /// The tools exposed to the code.

@@ -115,6 +115,7 @@ impl Decision {
                     enforced_by: "none".into(),
                 }
             },
+            bridge: None,
             missing: self.missing.clone(),
         }
     }

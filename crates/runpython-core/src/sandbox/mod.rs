@@ -72,6 +72,7 @@ mod probe;
 mod seccomp;
 mod sys;
 mod userns;
+mod view;
 
 use std::ffi::CString;
 use std::os::fd::{OwnedFd, RawFd};
@@ -82,19 +83,19 @@ use std::time::Duration;
 
 pub(crate) use cgroup::RunCgroup;
 pub(crate) use init::enter;
-pub(crate) use mounts::{SCRATCH, SCRATCH_DIRS};
 pub(crate) use netns::refill as refill_netns;
 pub(crate) use sys::{dup_high, recv_fd, seqpacket_pair, StepError};
 pub(crate) use userns::{is_run_uid, kill_all_of_uid};
+pub(crate) use view::{SCRATCH, SCRATCH_DIRS};
 
 use crate::envelope::Isolation;
 use crate::error::Error;
 use decide::{decide, Decision, Host};
 use init::Exec;
-use mounts::{cstring, View, ViewSpec};
 use netns::ReadyNetns;
 use sys::{getegid, geteuid};
 use userns::IdMaps;
+use view::{cstring, View, ViewSpec};
 
 /// The sandbox layers a [`crate::RunPython`] asks for, and the limits it sets. Every layer can be
 /// turned off (to measure it, or where a host provides its own); [`Sandbox::require`] refuses to run
@@ -297,9 +298,7 @@ pub(crate) fn prepare(
     let kernel = probe::kernel();
     let read_dirs = read_dirs(config, python, code_dir, extra_reads);
     let mut decision = decide(config, kernel, host(), || {
-        read_dirs
-            .iter()
-            .find_map(|d| mounts::first_untraversable(d))
+        read_dirs.iter().find_map(|d| view::first_untraversable(d))
     });
     let run_dir = canonical(run_dir);
     let drop_to = decision.drop_privileges.then(|| {
@@ -312,7 +311,7 @@ pub(crate) fn prepare(
         let root = run_dir.join("root");
         std::fs::create_dir(&root)
             .map_err(|source| Error::io("creating the run's root mount point", &root, source))?;
-        Some(mounts::plan(&ViewSpec {
+        Some(view::plan(&ViewSpec {
             root: &root,
             read_paths: &read_dirs,
             disk_bytes: config.disk_bytes,
@@ -331,7 +330,7 @@ pub(crate) fn prepare(
             Ok(fd) => {
                 let (all, read) = (landlock::access_all(abi), landlock::access_read(abi));
                 if view.is_some() {
-                    for dir in [mounts::SCRATCH, "/tmp", "/dev/shm"] {
+                    for dir in [view::SCRATCH, "/tmp", "/dev/shm"] {
                         landlock_inner.push((cstring(Path::new(dir))?, all));
                     }
                     // The view holds only what is allowlisted: its directories may be listed.
@@ -475,9 +474,7 @@ pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, E
         &[],
     );
     let decision = decide(config, probe::kernel(), host(), || {
-        read_dirs
-            .iter()
-            .find_map(|d| mounts::first_untraversable(d))
+        read_dirs.iter().find_map(|d| view::first_untraversable(d))
     });
     if config.require && !decision.missing.is_empty() {
         return Err(Error::IsolationUnavailable(decision.missing.join("; ")));

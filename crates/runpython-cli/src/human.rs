@@ -1,0 +1,126 @@
+//! What a person sees in human mode: dependency progress on one status line, the outcome of a run,
+//! and every text the code chose with its control characters escaped.
+
+use std::borrow::Cow;
+
+use runpython_core::{DepsProgress, Envelope};
+use serde_json::Value;
+
+/// A one-line dependency progress display on stderr, only when stderr is a terminal.
+pub(crate) struct StatusLine {
+    tty: bool,
+    shown: bool,
+    frame: usize,
+}
+
+impl StatusLine {
+    pub(crate) fn new() -> Self {
+        use std::io::IsTerminal;
+        Self {
+            tty: std::io::stderr().is_terminal(),
+            shown: false,
+            frame: 0,
+        }
+    }
+
+    pub(crate) fn show(&mut self, step: &DepsProgress) {
+        if !self.tty {
+            return;
+        }
+        const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
+        let text = match step {
+            DepsProgress::Resolving { specs } => format!("resolving {}", specs.join(" ")),
+            DepsProgress::Downloading { detail } => format!("downloading {detail}"),
+            DepsProgress::Installing { detail } => format!("installing {detail}"),
+            DepsProgress::Waiting { .. } => {
+                "waiting for another run preparing the same environment".into()
+            }
+            DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
+            _ => return,
+        };
+        // Package names come from the code's imports and its PEP 723 block: shown escaped.
+        let text: String = escape_controls(&text).chars().take(100).collect();
+        self.frame += 1;
+        say_err_raw!("\r\x1b[2K{} {text}", SPINNER[self.frame % SPINNER.len()]);
+        self.shown = true;
+    }
+
+    pub(crate) fn clear(&mut self) {
+        if self.shown {
+            say_err_raw!("\r\x1b[2K");
+            self.shown = false;
+        }
+    }
+}
+
+/// After the live output: the return value, or what went wrong.
+pub(crate) fn print_human(envelope: &Envelope) {
+    if let Some(truncated) = &envelope.truncated {
+        for (name, t) in [("stdout", &truncated.stdout), ("stderr", &truncated.stderr)] {
+            if let Some(t) = t {
+                say_err!(
+                    "[runpython: the envelope keeps {} of {} characters of {name}]",
+                    t.total_chars - t.omitted_chars,
+                    t.total_chars
+                );
+            }
+        }
+    }
+    // Everything below is what the code chose: no control character reaches the terminal raw.
+    match &envelope.error {
+        Some(error) => match &error.traceback {
+            Some(tb) if !tb.is_empty() => say_err_raw!("{}", keep_lines(tb)),
+            _ => say_err!(
+                "{}: {}",
+                escape_controls(&error.kind),
+                keep_lines(&error.message)
+            ),
+        },
+        None if !envelope.return_value.is_null() => match &envelope.return_value {
+            Value::String(s) if envelope.return_type.as_deref() != Some("str") => {
+                say!("{}", keep_lines(s))
+            }
+            value => say!("{value}"),
+        },
+        None => {}
+    }
+}
+
+/// `text` with every control character shown escaped (`\x1b`, `\n`): for one-line fields a terminal
+/// prints, where the code chose the text (a file name holding ESC and a newline must not rewrite the
+/// screen or forge a line).
+pub(crate) fn escape_controls(text: &str) -> Cow<'_, str> {
+    escape_controls_but(text, &[])
+}
+
+/// [`escape_controls`] that keeps newlines and tabs: for multi-line text (messages, tracebacks).
+fn keep_lines(text: &str) -> Cow<'_, str> {
+    escape_controls_but(text, &['\n', '\t'])
+}
+
+fn escape_controls_but<'a>(text: &'a str, keep: &[char]) -> Cow<'a, str> {
+    let bad = |c: char| c.is_control() && !keep.contains(&c);
+    if !text.chars().any(bad) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if bad(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The code's own output as it goes to a terminal: control characters other than newlines and tabs
+/// escaped, so it cannot move the cursor, retitle the window or write the clipboard. Piped output is
+/// passed through exactly.
+pub(crate) fn for_terminal(text: &str, terminal: bool) -> Cow<'_, str> {
+    if terminal {
+        keep_lines(text)
+    } else {
+        Cow::Borrowed(text)
+    }
+}
