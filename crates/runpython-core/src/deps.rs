@@ -111,6 +111,12 @@ impl Deps {
             .map(Some)
     }
 
+    /// Where prepared environments live (a session's interpreter reads them all, so a cell may add
+    /// dependencies while it lives).
+    pub fn root(&self) -> &std::path::Path {
+        self.envs.root()
+    }
+
     /// The part of a memo key that decides the dependencies: defaults, explicit specs, auto-detection.
     /// (Detected imports and the PEP 723 block are functions of the code, which the key also holds.)
     pub fn memo_part(&self, request: &RunRequest) -> String {

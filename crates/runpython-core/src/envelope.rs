@@ -54,6 +54,19 @@ pub struct Envelope {
     /// Which isolation layers were in force; `null` when no process was started.
     #[serde(default)]
     pub isolation: Option<Isolation>,
+    /// The session this cell ran in (absent for a run of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The cell's number in its session, from 1 (absent for a run of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<u64>,
+    /// True when the session was rebuilt (its recorded cells replayed from the store) before this cell
+    /// ran: its interpreter had died, been evicted, or lived on another host.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restored: bool,
+    /// The value as Python shows it, when the request asked for it (a REPL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_repr: Option<String>,
 }
 
 /// Which isolation layers were in force for a run (the envelope's `isolation`).
@@ -222,6 +235,10 @@ impl Envelope {
             suspension: None,
             return_preview: None,
             isolation: None,
+            session_id: None,
+            cell: None,
+            restored: false,
+            return_repr: None,
         }
     }
 

@@ -39,11 +39,12 @@ mod persist;
 mod request;
 mod resume;
 mod sandbox;
+mod session;
 mod tool_spec;
 
 pub use child::PoolConfig;
 pub use command_tool::CommandTool;
-pub use engine::{RunHandle, RunPython, RunPythonBuilder};
+pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
 pub use envelope::{
     BridgeReport, Envelope, ErrorInfo, Isolation, LimitReport, ListTruncation, RlimitReport,
     Status, StreamTruncation, Truncated,
@@ -53,6 +54,7 @@ pub use error::Error;
 pub use mcp_tools::McpServer;
 pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
 pub use sandbox::Sandbox;
+pub use session::SessionConfig;
 pub use tool_spec::{ToolDefinition, ToolFormat, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL};
 
 /// What an implementer of a [`Tool`] needs: the trait, its arguments and errors, and closures as tools.

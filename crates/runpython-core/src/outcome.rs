@@ -176,12 +176,15 @@ fn apply_result(
         error: Option<ErrorInfo>,
         #[serde(default)]
         return_preview: Option<Value>,
+        #[serde(default)]
+        return_repr: Option<String>,
     }
     match serde_json::from_slice::<RunnerResult>(bytes) {
         Ok(result) if result.status == "success" => {
             envelope.return_value = result.return_value;
             envelope.return_type = result.return_type;
             envelope.return_preview = result.return_preview;
+            envelope.return_repr = result.return_repr;
         }
         Ok(result) => {
             envelope.return_preview = result.return_preview;

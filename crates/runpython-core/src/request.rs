@@ -76,6 +76,11 @@ pub struct RunRequest {
     pub use_memo: bool,
     /// This run's wall-clock limit, when shorter than the engine's (a longer one is capped to it).
     pub timeout: Option<Duration>,
+    /// Run as a cell of this session (state kept across calls; see [`crate::Session`]); `None`: a
+    /// run of its own.
+    pub session: Option<String>,
+    /// Also return the value as Python shows it (`return_repr`: what a REPL prints).
+    pub repr: bool,
 }
 
 impl RunRequest {
@@ -88,7 +93,15 @@ impl RunRequest {
             dependencies: Vec::new(),
             use_memo: true,
             timeout: None,
+            session: None,
+            repr: false,
         }
+    }
+
+    /// Runs this as a cell of the session `id` (made if new; see [`crate::RunPython::session`]).
+    pub fn session(mut self, id: impl Into<String>) -> Self {
+        self.session = Some(id.into());
+        self
     }
 
     /// A wall-clock limit for this run only, capped by the engine's [`Limits::timeout`].

@@ -51,7 +51,7 @@ impl Tool for ApprovalTool {
 
 /// Where a resumable run stands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) enum RunState {
+enum RunState {
     /// Started (or resumed) and not finished: if its host died, it may be resumed.
     Running,
     /// Waiting for decisions on these suspensions.
@@ -278,4 +278,49 @@ pub(crate) async fn pending_suspensions(store: &Store, run_id: &str) -> Result<V
             "run {run_id} already finished; there is nothing to resume"
         ))),
     }
+}
+
+/// A session cell's checkpoint: its run id names the session waiting on it (the cell itself is in the
+/// session's record). `RPSC`, a version byte, a state byte (0 waiting, 1 finished), the session id.
+const SESSION_CELL_MAGIC: &[u8; 4] = b"RPSC";
+
+/// Marks run `run_id` as the suspended cell of session `session_id` (so `resume(run_id)` finds it).
+pub(crate) async fn put_session_cell(
+    store: &Store,
+    run_id: &str,
+    session_id: &str,
+) -> Result<(), Error> {
+    let mut bytes = SESSION_CELL_MAGIC.to_vec();
+    bytes.extend([VERSION_1, 0]);
+    bytes.extend(session_id.as_bytes());
+    store.put_checkpoint(run_id, bytes).await?;
+    Ok(())
+}
+
+/// Marks a session cell's checkpoint finished: it cannot be resumed again.
+pub(crate) async fn finish_session_cell(store: &Store, run_id: &str) -> Result<(), Error> {
+    if let Some(bytes) = store.get_checkpoint(run_id).await? {
+        if bytes.len() >= 6 && &bytes[..4] == SESSION_CELL_MAGIC {
+            let mut bytes = bytes.to_vec();
+            bytes[5] = 1;
+            store.put_checkpoint(run_id, bytes).await?;
+        }
+    }
+    Ok(())
+}
+
+/// When `run_id` is a session's suspended cell: the session's id. An error when it already finished.
+pub(crate) async fn session_of(store: &Store, run_id: &str) -> Result<Option<String>, Error> {
+    let Some(bytes) = store.get_checkpoint(run_id).await? else {
+        return Ok(None);
+    };
+    if bytes.len() < 6 || &bytes[..4] != SESSION_CELL_MAGIC {
+        return Ok(None);
+    }
+    if bytes[5] != 0 {
+        return Err(Error::InvalidInput(format!(
+            "run {run_id} already finished; there is nothing to resume"
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(&bytes[6..]).into_owned()))
 }

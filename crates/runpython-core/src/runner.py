@@ -320,8 +320,9 @@ def _compile(source, bridge_module):
     return body_code, last_code
 
 
-def _execute(body_code, last_code, namespace):
-    """Run the code; returns (has_value, value)."""
+def _execute(body_code, last_code, namespace, loop=None):
+    """Run the code; returns (has_value, value). `loop()` gives a session's event loop (kept across
+    cells); a one-shot run gets its own."""
     needs_loop = body_code.co_flags & CO_COROUTINE or (last_code is not None and last_code.co_flags & CO_COROUTINE)
     if not needs_loop:
         exec(body_code, namespace)
@@ -342,6 +343,8 @@ def _execute(body_code, last_code, namespace):
             value = await value
         return value
 
+    if loop is not None:
+        return last_code is not None, loop().run_until_complete(run_module())
     return last_code is not None, asyncio.run(run_module())
 
 
@@ -507,34 +510,7 @@ def _warm_up(args):
                     pass
 
 
-def main():
-    global _code_dir
-    posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
-    try:
-        posix.set_inheritable(BRIDGE_FD, False)  # nor the tool bridge
-    except OSError:
-        pass
-    pid = posix.getpid()
-    _warm_up(sys.argv[2:])
-    request = _read_request()
-    source = request["code"]
-    limit = int(request.get("max_return_bytes", 1_000_000))
-    inline_limit = int(request.get("inline_return_bytes", 4096))
-    code_dir = request.get("code_dir")
-    if code_dir:
-        _code_dir = code_dir.rstrip("/") + "/"
-    sys.argv = [FILENAME]
-    sys.stdout.reconfigure(line_buffering=True)
-    site_dir = request.get("site_dir")
-    if site_dir:
-        import site  # with -S its import adds nothing by itself; addsitedir also reads .pth files
-
-        site.addsitedir(site_dir)
-
-    main_module = type(sys)("__main__")
-    namespace = main_module.__dict__
-    namespace["__builtins__"] = __builtins__
-    sys.modules["__main__"] = main_module
+def _bind_inputs(request, namespace):
     for name, value in (request.get("inputs") or {}).items():
         namespace[name] = value
     if request.get("input_artifacts"):
@@ -543,6 +519,12 @@ def main():
         for name, encoded in request["input_artifacts"].items():
             namespace[name] = _parse_artifact(binascii.a2b_base64(encoded))
 
+
+def _run(request, namespace, loop=None):
+    """Runs the request's code in `namespace`; returns (status, result, summary) for `_result_text`."""
+    source = request["code"]
+    limit = int(request.get("max_return_bytes", 1_000_000))
+    inline_limit = int(request.get("inline_return_bytes", 4096))
     status, result, summary = "success", None, None
     try:
         spec = request.get("bridge")
@@ -551,10 +533,11 @@ def main():
         bridge = _install_bridge(spec, namespace) if visible else None
         if request.get("artifact_helpers") and spec is not None:
             _artifact_helpers(namespace, spec, request.get("saved_dir") or "saved")
+        code_dir = request.get("code_dir")
         if code_dir in sys.path:
             sys.path.remove(code_dir)  # it was only needed to import runpython's own modules
         body_code, last_code = _compile(source, bridge)
-        has_value, value = _execute(body_code, last_code, namespace)
+        has_value, value = _execute(body_code, last_code, namespace, loop)
         if has_value and value is not None:
             encoded = _json_or_repr(value, limit)
             size = len(encoded.encode("utf-8", "surrogatepass"))
@@ -563,12 +546,75 @@ def main():
             if size > limit:
                 status, result = "error", _too_large(size, limit)
             else:
-                result = (type(value).__name__, encoded, summary)
+                shown = None
+                if request.get("repr"):
+                    try:
+                        shown = repr(value)[:10000]
+                    except BaseException:
+                        shown = None
+                result = (type(value).__name__, encoded, summary, shown)
     except SystemExit as exc:
         if exc.code is not None and exc.code != 0:  # sys.exit() and sys.exit(0) are a normal end
             status, result = "error", _format_error(exc, source)
     except BaseException as exc:
         status, result = "error", _format_error(exc, source)
+    return status, result, summary
+
+
+def _result_text(status, result, summary):
+    if status == "success" and result is not None:
+        type_name, encoded, summary, shown = result
+        text = '{"status":"success","return_type":%s,"return_preview":%s,"return_value":%s' % (
+            json_dumps(type_name),
+            json_dumps(summary),
+            encoded,
+        )
+        if shown is not None:
+            text += ',"return_repr":%s' % json_dumps(shown)
+        return text + "}"
+    if status == "success":
+        return '{"status":"success","return_type":null,"return_value":null}'
+    return json_dumps({"status": "error", "error": result, "return_preview": summary})
+
+
+def _new_main_module():
+    main_module = type(sys)("__main__")
+    namespace = main_module.__dict__
+    namespace["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main_module
+    return namespace
+
+
+def _add_sites(dirs, added):
+    for site_dir in dirs or ():
+        if site_dir and site_dir not in added:
+            import site  # with -S its import adds nothing by itself; addsitedir also reads .pth files
+
+            site.addsitedir(site_dir)
+            added.append(site_dir)
+
+
+def main():
+    global _code_dir
+    posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
+    try:
+        posix.set_inheritable(BRIDGE_FD, False)  # nor the tool bridge
+    except OSError:
+        pass
+    if "--session" in sys.argv[2:]:
+        return _session_main()
+    pid = posix.getpid()
+    _warm_up(sys.argv[2:])
+    request = _read_request()
+    code_dir = request.get("code_dir")
+    if code_dir:
+        _code_dir = code_dir.rstrip("/") + "/"
+    sys.argv = [FILENAME]
+    sys.stdout.reconfigure(line_buffering=True)
+    _add_sites([request.get("site_dir")], [])
+    namespace = _new_main_module()
+    _bind_inputs(request, namespace)
+    status, result, summary = _run(request, namespace)
 
     _save_open_figures()
     _finish_like_exit(namespace)
@@ -579,24 +625,167 @@ def main():
         pass  # the code may have closed them; the result still matters
     if posix.getpid() != pid:  # a process the code forked: only the runner itself reports
         posix._exit(0 if status == "success" else 1)
-    if status == "success" and result is not None:
-        type_name, encoded, summary = result
-        text = '{"status":"success","return_type":%s,"return_preview":%s,"return_value":%s}' % (
-            json_dumps(type_name),
-            json_dumps(summary),
-            encoded,
-        )
-    elif status == "success":
-        text = '{"status":"success","return_type":null,"return_value":null}'
-    else:
-        text = json_dumps({"status": "error", "error": result, "return_preview": summary})
-    _write_result(RESULT_FD, text)
+    _write_result(RESULT_FD, _result_text(status, result, summary))
     # The answer is complete: closing the streams tells the host so before the interpreter has exited.
     for fd in (1, 2):
         try:
             posix.close(fd)
         except OSError:
             pass
+
+
+class _Session:
+    """A session's interpreter: cells arrive on the control socket (its stdin) with their own stdout,
+    stderr, result pipe and bridge connection as descriptors; one `__main__` namespace and one event
+    loop live across cells. A thread reads the control socket so that an interrupt can reach a running
+    cell (as SIGINT: a KeyboardInterrupt in the code)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        fd = posix.dup(0)
+        posix.set_inheritable(fd, False)
+        self.ctl = socket.socket(fileno=fd)
+        self.ctl.setblocking(True)
+        null = posix.open("/dev/null", posix.O_RDWR)
+        for target in (0, 1, 2, RESULT_FD, BRIDGE_FD):
+            posix.dup2(null, target, inheritable=target < 3)
+        posix.close(null)
+        self.cells = []
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)
+        self.running = False
+        self.closed = False
+        self.loop = None
+        self.main_thread = threading.main_thread().ident
+        threading.Thread(target=self._read, name="runpython-session", daemon=True).start()
+
+    def _read_exact(self, n, fds):
+        import socket
+
+        data = b""
+        while len(data) < n:
+            chunk, got, _, _ = socket.recv_fds(self.ctl, n - len(data), 8)
+            if not chunk:
+                return None
+            fds.extend(got)
+            data += chunk
+        return data
+
+    def _read(self):
+        while True:
+            fds = []
+            header = self._read_exact(4, fds)
+            if header is None:
+                break
+            payload = self._read_exact(int.from_bytes(header, "big"), fds)
+            if payload is None:
+                break
+            message = json_loads(payload.decode("utf-8"))
+            if message.get("type") == "interrupt":
+                for fd in fds:
+                    posix.close(fd)
+                with self.lock:
+                    if self.running:
+                        # SIGINT to the main thread itself (a signal to the process may land on this
+                        # thread and leave a sleeping cell asleep): a KeyboardInterrupt in the cell.
+                        import signal
+
+                        signal.pthread_kill(self.main_thread, signal.SIGINT)
+                continue
+            with self.lock:
+                self.cells.append((message, fds))
+                self.ready.notify()
+        with self.lock:
+            self.closed = True
+            self.ready.notify()
+
+    def next_cell(self):
+        with self.lock:
+            while not self.cells and not self.closed:
+                self.ready.wait()
+            if self.cells:
+                return self.cells.pop(0)
+            return None, None
+
+    def run_cell(self, request, fds, namespace, sites):
+        global _code_dir
+        out, err, res = fds[0], fds[1], fds[2]
+        bridge_fd = fds[3] if len(fds) > 3 else None
+        for fd, target in ((out, 1), (err, 2)):
+            posix.dup2(fd, target)
+            posix.close(fd)
+        if bridge_fd is not None:
+            posix.dup2(bridge_fd, BRIDGE_FD, inheritable=False)
+            posix.close(bridge_fd)
+        code_dir = request.get("code_dir")
+        if code_dir:
+            _code_dir = code_dir.rstrip("/") + "/"
+        _add_sites(request.get("site_dirs"), sites)
+        _bind_inputs(request, namespace)
+        with self.lock:
+            self.running = True
+        try:
+            status, result, summary = _run(request, namespace, self._loop)
+        except KeyboardInterrupt as exc:  # the interrupt came as the cell ended
+            status, result, summary = "error", _format_error(exc, request["code"]), None
+        finally:
+            with self.lock:
+                self.running = False
+        try:
+            _save_open_figures()
+            plt = sys.modules.get("matplotlib.pyplot")
+            if plt is not None:
+                plt.close("all")  # saved with this cell's files; the next cell starts without them
+        except BaseException:
+            pass
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        _write_result(res, _result_text(status, result, summary))
+        # This cell's bridge connection ends with it: the client lets go of descriptor 4 without closing
+        # it (the next cell's connection takes that number).
+        tools = sys.modules.get("runpython_tools")
+        if tools is not None and tools._bridge is not None:
+            sock = getattr(tools._bridge, "sock", None)
+            if sock is not None:
+                sock.detach()
+            tools._bridge = None
+        # The cell's streams end here: the host reads them to end of file.
+        null = posix.open("/dev/null", posix.O_RDWR)
+        for target in (1, 2):
+            posix.dup2(null, target)
+        posix.dup2(null, BRIDGE_FD, inheritable=False)
+        posix.close(null)
+
+    def _loop(self):
+        if self.loop is None:
+            import asyncio
+
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+        return self.loop
+
+
+def _session_main():
+    _warm_up(sys.argv[2:])  # "--session 1" is a pair it skips
+    sys.argv = [FILENAME]
+    session = _Session()
+    sys.stdout.reconfigure(line_buffering=True)
+    namespace = _new_main_module()
+    sites = []
+    while True:
+        try:
+            request, fds = session.next_cell()
+            if request is None:
+                break
+            session.run_cell(request, fds, namespace, sites)
+        except KeyboardInterrupt:
+            continue  # an interrupt that arrived between cells
+    posix._exit(0)
 
 
 if __name__ in ("__main__", "runpython_runner"):

@@ -13,6 +13,8 @@ pub(crate) const RUNS: &str = "v1/runs";
 pub(crate) const MEMO: &str = "v1/memo";
 /// Checkpoints of resumable runs (request, journal, state), opaque to the store.
 pub(crate) const CHECKPOINTS: &str = "v1/checkpoints";
+/// Session records (every cell with its journal), opaque to the store.
+pub(crate) const SESSIONS: &str = "v1/sessions";
 /// Streamed uploads land here before their hash is known; gc removes leftovers past the grace period.
 pub(crate) const STAGING: &str = "v1/staging";
 
@@ -29,6 +31,20 @@ pub(crate) fn run(run_id: &str) -> Result<Path> {
 pub(crate) fn checkpoint(run_id: &str) -> Result<Path> {
     check_run_id(run_id)?;
     Ok(Path::from(format!("{CHECKPOINTS}/{run_id}")))
+}
+
+/// A session's record. Session ids may hold `:` (a client's scope): they are hex-encoded into the key
+/// so that no id can be mistaken for another or escape its prefix.
+pub(crate) fn session(id: &str) -> Result<Path> {
+    if id.is_empty() || id.len() > 128 {
+        return Err(Error::InvalidId {
+            what: "session id",
+            value: id.to_owned(),
+            reason: "must be 1 to 128 characters long",
+        });
+    }
+    let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
+    Ok(Path::from(format!("{SESSIONS}/{hex}")))
 }
 
 pub(crate) fn memo(key: &str) -> Result<Path> {

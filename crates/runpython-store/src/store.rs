@@ -428,6 +428,25 @@ impl Store {
         self.read(&key).await
     }
 
+    // ---- sessions ----
+
+    /// Keeps a session's record (the caller's own versioned bytes), replacing any earlier one atomically.
+    pub async fn put_session(&self, id: &str, bytes: impl Into<Bytes>) -> Result<()> {
+        let key = layout::session(id)?;
+        self.write(&key, bytes.into()).await
+    }
+
+    /// The record of session `id`, or `None` when it has none.
+    pub async fn get_session(&self, id: &str) -> Result<Option<Bytes>> {
+        let key = layout::session(id)?;
+        self.read(&key).await
+    }
+
+    /// Forgets session `id` (absent is fine).
+    pub async fn delete_session(&self, id: &str) -> Result<()> {
+        self.remove(&layout::session(id)?).await
+    }
+
     // ---- runs ----
 
     /// Keeps a run: every item becomes a blob, then the manifest is written (in that order, so a

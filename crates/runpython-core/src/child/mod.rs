@@ -22,7 +22,7 @@ pub(crate) use output::{capture, take_capture, Captured, Closed, HeadTail};
 pub use pool::PoolConfig;
 pub(crate) use pool::{Pool, PoolKey};
 pub(crate) use run_dir::discard_run_dir;
-pub(crate) use spawn::{Spawned, BRIDGE_FD};
+pub(crate) use spawn::{Spawned, SpawnedParts, BRIDGE_FD};
 
 use crate::envelope::Isolation;
 use crate::error::Error;
@@ -40,6 +40,8 @@ pub(crate) struct Slot {
     pub saved_dir: PathBuf,
     /// The host's end of the run's tool bridge (the child has the other as descriptor 4).
     pub bridge: HostEnd,
+    /// A session interpreter's control socket (the host's end; the child's is its stdin).
+    pub control: Option<tokio::net::UnixStream>,
     pub isolation: Isolation,
     pub born: Instant,
 }
@@ -56,21 +58,49 @@ pub(crate) struct SlotSpec {
 impl SlotSpec {
     /// Starts an interpreter for a run: a private run directory, the sandbox plan, the child waiting
     /// for its request on stdin. `warm_up` are the runner's pre-request arguments (pooled interpreters).
+    /// `reads` are the directories the code reads besides the interpreter and runpython's code (its
+    /// prepared environment).
     pub(crate) fn spawn(
         &self,
         python: &Path,
         code_dir: &Path,
-        site_dir: Option<&Path>,
+        reads: &[&Path],
         warm_up: &[String],
     ) -> Result<Slot, Error> {
+        self.spawn_as(python, code_dir, reads, warm_up, false)
+    }
+
+    /// An interpreter for a session: it serves cells sent over a control socket (its stdin) until the
+    /// host closes it.
+    pub(crate) fn spawn_session(
+        &self,
+        python: &Path,
+        code_dir: &Path,
+        reads: &[&Path],
+    ) -> Result<Slot, Error> {
+        self.spawn_as(
+            python,
+            code_dir,
+            reads,
+            &["--session".into(), "1".into()],
+            true,
+        )
+    }
+
+    fn spawn_as(
+        &self,
+        python: &Path,
+        code_dir: &Path,
+        env_reads: &[&Path],
+        warm_up: &[String],
+        session: bool,
+    ) -> Result<Slot, Error> {
         let (run_dir, work_dir) = run_dir::create()?;
-        // The prepared environment is read by the code: the sandbox must let it through.
-        let env_reads: Vec<&Path> = site_dir.into_iter().collect();
         let plan = crate::sandbox::prepare(
             &self.sandbox,
             python,
             code_dir,
-            &env_reads,
+            env_reads,
             run_dir.path(),
             self.timeout,
         )?;
@@ -91,6 +121,17 @@ impl SlotSpec {
                 })?)
             };
         let (bridge, bridge_child) = runpython_bridge::socket_pair()?;
+        let (control, control_child) = if session {
+            let (host, child) = std::os::unix::net::UnixStream::pair()
+                .map_err(|e| Error::io_pathless("creating a session's control socket", e))?;
+            host.set_nonblocking(true)
+                .map_err(|e| Error::io_pathless("creating a session's control socket", e))?;
+            let host = tokio::net::UnixStream::from_std(host)
+                .map_err(|e| Error::io_pathless("creating a session's control socket", e))?;
+            (Some(host), Some(std::os::fd::OwnedFd::from(child)))
+        } else {
+            (None, None)
+        };
         let mut spawned = spawn::spawn_runner(
             python,
             code_dir,
@@ -98,7 +139,10 @@ impl SlotSpec {
             &work_dir,
             &env,
             plan,
-            bridge_child,
+            spawn::ChildFds {
+                bridge: bridge_child,
+                control: control_child,
+            },
         )?;
         let scratch = match (held, spawned.handoff.take()) {
             (Some(held), _) => held,
@@ -124,6 +168,7 @@ impl SlotSpec {
             scratch: Arc::new(scratch),
             saved_dir: scratch_path.join("saved"),
             bridge,
+            control,
             isolation,
             born: Instant::now(),
         })

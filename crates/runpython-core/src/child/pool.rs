@@ -125,8 +125,9 @@ impl Pool {
                 let mut warm = vec!["_ast".to_owned()];
                 warm.extend(pool.config.warm_imports.iter().cloned());
                 warm_up.extend(["--warm".to_owned(), warm.join(",")]);
+                let reads: Vec<&std::path::Path> = key.1.as_deref().into_iter().collect();
                 let slot = super::code_dir::code_dir()
-                    .and_then(|dir| pool.spec.spawn(&key.0, dir, key.1.as_deref(), &warm_up));
+                    .and_then(|dir| pool.spec.spawn(&key.0, dir, &reads, &warm_up));
                 // A pool that cannot start an interpreter just serves runs cold.
                 pool.put(key, slot.ok());
             });

@@ -55,6 +55,14 @@ pub(crate) struct Spawned {
     pub handoff: Option<OwnedFd>,
 }
 
+/// The descriptors a child gets besides its pipes: its end of the tool bridge (as fd 4) and, for a
+/// session's interpreter, its control socket (as its stdin).
+#[derive(Debug)]
+pub(crate) struct ChildFds {
+    pub bridge: OwnedFd,
+    pub control: Option<OwnedFd>,
+}
+
 /// Starts `python -I -S -X utf8 -c BOOTSTRAP CODE_DIR` in `cwd`, in a new process group, with a scrubbed
 /// environment, piped stdio, the result pipe as descriptor 3, inside the sandbox `plan` describes.
 pub(crate) fn spawn_runner(
@@ -64,8 +72,12 @@ pub(crate) fn spawn_runner(
     cwd: &Path,
     env: &[(String, String)],
     mut plan: crate::sandbox::Plan,
-    bridge_child: OwnedFd,
+    fds: ChildFds,
 ) -> Result<Spawned, Error> {
+    let ChildFds {
+        bridge: bridge_child,
+        control: control_child,
+    } = fds;
     let sweep_uid = plan.sweep_uid;
     let cgroup = plan.take_cgroup();
     let handoff = if plan.has_view() {
@@ -105,7 +117,11 @@ pub(crate) fn spawn_runner(
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
-        .stdin(Stdio::piped())
+        .stdin(match control_child {
+            // A session's interpreter reads its cells from a socket, not a pipe.
+            Some(fd) => Stdio::from(fd),
+            None => Stdio::piped(),
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -169,4 +185,52 @@ fn spawn_error(program: &Path, source: std::io::Error) -> Error {
 fn libc_dup2(old: i32, new: i32) -> i32 {
     // SAFETY: dup2 on two plain descriptor numbers; failure is reported through the return value.
     unsafe { libc::dup2(old, new) }
+}
+
+/// A long-lived interpreter's process and what goes with it (a session's): the group killed and the
+/// run directory removed when it is dropped.
+#[derive(Debug)]
+pub(crate) struct SpawnedParts {
+    child: tokio::process::Child,
+    guard: GroupGuard,
+    cgroup: Option<crate::sandbox::RunCgroup>,
+    run_dir: Option<tempfile::TempDir>,
+}
+
+impl SpawnedParts {
+    pub(crate) fn new(spawned: Spawned, run_dir: tempfile::TempDir) -> Self {
+        Self {
+            child: spawned.child,
+            guard: spawned.guard,
+            cgroup: spawned.cgroup,
+            run_dir: Some(run_dir),
+        }
+    }
+
+    /// Waits for the interpreter to end.
+    pub(crate) async fn wait(&mut self) -> Result<std::process::ExitStatus, Error> {
+        self.child
+            .wait()
+            .await
+            .map_err(|e| Error::io_pathless("waiting for the session's interpreter", e))
+    }
+
+    /// Kills everything the interpreter started, now.
+    pub(crate) fn kill(&mut self) {
+        self.guard.kill();
+    }
+
+    /// Whether the kernel killed a process of it for going over the memory limit.
+    pub(crate) fn oom_killed(&self) -> bool {
+        self.cgroup.as_ref().is_some_and(|cg| cg.oom_killed())
+    }
+}
+
+impl Drop for SpawnedParts {
+    fn drop(&mut self) {
+        self.guard.kill();
+        if let Some(run_dir) = self.run_dir.take() {
+            super::discard_run_dir(run_dir);
+        }
+    }
 }

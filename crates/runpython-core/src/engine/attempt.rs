@@ -91,7 +91,12 @@ impl RunPython {
                 timeout: self.inner.limits.timeout,
                 env_passthrough: self.inner.env_passthrough.clone(),
             }
-            .spawn(&python, code_dir, site_dir.as_deref(), &[])?,
+            .spawn(
+                &python,
+                code_dir,
+                &site_dir.as_deref().into_iter().collect::<Vec<_>>(),
+                &[],
+            )?,
         };
         if let Some(pool) = &self.inner.pool {
             pool.refill(key);

@@ -32,6 +32,7 @@ pub struct RunPythonBuilder {
     sandbox: Sandbox,
     pool: PoolConfig,
     nested: Option<u32>,
+    sessions: crate::session::SessionConfig,
     errors: Vec<String>,
 }
 
@@ -234,6 +235,13 @@ impl RunPythonBuilder {
         self
     }
 
+    /// How many session interpreters live at once and how long an idle one is kept (default 16, 10
+    /// minutes). See [`crate::Session`].
+    pub fn sessions(mut self, config: crate::session::SessionConfig) -> Self {
+        self.sessions = config;
+        self
+    }
+
     /// Lets the code call `run_python(code, dependencies=None, inputs=None)`, which runs more code in
     /// its own sandboxed child and returns that run's envelope as a dict, up to `depth` levels down.
     /// The inner run's timeout and tool calls come out of the outer run's remaining budget; a call
@@ -307,6 +315,7 @@ impl RunPythonBuilder {
                 pool: (self.pool.size > 0).then(|| Arc::new(Pool::new(self.pool, spec))),
                 interpreter: tokio::sync::OnceCell::new(),
                 nesting: self.nested.map(Nesting::top),
+                sessions: crate::session::Registry::new(self.sessions),
             }),
         })
     }

@@ -20,13 +20,71 @@ pub(crate) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// How one child (a run's, or a session's for one cell) ended, before it becomes an envelope.
+pub(super) struct Outcome<'a> {
+    pub ending: crate::outcome::Ending,
+    pub answer: &'a crate::outcome::Answer,
+    pub stdout: &'a crate::child::Captured,
+    pub stderr: &'a crate::child::Captured,
+    pub isolation: Isolation,
+    pub oom_killed: bool,
+    pub bridge_stats: Option<&'a runpython_bridge::BridgeStats>,
+}
+
 impl RunPython {
+    /// The envelope of an outcome: output within its limit, status, value and error, the tool budget
+    /// and the memory limit applied, the isolation report.
+    pub(super) fn envelope_of(
+        &self,
+        run_id: String,
+        outcome: Outcome<'_>,
+        timeout: std::time::Duration,
+        started: Instant,
+    ) -> Result<Envelope, Error> {
+        let limits = &self.inner.limits;
+        let (stdout, stdout_trunc) = outcome.stdout.render(limits.max_output_chars);
+        let (stderr, stderr_trunc) = outcome.stderr.render(limits.max_output_chars);
+        let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then_some(Truncated {
+            stdout: stdout_trunc,
+            stderr: stderr_trunc,
+            artifacts: None,
+        });
+        let mut envelope = Envelope {
+            stdout,
+            stderr,
+            truncated,
+            isolation: Some(Isolation {
+                bridge: Some(self.bridge_report()),
+                ..outcome.isolation
+            }),
+            ..Envelope::empty(run_id)
+        };
+        apply_ending(
+            &mut envelope,
+            outcome.ending,
+            outcome.answer,
+            limits.max_return_bytes,
+            timeout,
+        )?;
+        if outcome.oom_killed {
+            crate::outcome::apply_memory_limit(&mut envelope, self.inner.sandbox.run_memory_bytes);
+        }
+        if outcome.bridge_stats.is_some_and(|s| s.limit_exceeded()) {
+            apply_tool_limit(&mut envelope, self.inner.bridge.max_calls);
+        }
+        envelope.duration_ms = elapsed_ms(started);
+        Ok(envelope)
+    }
+
     pub(super) async fn execute(
         &self,
         request: RunRequest,
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
+        if let Some(id) = request.session.clone() {
+            return self.execute_cell(&id, request, events, cancel).await;
+        }
         if let Some(timeout) = request.timeout {
             if timeout.is_zero() {
                 return Err(Error::InvalidInput(
@@ -186,37 +244,20 @@ impl RunPython {
             oom_killed,
         } = attempt;
 
-        let (stdout, stdout_trunc) = stdout_captured.render(limits.max_output_chars);
-        let (stderr, stderr_trunc) = stderr_captured.render(limits.max_output_chars);
-        let truncated = (stdout_trunc.is_some() || stderr_trunc.is_some()).then_some(Truncated {
-            stdout: stdout_trunc,
-            stderr: stderr_trunc,
-            artifacts: None,
-        });
-        let mut envelope = Envelope {
-            stdout,
-            stderr,
-            truncated,
-            isolation: Some(Isolation {
-                bridge: Some(self.bridge_report()),
-                ..isolation
-            }),
-            ..Envelope::empty(run_id)
-        };
-        apply_ending(
-            &mut envelope,
-            ending,
-            &answer,
-            limits.max_return_bytes,
+        let mut envelope = self.envelope_of(
+            run_id,
+            Outcome {
+                ending,
+                answer: &answer,
+                stdout: &stdout_captured,
+                stderr: &stderr_captured,
+                isolation,
+                oom_killed,
+                bridge_stats: bridge_stats.as_deref(),
+            },
             timeout,
+            started,
         )?;
-        if oom_killed {
-            crate::outcome::apply_memory_limit(&mut envelope, self.inner.sandbox.run_memory_bytes);
-        }
-        if bridge_stats.as_ref().is_some_and(|s| s.limit_exceeded()) {
-            apply_tool_limit(&mut envelope, self.inner.bridge.max_calls);
-        }
-        envelope.duration_ms = elapsed_ms(started);
         crate::nested::report_calls(self.inner.nesting.as_ref(), bridge_stats.as_deref());
         let memoizable = envelope.status == Status::Success
             && !resumed

@@ -5,6 +5,7 @@
 mod attempt;
 mod builder;
 mod execute;
+mod session;
 mod tools;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 pub use builder::RunPythonBuilder;
+pub use session::Session;
 
 use crate::child::Pool;
 use crate::deps::Deps;
@@ -51,6 +53,7 @@ struct Inner {
     pool: Option<Arc<Pool>>,
     interpreter: tokio::sync::OnceCell<Interpreter>,
     nesting: Option<Nesting>,
+    sessions: Arc<crate::session::Registry>,
 }
 
 /// A run in progress: its events as they happen, cancellation, and the envelope at the end.
@@ -199,6 +202,9 @@ impl RunPython {
         let keep = self.inner.keep.as_ref().ok_or_else(|| {
             Error::Config("resume needs the store the run was kept in: call store()".into())
         })?;
+        if let Some(session) = crate::resume::session_of(&keep.store, run_id).await? {
+            return self.resume_cell(&session, run_id, decisions).await;
+        }
         let (request, plan) =
             crate::resume::load_for_resume(&keep.store, run_id, decisions).await?;
         let (envelope, _) = self

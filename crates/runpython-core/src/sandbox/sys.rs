@@ -395,23 +395,29 @@ pub(crate) fn in_forked_child(
 /// Sends `fd` over the Unix socket `sock` (`SCM_RIGHTS`). Async-signal-safe: the control message is
 /// built on the stack.
 pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
+    send_with_fds(sock, &[0u8], &[fd])
+}
+
+/// Sends `data` (small: one `sendmsg`) with `fds` attached (`SCM_RIGHTS`, at most 8). Async-signal-safe:
+/// the control message is built on the stack. A short write is an error.
+pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
     // Room for one cmsghdr and one descriptor, aligned for cmsghdr.
     #[repr(C)]
     union Control {
         header: libc::cmsghdr,
         bytes: [u8; 64],
     }
-    let mut byte = [0u8; 1];
     let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
     };
     let mut control = Control { bytes: [0; 64] };
+    let fds_bytes = std::mem::size_of_val(fds) as u32;
     // SAFETY: msghdr is plain data; the CMSG macros work within `control`, which is large and
-    // aligned enough for one descriptor (checked against CMSG_SPACE).
+    // aligned enough for the descriptors (checked against CMSG_SPACE); sendmsg only reads `data`.
     unsafe {
-        let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
-        if space > std::mem::size_of::<Control>() {
+        let space = libc::CMSG_SPACE(fds_bytes) as usize;
+        if fds.is_empty() || space > std::mem::size_of::<Control>() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let mut msg: libc::msghdr = std::mem::zeroed();
@@ -422,10 +428,17 @@ pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
-        if libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) < 0 {
+        (*cmsg).cmsg_len = libc::CMSG_LEN(fds_bytes) as _;
+        let data_ptr = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+        for (i, fd) in fds.iter().enumerate() {
+            std::ptr::write_unaligned(data_ptr.add(i), *fd);
+        }
+        let sent = libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL);
+        if sent < 0 {
             return Err(io::Error::last_os_error());
+        }
+        if sent as usize != data.len() {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "a short sendmsg"));
         }
     }
     Ok(())
