@@ -26,17 +26,22 @@ impl std::fmt::Display for ClientScope {
     }
 }
 
-/// The key a `session_id` is looked up by (issue 17): an id a caller chose is only ever meaningful
-/// within its client's scope, so two tokens choosing `"s"` get two sessions, and no token can reach
-/// another's. When the core gains sessions, `run_python` reads `session_id`, builds this key from the
-/// call's [`ClientScope`] (see `Server::answer`) and hands it to the core's session lookup.
+/// The key a `session_id` is looked up by: an id a caller chose is only ever meaningful within its
+/// client's scope, so two tokens choosing `"s"` get two sessions, and no token can reach another's.
+/// `Server::answer` hands the core `scope:session_id` ([`std::fmt::Display`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-#[allow(dead_code)] // built by run_python once the core has sessions (issue 17)
 pub struct SessionKey {
     /// Whose session it is.
     pub scope: ClientScope,
     /// The id the client chose.
     pub session_id: String,
+}
+
+impl std::fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Token names are letters, digits, `-`, `_` and `.`: the key is a valid session id.
+        write!(f, "{}:{}", self.scope, self.session_id)
+    }
 }
 
 /// Admission of runs: at most `per_scope` at once per client (0: no limit), and none once draining.

@@ -31,7 +31,7 @@ use runpython_core::{
 };
 use serde_json::{json, Map, Value};
 
-pub use crate::admission::{ClientScope, RunGate};
+pub use crate::admission::{ClientScope, RunGate, SessionKey};
 use crate::lines::{LineTransport, MAX_LINE_BYTES};
 
 /// The URI scheme of artifacts served as resources: `runpython://artifact/<id>`.
@@ -266,8 +266,17 @@ impl Server {
                 Some(json!({"code": "invalid_arguments"})),
             ));
         }
-        // Sessions (issue 17) plug in here: a `session_id` argument becomes
-        // `SessionKey { scope: scope.clone(), session_id }` for the core's session lookup.
+        // A session id is the caller's within its scope only: two clients choosing "s" get two
+        // sessions, and none can reach another's (the scope is stable across restarts, so a session
+        // kept in a store is restored under the same key).
+        let mut args = args;
+        if let Some(Value::String(id)) = args.get("session_id") {
+            let key = SessionKey {
+                scope: scope.clone(),
+                session_id: id.clone(),
+            };
+            args.insert("session_id".into(), Value::String(key.to_string()));
+        }
         let runs_code = name == RUN_PYTHON_TOOL || name == RESUME_TOOL;
         let _admitted = if runs_code {
             match self.shared.gate.enter(scope) {

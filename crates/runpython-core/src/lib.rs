@@ -55,7 +55,9 @@ pub use mcp_tools::McpServer;
 pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
 pub use sandbox::Sandbox;
 pub use session::SessionConfig;
-pub use tool_spec::{ToolDefinition, ToolFormat, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL};
+pub use tool_spec::{
+    ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,
+};
 
 /// What an implementer of a [`Tool`] needs: the trait, its arguments and errors, and closures as tools.
 pub use runpython_bridge::{python_stubs, tool_fn, BoxFuture, Tool, ToolArgs, ToolError, ToolSet};

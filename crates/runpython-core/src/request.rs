@@ -79,6 +79,8 @@ pub struct RunRequest {
     /// Run as a cell of this session (state kept across calls; see [`crate::Session`]); `None`: a
     /// run of its own.
     pub session: Option<String>,
+    /// With [`RunRequest::session`]: start the session over (empty) before running.
+    pub reset_session: bool,
     /// Also return the value as Python shows it (`return_repr`: what a REPL prints).
     pub repr: bool,
 }
@@ -94,6 +96,7 @@ impl RunRequest {
             use_memo: true,
             timeout: None,
             session: None,
+            reset_session: false,
             repr: false,
         }
     }

@@ -16,6 +16,8 @@ use crate::request::{run_python_schema, run_request_from, RunRequest, RUN_PYTHON
 pub const GET_RUN_ARTIFACT_TOOL: &str = "get_run_artifact";
 /// The name of the tool that resumes a suspended run.
 pub const RESUME_TOOL: &str = "resume";
+/// The name of the tool that ends a session.
+pub const CLOSE_SESSION_TOOL: &str = "close_session";
 
 /// Bytes `get_run_artifact` returns when the call gives no `length`: enough to read, small enough
 /// for a context window.
@@ -102,7 +104,12 @@ its repr when not JSON) and `return_type`, `stdout`/`stderr` (truncated head and
 ({type, message, traceback} with your own line numbers) and `artifacts` (files the code wrote, readable \
 with get_run_artifact). Nothing persists between calls: pass data in `inputs` (globals) instead of pasting \
 it into the code. Imports are installed automatically; list extra requirement specs in `dependencies`. \
-Top-level `await` works.";
+Top-level `await` works.\n\nWorking in steps on the same data? Pass a `session_id` of your choosing: calls \
+with the same id run in one live interpreter, so variables, imports, functions and loaded data stay from \
+one call to the next (each call's envelope adds `session_id` and its `cell` number). `reset: true` starts \
+the session over; close_session ends it. Use a session for multi-step analysis; leave it out for one-off \
+code. A session idle for 10 minutes expires; an envelope with error type SessionLost says its state is \
+gone (or `restored: true` says it was rebuilt).";
 
 impl RunPython {
     /// The tools a model is given to drive this engine: `run_python` (its description lists the Python
@@ -121,6 +128,15 @@ impl RunPython {
         // Tools or the network let the code reach beyond the sandbox.
         let open_world = !self.tools().is_empty() || self.sandbox().allow_network;
         let mut run_schema = run_python_schema();
+        run_schema["properties"]["session_id"] = json!({
+            "type": "string",
+            "pattern": "^[A-Za-z0-9._-]{1,64}$",
+            "description": "Keep state across calls: calls with the same id share one live interpreter.",
+        });
+        run_schema["properties"]["reset"] = json!({
+            "type": "boolean",
+            "description": "With session_id: start the session over (empty) before running the code.",
+        });
         run_schema["properties"]["timeout"] = json!({
             "type": "number",
             "exclusiveMinimum": 0,
@@ -180,6 +196,32 @@ impl RunPython {
                 }),
             },
         ];
+        definitions.push(ToolDefinition {
+            name: CLOSE_SESSION_TOOL.into(),
+            title: "End a session".into(),
+            description: "End the session `session_id` (of run_python): its interpreter and state are \
+                          discarded. Returns {closed: true}."
+                .into(),
+            input_schema: json!({
+                "type": "object",
+                "properties": {
+                    "session_id": {"type": "string", "description": "The session to end."},
+                },
+                "required": ["session_id"],
+                "additionalProperties": false,
+            }),
+            output_schema: json!({
+                "type": "object",
+                "properties": {"closed": {"type": "boolean"}},
+                "required": ["closed"],
+            }),
+            annotations: json!({
+                "readOnlyHint": false,
+                "destructiveHint": true,
+                "idempotentHint": true,
+                "openWorldHint": false,
+            }),
+        });
         // Only a durable engine (one with an approval tool) keeps the checkpoints resume needs.
         if self.is_durable() && self.store().is_some() {
             definitions.push(ToolDefinition {
@@ -285,8 +327,17 @@ impl RunPython {
                 let envelope = self.resume(run_id, decisions).await?;
                 serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()))
             }
+            CLOSE_SESSION_TOOL => {
+                reject_unknown(CLOSE_SESSION_TOOL, input, &["session_id"])?;
+                let id = input.get("session_id").and_then(Value::as_str).ok_or_else(|| {
+                    Error::InvalidInput("close_session needs `session_id`, a string".into())
+                })?;
+                self.session_with_id(id)?.close().await?;
+                Ok(json!({"closed": true}))
+            }
             other => Err(Error::InvalidInput(format!(
-                "no tool named {other:?}; the tools are {RUN_PYTHON_TOOL}, {GET_RUN_ARTIFACT_TOOL} and {RESUME_TOOL}"
+                "no tool named {other:?}; the tools are {RUN_PYTHON_TOOL}, {GET_RUN_ARTIFACT_TOOL}, \
+                 {CLOSE_SESSION_TOOL} and {RESUME_TOOL}"
             ))),
         }
     }
@@ -298,11 +349,32 @@ fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Err
     reject_unknown(
         RUN_PYTHON_TOOL,
         input,
-        &["code", "dependencies", "inputs", "timeout"],
+        &["code", "dependencies", "inputs", "timeout", "session_id", "reset"],
     )?;
     let mut request = run_request_from(input)?;
     if let Some(timeout) = optional_seconds(input, "timeout")? {
         request = request.timeout(timeout);
+    }
+    match input.get("session_id") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(id)) => request = request.session(id.clone()),
+        Some(other) => {
+            return Err(Error::InvalidInput(format!(
+                "`session_id` must be a string, not {other}"
+            )))
+        }
+    }
+    match input.get("reset") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) if request.session.is_some() => request.reset_session = true,
+        Some(Value::Bool(true)) => {
+            return Err(Error::InvalidInput(
+                "`reset` needs a `session_id`: it starts that session over".into(),
+            ))
+        }
+        Some(other) => {
+            return Err(Error::InvalidInput(format!("`reset` must be true or false, not {other}")))
+        }
     }
     Ok(request)
 }

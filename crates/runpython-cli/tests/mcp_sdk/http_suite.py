@@ -46,7 +46,7 @@ async def auth_and_health(serve):
 async def calls(serve):
     async with serve.client("alice") as alice:
         tools = {t.name for t in (await alice.list_tools()).tools}
-        assert tools == {"run_python", "get_run_artifact"}, tools
+        assert tools == {"run_python", "get_run_artifact", "close_session"}, tools
         envelope = envelope_of(await alice.call_tool("run_python", {"code": "6 * 7"}))
         assert envelope["return_value"] == 42, envelope
         ok("run_python over HTTP returns the envelope as structured content")

@@ -17,7 +17,7 @@ from common import (BIN, busy_code, envelope_of, ok, processes_with_marker, rpc_
 async def tools_and_results():
     async with stdio_client("--store", "memory://", "--timeout", "30") as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-        assert sorted(tools) == ["get_run_artifact", "run_python"], sorted(tools)
+        assert sorted(tools) == ["close_session", "get_run_artifact", "run_python"], sorted(tools)
         ok("resume is not listed without an approval tool")
         run = tools["run_python"]
         assert run.output_schema["properties"]["status"]["enum"] == ["success", "error", "timeout", "suspended"]
@@ -109,6 +109,27 @@ async def approvals():
         ok("resume is listed with an approval tool, its example ids are real (s0), and it resumes")
 
 
+async def sessions(tmp):
+    store = f"file://{tmp}"
+    async with stdio_client("--store", store) as client:
+        first = envelope_of(await client.call_tool("run_python", {"code": "x = 41", "session_id": "work"}))
+        assert first["status"] == "success" and first["cell"] == 1, first
+        again = envelope_of(await client.call_tool("run_python", {"code": "x", "session_id": "work"}))
+        assert again["return_value"] == 41 and again["cell"] == 2, again
+        ok("calls with one session_id share one interpreter")
+    # The server is gone with its interpreter; a new one on the same store restores the session.
+    async with stdio_client("--store", store) as client:
+        restored = envelope_of(await client.call_tool("run_python", {"code": "x + 1", "session_id": "work"}))
+        assert restored["return_value"] == 42 and restored["restored"] is True, restored
+        ok("after a restart on the same store, x + 1 gives 42 with restored: true")
+        fresh = envelope_of(await client.call_tool(
+            "run_python", {"code": "'x' in globals()", "session_id": "work", "reset": True}))
+        assert fresh["return_value"] is False, fresh
+        closed = await client.call_tool("close_session", {"session_id": "work"})
+        assert closed.structured_content == {"closed": True}, closed
+        ok("reset starts a session over, close_session ends it")
+
+
 async def cancellation():
     marker = f"rpmark-cancel-{time.monotonic_ns()}"
     async with stdio_client("--no-store", "--timeout", "120") as client:
@@ -169,6 +190,9 @@ async def main():
     await tools_and_results()
     await progress()
     await approvals()
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        await sessions(tmp)
     await cancellation()
     await oversized()
     raw_protocol_errors()

@@ -1,7 +1,7 @@
 """Two `runpython serve` hosts sharing one S3 store (moto on loopback), driven by the official MCP
 Python SDK client: hosts keep no state but the store, so a run suspended on host A resumes on host B
-after A has stopped, and a run memoized on A is a memo hit on B. (Restoring a session across hosts
-needs sessions, issue 17.)"""
+after A has stopped, a run memoized on A is a memo hit on B, and a session started on A is restored on
+B once A has stopped."""
 
 import socket
 
@@ -39,6 +39,8 @@ async def main():
                 suspended = envelope_of(await on_a.call_tool(
                     "run_python", {"code": "ok = request_approval('deploy?')\n'deployed' if ok else 'held'"}))
                 assert suspended["status"] == "suspended", suspended
+                cell = envelope_of(await on_a.call_tool("run_python", {"code": "rows = [1, 2, 3]", "session_id": "analysis"}))
+                assert cell["status"] == "success", cell
             assert a.stop() == 0, a.read_log()
             ok("host A suspended a run and stopped")
             async with b.client("agent") as on_b:
@@ -50,6 +52,9 @@ async def main():
                 assert resumed["status"] == "success" and resumed["return_value"] == "deployed", resumed
                 assert resumed["run_id"] == suspended["run_id"], resumed
                 ok("a run suspended on host A resumes on host B")
+                cell = envelope_of(await on_b.call_tool("run_python", {"code": "sum(rows)", "session_id": "analysis"}))
+                assert cell["return_value"] == 6 and cell["restored"] is True, cell
+                ok("a session started on host A is restored on host B")
     finally:
         moto.stop()
 

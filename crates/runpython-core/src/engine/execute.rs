@@ -83,6 +83,9 @@ impl RunPython {
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
         if let Some(id) = request.session.clone() {
+            if request.reset_session {
+                self.reset_session(&id).await?;
+            }
             return self.execute_cell(&id, request, events, cancel).await;
         }
         if let Some(timeout) = request.timeout {
