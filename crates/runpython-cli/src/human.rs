@@ -94,7 +94,7 @@ pub(crate) fn escape_controls(text: &str) -> Cow<'_, str> {
 }
 
 /// [`escape_controls`] that keeps newlines and tabs: for multi-line text (messages, tracebacks).
-fn keep_lines(text: &str) -> Cow<'_, str> {
+pub(crate) fn keep_lines(text: &str) -> Cow<'_, str> {
     escape_controls_but(text, &['\n', '\t'])
 }
 

@@ -31,6 +31,7 @@ mod admission;
 mod human;
 mod lines;
 mod mcp;
+mod repl;
 mod serve;
 
 use std::io::{IsTerminal, Read, Write};
@@ -69,6 +70,9 @@ enum Command {
     ToolSpec(ToolSpecArgs),
     /// Serve run_python, get_run_artifact and resume over MCP on stdio.
     Mcp(McpArgs),
+    /// An interactive sandboxed Python session: each input a cell, state kept, values shown as Python
+    /// shows them.
+    Repl(McpArgs),
     /// Serve the same MCP server over Streamable HTTP at /mcp, with bearer tokens.
     Serve(ServeArgs),
     /// List or fetch what kept runs produced.
@@ -288,6 +292,7 @@ fn main() -> ExitCode {
             Command::Resume(args) => resume(args).await,
             Command::ToolSpec(args) => tool_spec(args).await,
             Command::Mcp(args) => serve_mcp(args).await,
+            Command::Repl(args) => repl::repl(args.engine.build().await?).await,
             Command::Serve(args) => serve_http(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,

@@ -425,3 +425,28 @@ fn human_mode_escapes_the_control_characters_the_code_chose() {
         .unwrap_or_else(|| panic!("{listed:?}"));
     assert!(line.ends_with("a\\u{1b}[31mred\\nforged.txt"), "{line:?}");
 }
+
+#[test]
+fn the_repl_keeps_state_across_inputs_and_shows_values_as_python_does() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runpython"))
+        .arg("repl")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"x = 2\ndef f(v):\n    return {'v': v * 21, 'ok': True}\n\nf(x)\n1/0\nx\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stdout), "{'v': 42, 'ok': True}\n2\n");
+    assert!(
+        text(&out.stderr).contains("ZeroDivisionError"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -199,9 +199,10 @@ impl RunPython {
         definitions.push(ToolDefinition {
             name: CLOSE_SESSION_TOOL.into(),
             title: "End a session".into(),
-            description: "End the session `session_id` (of run_python): its interpreter and state are \
+            description:
+                "End the session `session_id` (of run_python): its interpreter and state are \
                           discarded. Returns {closed: true}."
-                .into(),
+                    .into(),
             input_schema: json!({
                 "type": "object",
                 "properties": {
@@ -349,7 +350,14 @@ fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Err
     reject_unknown(
         RUN_PYTHON_TOOL,
         input,
-        &["code", "dependencies", "inputs", "timeout", "session_id", "reset"],
+        &[
+            "code",
+            "dependencies",
+            "inputs",
+            "timeout",
+            "session_id",
+            "reset",
+        ],
     )?;
     let mut request = run_request_from(input)?;
     if let Some(timeout) = optional_seconds(input, "timeout")? {
@@ -373,7 +381,9 @@ fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Err
             ))
         }
         Some(other) => {
-            return Err(Error::InvalidInput(format!("`reset` must be true or false, not {other}")))
+            return Err(Error::InvalidInput(format!(
+                "`reset` must be true or false, not {other}"
+            )))
         }
     }
     Ok(request)
