@@ -363,6 +363,7 @@ fn target_of(metric: &str) -> &'static str {
         "deps_warm_ratio_pooled" => "≤ 1.3",
         "replay_overhead_ratio" => "(resumed / original; < 1 is faster)",
         "import_detect_10k_ms" => "≤ 5",
+        "session_cell_vs_floor" => "≤ 0.05",
         _ => "",
     }
 }

@@ -453,6 +453,68 @@ summarize(data)",
         json!(round3(resumed / original)),
     );
 
+    // Sessions: a trivial cell in a live session (no process starts) against the floor, interleaved;
+    // a 20-cell session restored (replayed) on a second engine sharing a file store; the memory an
+    // idle session holds (the interpreter's RSS and its init's, read from the cgroup-less view of
+    // /proc: every process of the run).
+    {
+        let store_dir = tempfile::tempdir()?;
+        let url = format!("file://{}", store_dir.path().display());
+        let engine = || {
+            RunPython::builder()
+                .timeout(Duration::from_secs(120))
+                .store(runpython_core::Store::open(&url)?)
+                .build()
+        };
+        let first = engine()?;
+        let session = first.session();
+        session.run("x = 0").await?;
+        let (mut cells, mut floor3) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS * 4 {
+            let t = Instant::now();
+            let e = session.run("x += 1").await?;
+            cells.push(t.elapsed().as_secs_f64() * 1e6);
+            assert!(e.is_success(), "{:?}", e.error);
+        }
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            Command::new(&interpreter.executable)
+                .args(["-I", "-S", "-c", "pass"])
+                .stdin(Stdio::null())
+                .status()?;
+            floor3.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (cell_us, floor3) = (p50(cells), p50(floor3));
+        m.insert("session_cell_us".into(), json!(round3(cell_us)));
+        m.insert(
+            "session_cell_vs_floor".into(),
+            json!(round3(cell_us / 1e3 / floor3)),
+        );
+        // What an idle session holds: the RSS of the session's processes (its interpreter, its init).
+        let pids = session.run("import os\nos.getpid()").await?;
+        let _ = pids;
+        let idle_kib = session_rss_kib();
+        m.insert(
+            "session_idle_rss_mib".into(),
+            json!(round3(idle_kib as f64 / 1024.0)),
+        );
+        // A 20-cell session, restored on a second engine.
+        let twenty = first.session();
+        for i in 0..20 {
+            twenty.run(format!("v{i} = {i} * 2")).await?;
+        }
+        let id = twenty.id().to_owned();
+        drop(twenty);
+        drop(session);
+        drop(first);
+        let second = engine()?;
+        let t = Instant::now();
+        let e = second.session_with_id(&id)?.run("v19").await?;
+        let restore_ms = t.elapsed().as_secs_f64() * 1e3;
+        assert!(e.restored && e.return_value == json!(38), "{e:?}");
+        m.insert("session_restore_ms".into(), json!(round3(restore_ms)));
+    }
+
     // MCP: the server's cost per call over stdio, and HTTP throughput with 16 concurrent clients.
     // The `runpython` binary sits beside this one (`cargo xtask bench` builds both).
     let bin = std::env::current_exe()?.with_file_name("runpython");
@@ -479,6 +541,33 @@ summarize(data)",
 
     println!("{}", serde_json::to_string(&Value::Object(m))?);
     Ok(())
+}
+
+/// The resident memory of every session interpreter this host runs: processes whose command line is a
+/// session runner's (`--session`), their RSS summed (the init shares the interpreter's start-up
+/// memory and holds little of its own).
+fn session_rss_kib() -> u64 {
+    let mut total = 0;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmdline).contains("--session") {
+            continue;
+        }
+        let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    total
 }
 
 fn machine(python: &str) -> Value {
