@@ -1,0 +1,258 @@
+"""Type stubs for runpython (the native engine and the pure-Python helpers it is re-exported with)."""
+
+import datetime
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, overload
+
+__version__: str
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+JsonValue = Any
+"""A JSON value as Python sees it: dict (str keys), list, str, int, float, bool or None."""
+
+Seconds = float | int | datetime.timedelta
+Status = Literal["success", "error", "timeout", "suspended"]
+ToolFormat = Literal["anthropic", "openai", "mcp"]
+
+class RunPythonError(Exception):
+    """Base class of runpython's own failures; what the code does is an envelope, never one of these."""
+
+class ConfigError(RunPythonError):
+    """A keyword argument of RunPython is wrong, or an operation needs a setting (a store)."""
+
+class InvalidInputError(RunPythonError):
+    """A request is malformed: an input that is not JSON or not an identifier, an unknown run."""
+
+class SandboxError(RunPythonError):
+    """The sandboxed child could not be started or supervised, or a required layer is missing."""
+
+class StoreError(RunPythonError):
+    """The store failed: keeping a run, reading an artifact or a checkpoint."""
+
+class InterpreterError(RunPythonError):
+    """No usable Python interpreter for the sandboxed child."""
+
+class CancelledError(RunPythonError):
+    """The run was cancelled through its handle."""
+
+class InternalError(RunPythonError):
+    """A bug in runpython."""
+
+class ErrorInfo:
+    """What went wrong in a run: the exception the code raised, or one of runpython's kinds."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def traceback(self) -> str | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def signal(self) -> int | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+class Artifact:
+    """Something a kept run stored; read its bytes with RunPython.get_run_artifact(id)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> Literal["script", "stdout", "stderr", "return_value", "file"]: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def preview(self) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+class Envelope:
+    """What a run returned (envelope v1)."""
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def return_value(self) -> JsonValue: ...
+    @property
+    def return_type(self) -> str | None: ...
+    @property
+    def return_preview(self) -> dict[str, Any] | None: ...
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+    @property
+    def truncated(self) -> dict[str, Any] | None: ...
+    @property
+    def error(self) -> ErrorInfo | None: ...
+    @property
+    def artifacts(self) -> list[Artifact]: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def duration_ms(self) -> int: ...
+    @property
+    def suspension(self) -> dict[str, Any] | None: ...
+    @property
+    def isolation(self) -> dict[str, Any] | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def to_json(self, indent: int | None = None) -> str: ...
+
+class Event:
+    """One event of a started run."""
+
+    @property
+    def kind(self) -> Literal["stdout", "stderr", "dependencies", "tool_call", "tool_result", "other"]: ...
+    @property
+    def text(self) -> str | None: ...
+    @property
+    def data(self) -> dict[str, Any] | None: ...
+
+class RunHandle:
+    """A run in progress: iterate it for events, wait or await it for the envelope, cancel it."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+    def __next__(self) -> Event: ...
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+    def __anext__(self) -> Awaitable[Event]: ...
+    def __await__(self) -> Generator[Any, None, Envelope]: ...
+    def cancel(self) -> None: ...
+    def wait(self) -> Envelope: ...
+
+class PoolSettings(TypedDict, total=False):
+    size: int
+    idle: Seconds
+    warm_imports: list[str]
+    prestart: bool
+
+class SandboxSettings(TypedDict, total=False):
+    namespaces: bool
+    landlock: bool
+    rlimits: bool
+    seccomp: bool
+    drop_privileges: bool
+    require: bool
+    allow_network: bool
+    memory_bytes: int
+    file_size_bytes: int
+    open_files: int
+    processes: int
+    tmp_bytes: int
+    read_paths: list[str]
+
+class Tool(Generic[_P, _R]):
+    """A callable with the name and description the code sees it under, and whether it is pure."""
+
+    function: Callable[_P, _R]
+    name: str | None
+    description: str | None
+    pure: bool
+    def __init__(
+        self,
+        function: Callable[_P, _R],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        pure: bool = False,
+    ) -> None: ...
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+@overload
+def tool(
+    function: Callable[_P, _R], /, *, name: str | None = None, description: str | None = None, pure: bool = False
+) -> Tool[_P, _R]: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, pure: bool = False
+) -> Callable[[Callable[_P, _R]], Tool[_P, _R]]: ...
+
+class Suspend(Exception):
+    """Raised by a tool to suspend the run until someone decides; resume() supplies the decision,
+    which the call then returns."""
+
+    request: JsonValue
+    def __init__(self, request: JsonValue = None) -> None: ...
+
+class RunPython:
+    """Runs LLM-authored Python in a sandboxed CPython subprocess and returns an Envelope."""
+
+    def __init__(
+        self,
+        *,
+        timeout: Seconds | None = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        store: str | None = None,
+        tier: Literal["ephemeral", "persistent"] | Seconds | None = None,
+        memo: bool | Seconds | None = None,
+        dependencies: Sequence[str] | None = None,
+        auto_deps: bool | None = None,
+        approvals: Sequence[str] | None = None,
+        durable: bool | None = None,
+        allow_network: bool | None = None,
+        python: str | os.PathLike[str] | None = None,
+        max_output_chars: int | None = None,
+        max_code_chars: int | None = None,
+        max_return_bytes: int | None = None,
+        inline_return_bytes: int | None = None,
+        envelope_budget: int | None = None,
+        env_passthrough: Sequence[str] | None = None,
+        max_tool_calls: int | None = None,
+        tool_call_timeout: Seconds | None = None,
+        max_suspensions: int | None = None,
+        max_frame_bytes: int | None = None,
+        env_root: str | os.PathLike[str] | None = None,
+        prepare_timeout: Seconds | None = None,
+        allow_nested: int | None = None,
+        pool: bool | int | PoolSettings | None = None,
+        sandbox: bool | SandboxSettings | None = None,
+    ) -> None: ...
+    def run(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, JsonValue] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        memo: bool = True,
+    ) -> Envelope: ...
+    def arun(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, JsonValue] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        memo: bool = True,
+    ) -> Awaitable[Envelope]: ...
+    def start(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, JsonValue] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        memo: bool = True,
+    ) -> RunHandle: ...
+    def resume(self, run_id: str, decisions: Mapping[str, JsonValue]) -> Envelope: ...
+    def aresume(self, run_id: str, decisions: Mapping[str, JsonValue]) -> Awaitable[Envelope]: ...
+    def pending_suspensions(self, run_id: str) -> list[str]: ...
+    def tool_spec(self, format: ToolFormat = "anthropic") -> list[dict[str, Any]]: ...
+    def handle_tool_call(self, name: str, arguments: Mapping[str, JsonValue] | str | None = None) -> JsonValue: ...
+    def ahandle_tool_call(
+        self, name: str, arguments: Mapping[str, JsonValue] | str | None = None
+    ) -> Awaitable[JsonValue]: ...
+    def get_run_artifact(self, id: str) -> bytes: ...
+    def isolation_report(self) -> dict[str, Any]: ...
+    @property
+    def tools(self) -> list[str]: ...
+    @property
+    def timeout(self) -> float: ...
