@@ -18,7 +18,7 @@ use crate::convert::{
 use crate::envelope::PyEnvelope;
 use crate::errors::{config, invalid, py_err};
 use crate::handle::{PyRunHandle, Shared};
-use crate::runtime::{block_on, runtime, RunContext};
+use crate::runtime::{block_on, coroutine, runtime, RunContext};
 use crate::tools::PyTool;
 
 /// Memo lifetime when `memo=True`.
@@ -252,7 +252,7 @@ impl PyRunPython {
         let request = request(code, inputs, dependencies, input_artifacts, memo)?;
         let context = RunContext::here(py, None)?;
         let engine = self.engine.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        coroutine(py, async move {
             context
                 .scope(engine.run(request))
                 .await
@@ -309,7 +309,7 @@ impl PyRunPython {
         let decisions = decisions_map(decisions)?;
         let context = RunContext::here(py, None)?;
         let engine = self.engine.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        coroutine(py, async move {
             context
                 .scope(engine.resume(&run_id, decisions))
                 .await
@@ -365,7 +365,7 @@ impl PyRunPython {
         let input = tool_arguments(arguments)?;
         let context = RunContext::here(py, None)?;
         let engine = self.engine.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        coroutine(py, async move {
             let value = context
                 .scope(engine.handle_tool_call(&name, &input))
                 .await

@@ -126,6 +126,17 @@ pub(crate) fn private_loop(py: Python<'_>) -> PyResult<Py<PyAny>> {
     Ok(tools_module(py)?.call_method0("private_loop")?.unbind())
 }
 
+/// A Rust future as a Python coroutine (pyo3-async-runtimes gives an asyncio future, which
+/// `asyncio.create_task` refuses); cancelling the coroutine's task cancels the future, and so the run.
+pub(crate) fn coroutine<'py, F, T>(py: Python<'py>, future: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let future = pyo3_async_runtimes::tokio::future_into_py(py, future)?;
+    tools_module(py)?.call_method1("awaited", (future,))
+}
+
 /// `runpython._tools`, imported once.
 pub(crate) fn tools_module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();

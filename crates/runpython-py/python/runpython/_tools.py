@@ -270,7 +270,7 @@ class Invoker:
         args, named = self.bind(kwargs)
         result = context.run(self.function, *args, **named)
         if inspect.isawaitable(result):  # a plain callable that returned an awaitable
-            result = asyncio.run_coroutine_threadsafe(_awaited(result), loop).result()
+            result = asyncio.run_coroutine_threadsafe(awaited(result), loop).result()
         return result
 
     def submit(self, kwargs: dict[str, Any], loop: asyncio.AbstractEventLoop, context: Any,
@@ -284,7 +284,9 @@ class Invoker:
         return _jsonable(value, f"the value {self.name}() returned")
 
 
-async def _awaited(awaitable: typing.Awaitable[Any]) -> Any:
+async def awaited(awaitable: typing.Awaitable[Any]) -> Any:
+    """A coroutine awaiting `awaitable`: what `arun` and the other async methods return, so that
+    `asyncio.create_task(rp.arun(...))` works (the engine's own awaitables are asyncio futures)."""
     return await awaitable
 
 
@@ -308,7 +310,7 @@ class AsyncCall:
             return
         try:
             coroutine = self._start_call()
-            self._task = self._loop.create_task(_awaited(coroutine))
+            self._task = self._loop.create_task(awaited(coroutine))
         except BaseException as exc:  # noqa: BLE001 - reported to the code like the call's own error
             failed: asyncio.Future[Any] = self._loop.create_future()
             failed.set_exception(exc)
