@@ -3,19 +3,40 @@
 import datetime
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
-from typing import Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, final, overload
+
+__all__ = [
+    "Artifact",
+    "CancelledError",
+    "ConfigError",
+    "Envelope",
+    "ErrorInfo",
+    "Event",
+    "InternalError",
+    "InterpreterError",
+    "InvalidInputError",
+    "RunHandle",
+    "RunPython",
+    "RunPythonError",
+    "SandboxError",
+    "StoreError",
+    "Suspend",
+    "Tool",
+    "__version__",
+    "tool",
+]
 
 __version__: str
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
-JsonValue = Any
+_Json = Any
 """A JSON value as Python sees it: dict (str keys), list, str, int, float, bool or None."""
 
-Seconds = float | int | datetime.timedelta
-Status = Literal["success", "error", "timeout", "suspended"]
-ToolFormat = Literal["anthropic", "openai", "mcp"]
+_Seconds = float | int | datetime.timedelta
+_Status = Literal["success", "error", "timeout", "suspended"]
+_ToolFormat = Literal["anthropic", "openai", "mcp"]
 
 class RunPythonError(Exception):
     """Base class of runpython's own failures; what the code does is an envelope, never one of these."""
@@ -41,6 +62,7 @@ class CancelledError(RunPythonError):
 class InternalError(RunPythonError):
     """A bug in runpython."""
 
+@final
 class ErrorInfo:
     """What went wrong in a run: the exception the code raised, or one of runpython's kinds."""
 
@@ -56,6 +78,7 @@ class ErrorInfo:
     def signal(self) -> int | None: ...
     def to_dict(self) -> dict[str, Any]: ...
 
+@final
 class Artifact:
     """Something a kept run stored; read its bytes with RunPython.get_run_artifact(id)."""
 
@@ -71,15 +94,16 @@ class Artifact:
     def preview(self) -> str: ...
     def to_dict(self) -> dict[str, Any]: ...
 
+@final
 class Envelope:
     """What a run returned (envelope v1)."""
 
     @property
-    def status(self) -> Status: ...
+    def status(self) -> _Status: ...
     @property
     def ok(self) -> bool: ...
     @property
-    def return_value(self) -> JsonValue: ...
+    def return_value(self) -> _Json: ...
     @property
     def return_type(self) -> str | None: ...
     @property
@@ -107,6 +131,7 @@ class Envelope:
     def to_dict(self) -> dict[str, Any]: ...
     def to_json(self, indent: int | None = None) -> str: ...
 
+@final
 class Event:
     """One event of a started run."""
 
@@ -117,6 +142,7 @@ class Event:
     @property
     def data(self) -> dict[str, Any] | None: ...
 
+@final
 class RunHandle:
     """A run in progress: iterate it for events, wait or await it for the envelope, cancel it."""
 
@@ -128,13 +154,13 @@ class RunHandle:
     def cancel(self) -> None: ...
     def wait(self) -> Envelope: ...
 
-class PoolSettings(TypedDict, total=False):
+class _PoolSettings(TypedDict, total=False):
     size: int
-    idle: Seconds
+    idle: _Seconds
     warm_imports: list[str]
     prestart: bool
 
-class SandboxSettings(TypedDict, total=False):
+class _SandboxSettings(TypedDict, total=False):
     namespaces: bool
     landlock: bool
     rlimits: bool
@@ -172,27 +198,28 @@ def tool(
 ) -> Tool[_P, _R]: ...
 @overload
 def tool(
-    *, name: str | None = None, description: str | None = None, pure: bool = False
+    function: None = None, /, *, name: str | None = None, description: str | None = None, pure: bool = False
 ) -> Callable[[Callable[_P, _R]], Tool[_P, _R]]: ...
 
 class Suspend(Exception):
     """Raised by a tool to suspend the run until someone decides; resume() supplies the decision,
     which the call then returns."""
 
-    request: JsonValue
-    def __init__(self, request: JsonValue = None) -> None: ...
+    request: _Json
+    def __init__(self, request: _Json = None) -> None: ...
 
+@final
 class RunPython:
     """Runs LLM-authored Python in a sandboxed CPython subprocess and returns an Envelope."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
-        timeout: Seconds | None = None,
+        timeout: _Seconds | None = None,
         tools: Sequence[Callable[..., Any]] | None = None,
         store: str | None = None,
-        tier: Literal["ephemeral", "persistent"] | Seconds | None = None,
-        memo: bool | Seconds | None = None,
+        tier: Literal["ephemeral", "persistent"] | _Seconds | None = None,
+        memo: bool | _Seconds | None = None,
         dependencies: Sequence[str] | None = None,
         auto_deps: bool | None = None,
         approvals: Sequence[str] | None = None,
@@ -206,20 +233,20 @@ class RunPython:
         envelope_budget: int | None = None,
         env_passthrough: Sequence[str] | None = None,
         max_tool_calls: int | None = None,
-        tool_call_timeout: Seconds | None = None,
+        tool_call_timeout: _Seconds | None = None,
         max_suspensions: int | None = None,
         max_frame_bytes: int | None = None,
         env_root: str | os.PathLike[str] | None = None,
-        prepare_timeout: Seconds | None = None,
+        prepare_timeout: _Seconds | None = None,
         allow_nested: int | None = None,
-        pool: bool | int | PoolSettings | None = None,
-        sandbox: bool | SandboxSettings | None = None,
-    ) -> None: ...
+        pool: bool | int | _PoolSettings | None = None,
+        sandbox: bool | _SandboxSettings | None = None,
+    ) -> RunPython: ...
     def run(
         self,
         code: str,
         *,
-        inputs: Mapping[str, JsonValue] | None = None,
+        inputs: Mapping[str, _Json] | None = None,
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
@@ -228,7 +255,7 @@ class RunPython:
         self,
         code: str,
         *,
-        inputs: Mapping[str, JsonValue] | None = None,
+        inputs: Mapping[str, _Json] | None = None,
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
@@ -237,19 +264,19 @@ class RunPython:
         self,
         code: str,
         *,
-        inputs: Mapping[str, JsonValue] | None = None,
+        inputs: Mapping[str, _Json] | None = None,
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
     ) -> RunHandle: ...
-    def resume(self, run_id: str, decisions: Mapping[str, JsonValue]) -> Envelope: ...
-    def aresume(self, run_id: str, decisions: Mapping[str, JsonValue]) -> Coroutine[Any, Any, Envelope]: ...
+    def resume(self, run_id: str, decisions: Mapping[str, _Json]) -> Envelope: ...
+    def aresume(self, run_id: str, decisions: Mapping[str, _Json]) -> Coroutine[Any, Any, Envelope]: ...
     def pending_suspensions(self, run_id: str) -> list[str]: ...
-    def tool_spec(self, format: ToolFormat = "anthropic") -> list[dict[str, Any]]: ...
-    def handle_tool_call(self, name: str, arguments: Mapping[str, JsonValue] | str | None = None) -> JsonValue: ...
+    def tool_spec(self, format: _ToolFormat = "anthropic") -> list[dict[str, Any]]: ...
+    def handle_tool_call(self, name: str, arguments: Mapping[str, _Json] | str | None = None) -> _Json: ...
     def ahandle_tool_call(
-        self, name: str, arguments: Mapping[str, JsonValue] | str | None = None
-    ) -> Coroutine[Any, Any, JsonValue]: ...
+        self, name: str, arguments: Mapping[str, _Json] | str | None = None
+    ) -> Coroutine[Any, Any, _Json]: ...
     def get_run_artifact(self, id: str) -> bytes: ...
     def isolation_report(self) -> dict[str, Any]: ...
     @property

@@ -38,7 +38,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _EMPTY = inspect.Parameter.empty
-_NoneType = type(None)
+_NoneType: Any = type(None)
 _UNION_TYPES: tuple[Any, ...] = (typing.Union, types.UnionType)
 _SEQUENCES = (list, collections.abc.Sequence, collections.abc.MutableSequence, collections.abc.Iterable)
 _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
@@ -79,7 +79,7 @@ class Tool(Generic[P, R]):
         self.name = name
         self.description = description
         self.pure = pure
-        functools.update_wrapper(self, function)  # type: ignore[arg-type]
+        functools.update_wrapper(self, function)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.function(*args, **kwargs)
@@ -94,7 +94,7 @@ def tool(function: Callable[P, R], /, *, name: str | None = None, description: s
 
 
 @overload
-def tool(*, name: str | None = None, description: str | None = None,
+def tool(function: None = None, /, *, name: str | None = None, description: str | None = None,
          pure: bool = False) -> Callable[[Callable[P, R]], Tool[P, R]]: ...
 
 
@@ -154,8 +154,8 @@ def describe(obj: Any) -> Described:
             )
         if p.kind is p.VAR_KEYWORD:
             continue  # not exposed: the code's signature has only the named parameters
-        schema, convert = _converter(p.annotation, defs)
-        prop = dict(schema)
+        param_schema, convert = _converter(p.annotation, defs)
+        prop = dict(param_schema)
         param = _Param(p.name, convert, p.kind is p.POSITIONAL_ONLY)
         if p.default is _EMPTY:
             required.append(p.name)
@@ -210,11 +210,11 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return _json_default(value.value)
     if isinstance(value, (list, tuple)):
-        items = [_json_default(v) for v in value]
-        return _NOT_JSON if any(i is _NOT_JSON for i in items) else items
+        listed = [_json_default(v) for v in value]
+        return _NOT_JSON if any(i is _NOT_JSON for i in listed) else listed
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        items = {k: _json_default(v) for k, v in value.items()}
-        return _NOT_JSON if any(v is _NOT_JSON for v in items.values()) else items
+        mapped = {k: _json_default(v) for k, v in value.items()}
+        return _NOT_JSON if any(v is _NOT_JSON for v in mapped.values()) else mapped
     return _NOT_JSON
 
 
@@ -538,8 +538,8 @@ def _list_of(item: Any, defs: dict[str, Any]) -> tuple[dict[str, Any], Convert]:
 
 def _tuple_of(args: tuple[Any, ...], defs: dict[str, Any]) -> tuple[dict[str, Any], Convert]:
     if len(args) == 2 and args[1] is Ellipsis:
-        schema, convert = _list_of(args[0], defs)
-        return schema, lambda v, where: tuple(convert(v, where))
+        list_schema, list_convert = _list_of(args[0], defs)
+        return list_schema, lambda v, where: tuple(list_convert(v, where))
     if args == ((),):  # tuple[()]
         args = ()
     parts = [_converter(a, defs) for a in args]
