@@ -1,6 +1,8 @@
 //! runpython-tests: the workspace's end-to-end tests (in `tests/`) and the benchmark harness
 //! (`src/bin/runpython-bench.rs`, driven by `cargo xtask bench`). This library holds their shared helpers.
 
+pub mod py_bench;
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -7,6 +7,10 @@
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
 //!   measured side by side in one run (a table, or one JSON object).
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
+//! - `cargo xtask py` — only the Python package's checks (`pypkg.rs`; `ci` runs them too): its wheel in a
+//!   fresh venv, pytest, mypy on the examples, stubtest.
+
+mod pypkg;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,12 +23,13 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
+        Some("py") => pypkg::ci(&bootstrap_tools()?),
         Some("tools") => {
             println!("{}", bootstrap_tools()?.display());
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask <ci | bench [--json] | tools>");
+            eprintln!("usage: cargo xtask <ci | bench [--json] | tools | py>");
             std::process::exit(2);
         }
     }
@@ -77,6 +82,7 @@ fn ci() -> Result<()> {
             .args(["test", "--workspace", "--no-fail-fast"])
             .env("RUNPYTHON_TOOLS_BIN", &tools),
     )?;
+    pypkg::ci(&tools)?;
     // The interpreter pool must not change what holds: the hostile suite again with every run served
     // by a pooled interpreter, and once with the pool off.
     for (name, var, value) in [
@@ -297,8 +303,10 @@ fn bench(args: &[String]) -> Result<()> {
             "runpython-bench",
         ]),
     )?;
+    let bench_python = pypkg::bench_python(&bootstrap_tools()?)?;
     let out = Command::new(root().join("target/release/runpython-bench"))
         .current_dir(root())
+        .env("RUNPYTHON_BENCH_PYTHON", bench_python)
         .output()
         .context("cannot start the bench harness")?;
     if !out.status.success() {

@@ -414,6 +414,9 @@ summarize(data)",
         json!(round3(bridge_rate / ceiling)),
     );
 
+    // The Python package, interleaved with the same measurements from Rust.
+    python_package(&python, &mut m, bridge_rate).await?;
+
     // Human in the loop: a resumed run replaying 100 journaled calls vs. the original run making them.
     let hitl_dir = tempfile::tempdir()?;
     let hitl = RunPython::builder()
@@ -454,6 +457,52 @@ summarize(data)",
     );
 
     println!("{}", serde_json::to_string(&Value::Object(m))?);
+    Ok(())
+}
+
+/// `py_run_overhead_ms`: `rp.run("1+1")` from Python (the release wheel, no pool) minus the same run from
+/// Rust, p50 of interleaved rounds; `py_tool_calls_per_s`: sequential calls of a plain Python callable as
+/// the tool, against the Rust tool's rate measured just before (`bridge_calls_per_s`). Needs
+/// `RUNPYTHON_BENCH_PYTHON` (set by `cargo xtask bench`).
+async fn python_package(
+    cold: &RunPython,
+    m: &mut Map<String, Value>,
+    rust_tool_rate: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(python) = std::env::var_os("RUNPYTHON_BENCH_PYTHON") else {
+        m.insert(
+            "py_bench".into(),
+            json!("skipped: RUNPYTHON_BENCH_PYTHON is not set (cargo xtask bench sets it)"),
+        );
+        return Ok(());
+    };
+    let root = std::env::current_dir()?;
+    let mut py = runpython_tests::py_bench::PyBench::start(std::path::Path::new(&python), &root)?;
+    for _ in 0..3 {
+        py.run_ms()?;
+        cold.run("1+1").await?;
+    }
+    let (mut from_python, mut from_rust) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        from_python.push(py.run_ms()?);
+        let t = Instant::now();
+        let e = cold.run("1+1").await?;
+        from_rust.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(e.return_value, json!(2));
+    }
+    let (from_python, from_rust) = (p50(from_python), p50(from_rust));
+    m.insert("py_run_ms".into(), json!(round3(from_python)));
+    m.insert("py_run_rust_ms".into(), json!(round3(from_rust)));
+    m.insert(
+        "py_run_overhead_ms".into(),
+        json!(round3(from_python - from_rust)),
+    );
+    let rate = py.tool_calls_per_s(20_000)?;
+    m.insert("py_tool_calls_per_s".into(), json!(rate.round()));
+    m.insert(
+        "py_tool_vs_rust_tool".into(),
+        json!(round3(rate / rust_tool_rate)),
+    );
     Ok(())
 }
 
