@@ -18,8 +18,9 @@ use crate::convert::{
 use crate::envelope::PyEnvelope;
 use crate::errors::{config, invalid, py_err};
 use crate::handle::{PyRunHandle, Shared};
-use crate::runtime::{block_on, coroutine, runtime, RunContext};
+use crate::runtime::{block_on, deferred, runtime, RunContext};
 use crate::tools::PyTool;
+use pyo3_async_runtimes::tokio::future_into_py;
 
 /// Memo lifetime when `memo=True`.
 const DEFAULT_MEMO_TTL: Duration = Duration::from_secs(3600);
@@ -250,14 +251,16 @@ impl PyRunPython {
         memo: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let request = request(code, inputs, dependencies, input_artifacts, memo)?;
-        let context = RunContext::here(py, None)?;
         let engine = self.engine.clone();
-        coroutine(py, async move {
-            context
-                .scope(engine.run(request))
-                .await
-                .map(PyEnvelope::from)
-                .map_err(py_err)
+        deferred(py, move |py| {
+            let context = RunContext::here(py, None)?;
+            future_into_py(py, async move {
+                context
+                    .scope(engine.run(request))
+                    .await
+                    .map(PyEnvelope::from)
+                    .map_err(py_err)
+            })
         })
     }
 
@@ -307,14 +310,16 @@ impl PyRunPython {
         decisions: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let decisions = decisions_map(decisions)?;
-        let context = RunContext::here(py, None)?;
         let engine = self.engine.clone();
-        coroutine(py, async move {
-            context
-                .scope(engine.resume(&run_id, decisions))
-                .await
-                .map(PyEnvelope::from)
-                .map_err(py_err)
+        deferred(py, move |py| {
+            let context = RunContext::here(py, None)?;
+            future_into_py(py, async move {
+                context
+                    .scope(engine.resume(&run_id, decisions))
+                    .await
+                    .map(PyEnvelope::from)
+                    .map_err(py_err)
+            })
         })
     }
 
@@ -363,14 +368,16 @@ impl PyRunPython {
         arguments: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let input = tool_arguments(arguments)?;
-        let context = RunContext::here(py, None)?;
         let engine = self.engine.clone();
-        coroutine(py, async move {
-            let value = context
-                .scope(engine.handle_tool_call(&name, &input))
-                .await
-                .map_err(py_err)?;
-            Python::attach(|py| to_py(py, &value))
+        deferred(py, move |py| {
+            let context = RunContext::here(py, None)?;
+            future_into_py(py, async move {
+                let value = context
+                    .scope(engine.handle_tool_call(&name, &input))
+                    .await
+                    .map_err(py_err)?;
+                Python::attach(|py| to_py(py, &value))
+            })
         })
     }
 

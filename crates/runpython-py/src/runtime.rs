@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -126,15 +126,35 @@ pub(crate) fn private_loop(py: Python<'_>) -> PyResult<Py<PyAny>> {
     Ok(tools_module(py)?.call_method0("private_loop")?.unbind())
 }
 
-/// A Rust future as a Python coroutine (pyo3-async-runtimes gives an asyncio future, which
-/// `asyncio.create_task` refuses); cancelling the coroutine's task cancels the future, and so the run.
-pub(crate) fn coroutine<'py, F, T>(py: Python<'py>, future: F) -> PyResult<Bound<'py, PyAny>>
+/// A coroutine that calls `start` when it is first awaited, and awaits the asyncio future `start`
+/// returns. Starting late matters: `asyncio.run(rp.arun(...))` calls `arun` before the loop runs, and
+/// the run needs the running loop (its tools use it; the future is completed on it). Cancelling the
+/// coroutine's task cancels the future, and so the run.
+pub(crate) fn deferred<'py, S>(py: Python<'py>, start: S) -> PyResult<Bound<'py, PyAny>>
 where
-    F: Future<Output = PyResult<T>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
+    S: for<'a> FnOnce(Python<'a>) -> PyResult<Bound<'a, PyAny>> + Send + 'static,
 {
-    let future = pyo3_async_runtimes::tokio::future_into_py(py, future)?;
-    tools_module(py)?.call_method1("awaited", (future,))
+    let start = Start(Mutex::new(Some(Box::new(start))));
+    tools_module(py)?.call_method1("deferred", (start,))
+}
+
+type StartFn = Box<dyn for<'a> FnOnce(Python<'a>) -> PyResult<Bound<'a, PyAny>> + Send>;
+
+/// The start of a deferred async call; callable once.
+#[pyclass(frozen)]
+struct Start(Mutex<Option<StartFn>>);
+
+#[pymethods]
+impl Start {
+    fn __call__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let start = self.0.lock().ok().and_then(|mut s| s.take());
+        match start {
+            Some(start) => start(py),
+            None => Err(pyo3::exceptions::PyRuntimeError::new_err(
+                "cannot reuse an already awaited coroutine",
+            )),
+        }
+    }
 }
 
 /// `runpython._tools`, imported once.

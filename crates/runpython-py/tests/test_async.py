@@ -57,3 +57,13 @@ def test_aresume_and_ahandle_tool_call(tmp_path) -> None:
         return done.return_value, result["return_value"]
 
     assert asyncio.run(main()) == ("yes", 42)
+
+
+def test_arun_made_before_the_loop_runs_starts_when_awaited() -> None:
+    rp = RunPython(tools=[slow_square])
+    # The coroutine is made before asyncio.run starts the loop; it starts the run inside it.
+    envelope = asyncio.run(rp.arun("slow_square(3)"))
+    assert envelope.return_value == 9, envelope.error
+    coroutine = rp.arun("1")
+    assert asyncio.iscoroutine(coroutine)
+    coroutine.close()  # never awaited: nothing was started

@@ -93,6 +93,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     m.insert("cold_run_ms".into(), json!(round3(cold)));
     m.insert("run_vs_floor_cold".into(), json!(round3(cold / floor)));
 
+    // The same cold run from the Python package, interleaved with it from Rust. Measured here, while this
+    // process is small: the sandbox forks the host, and later sections grow this one.
+    python_package_runs(&python, &mut m).await?;
+
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
     // the pool's background refill finish, so each measured run finds a ready interpreter.
     let pool = |warm: Vec<String>| {
@@ -414,8 +418,8 @@ summarize(data)",
         json!(round3(bridge_rate / ceiling)),
     );
 
-    // The Python package, interleaved with the same measurements from Rust.
-    python_package(&python, &mut m, bridge_rate).await?;
+    // A plain Python callable as the tool, against the Rust tool just measured.
+    python_package_tools(&mut m, bridge_rate)?;
 
     // Human in the loop: a resumed run replaying 100 journaled calls vs. the original run making them.
     let hitl_dir = tempfile::tempdir()?;
@@ -460,24 +464,34 @@ summarize(data)",
     Ok(())
 }
 
-/// `py_run_overhead_ms`: `rp.run("1+1")` from Python (the release wheel, no pool) minus the same run from
-/// Rust, p50 of interleaved rounds; `py_tool_calls_per_s`: sequential calls of a plain Python callable as
-/// the tool, against the Rust tool's rate measured just before (`bridge_calls_per_s`). Needs
-/// `RUNPYTHON_BENCH_PYTHON` (set by `cargo xtask bench`).
-async fn python_package(
-    cold: &RunPython,
+/// The Python package's benchmark script, when `cargo xtask bench` made its venv
+/// (`RUNPYTHON_BENCH_PYTHON`); else a note in the figures.
+fn python_bench(
     m: &mut Map<String, Value>,
-    rust_tool_rate: f64,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<Option<runpython_tests::py_bench::PyBench>, Box<dyn std::error::Error>> {
     let Some(python) = std::env::var_os("RUNPYTHON_BENCH_PYTHON") else {
         m.insert(
             "py_bench".into(),
             json!("skipped: RUNPYTHON_BENCH_PYTHON is not set (cargo xtask bench sets it)"),
         );
-        return Ok(());
+        return Ok(None);
     };
     let root = std::env::current_dir()?;
-    let mut py = runpython_tests::py_bench::PyBench::start(std::path::Path::new(&python), &root)?;
+    Ok(Some(runpython_tests::py_bench::PyBench::start(
+        std::path::Path::new(&python),
+        &root,
+    )?))
+}
+
+/// `py_run_overhead_ms`: `rp.run("1+1")` from Python (the release wheel, no pool, no store) minus the
+/// same run from Rust, p50 of each over interleaved rounds.
+async fn python_package_runs(
+    cold: &RunPython,
+    m: &mut Map<String, Value>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(mut py) = python_bench(m)? else {
+        return Ok(());
+    };
     for _ in 0..3 {
         py.run_ms()?;
         cold.run("1+1").await?;
@@ -497,6 +511,18 @@ async fn python_package(
         "py_run_overhead_ms".into(),
         json!(round3(from_python - from_rust)),
     );
+    Ok(())
+}
+
+/// `py_tool_calls_per_s`: sequential calls of a plain Python callable as the tool, against the Rust
+/// tool's rate measured just before (`bridge_calls_per_s`).
+fn python_package_tools(
+    m: &mut Map<String, Value>,
+    rust_tool_rate: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(mut py) = python_bench(m)? else {
+        return Ok(());
+    };
     let rate = py.tool_calls_per_s(20_000)?;
     m.insert("py_tool_calls_per_s".into(), json!(rate.round()));
     m.insert(

@@ -250,7 +250,11 @@ class RunPython:
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
-    ) -> Envelope: ...
+    ) -> Envelope:
+        """Runs `code` to its end with the GIL released and returns the envelope; what the code does
+        (raise, time out, exit) is its status, never an exception. `async def` tools run on a private
+        event loop thread (this call blocks the caller's loop, if any); plain ones on worker threads."""
+
     def arun(
         self,
         code: str,
@@ -259,7 +263,10 @@ class RunPython:
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
-    ) -> Coroutine[Any, Any, Envelope]: ...
+    ) -> Coroutine[Any, Any, Envelope]:
+        """`run` for asyncio: a coroutine that holds no thread while it waits; `async def` tools run on
+        the caller's event loop. Cancelling the awaiting task stops the run and kills its processes."""
+
     def start(
         self,
         code: str,
@@ -268,12 +275,24 @@ class RunPython:
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
-    ) -> RunHandle: ...
-    def resume(self, run_id: str, decisions: Mapping[str, _Json]) -> Envelope: ...
+    ) -> RunHandle:
+        """Starts `code`: iterate the handle (`for` / `async for`) for stdout, stderr, dependency and
+        tool-call events, `wait()` or `await` it for the envelope, `cancel()` it to stop the run."""
+
+    def resume(self, run_id: str, decisions: Mapping[str, _Json]) -> Envelope:
+        """Continues a suspended run: `decisions` maps suspension ids (`envelope.suspension["id"]`)
+        to the values the suspended calls return."""
+
     def aresume(self, run_id: str, decisions: Mapping[str, _Json]) -> Coroutine[Any, Any, Envelope]: ...
     def pending_suspensions(self, run_id: str) -> list[str]: ...
-    def tool_spec(self, format: _ToolFormat = "anthropic") -> list[dict[str, Any]]: ...
-    def handle_tool_call(self, name: str, arguments: Mapping[str, _Json] | str | None = None) -> _Json: ...
+    def tool_spec(self, format: _ToolFormat = "anthropic") -> list[dict[str, Any]]:
+        """The tools a model is given (`run_python`, `get_run_artifact`, `resume`) in a provider's
+        shape; `run_python`'s description lists the stubs of this engine's tools."""
+
+    def handle_tool_call(self, name: str, arguments: Mapping[str, _Json] | str | None = None) -> _Json:
+        """Answers a model's call of one of `tool_spec`'s tools (`arguments`: a dict or its JSON text);
+        `run_python` gives the envelope as a dict whatever its status. Bad calls raise InvalidInputError."""
+
     def ahandle_tool_call(
         self, name: str, arguments: Mapping[str, _Json] | str | None = None
     ) -> Coroutine[Any, Any, _Json]: ...

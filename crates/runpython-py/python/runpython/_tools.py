@@ -285,9 +285,15 @@ class Invoker:
 
 
 async def awaited(awaitable: typing.Awaitable[Any]) -> Any:
-    """A coroutine awaiting `awaitable`: what `arun` and the other async methods return, so that
-    `asyncio.create_task(rp.arun(...))` works (the engine's own awaitables are asyncio futures)."""
+    """A coroutine awaiting `awaitable` (an asyncio task needs a coroutine)."""
     return await awaitable
+
+
+async def deferred(start: Callable[[], typing.Awaitable[Any]]) -> Any:
+    """What `arun` and the other async methods return: a real coroutine, which starts the call when it is
+    first awaited, inside the running loop. So `asyncio.run(rp.arun(...))` and
+    `asyncio.create_task(rp.arun(...))` both work."""
+    return await start()
 
 
 class AsyncCall:
