@@ -117,3 +117,13 @@ def test_dropping_a_handle_stops_the_run(rp: RunPython, no_children_left: None) 
     handle = rp.start("import time\nprint('up', flush=True)\ntime.sleep(60)")
     assert next(iter(handle)).text == "up\n"
     del handle  # the fixture checks that nothing is left
+
+
+def test_dependency_progress_is_streamed_before_the_code_runs(rp: RunPython) -> None:
+    handle = rp.start("import six\nsix.__version__", dependencies=["six==1.16.0"])
+    events = list(handle)
+    steps = [e.data["step"] for e in events if e.kind == "dependencies" and e.data is not None]
+    assert steps, [repr(e) for e in events]
+    assert steps[-1] in ("done", "cached"), steps
+    assert all(e.text for e in events if e.kind == "dependencies")
+    assert handle.wait().return_value == "1.16.0"
