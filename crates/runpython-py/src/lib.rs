@@ -4,7 +4,7 @@
 //! It wraps runpython-core's public API and nothing else: a `RunPython` built from keyword
 //! arguments, sync and asyncio entry points (`run`/`arun`, `start` with a handle that iterates events
 //! either way, `resume`, `handle_tool_call`), the envelope as objects with attribute access, and
-//! Python callables as bridge tools ([`tools::PyTool`]). It depends on runpython-core only (like the
+//! Python callables as bridge tools (`tools::PyTool`). It depends on runpython-core only (like the
 //! CLI, it is a thin layer); it never spawns anything itself.
 //!
 //! Threads and the GIL: one Tokio runtime per process (pyo3-async-runtimes'), on which every run
