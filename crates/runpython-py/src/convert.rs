@@ -57,7 +57,7 @@ pub(crate) fn seconds(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration
         return Err(not_a(name, "number of seconds", value));
     } else if value.is_instance_of::<PyInt>() || value.is_instance_of::<PyFloat>() {
         value.extract()?
-    } else if type_name(value) == "timedelta" {
+    } else if value.is_instance(&value.py().import("datetime")?.getattr("timedelta")?)? {
         value.call_method0("total_seconds")?.extract()?
     } else {
         return Err(not_a(name, "number of seconds", value));
