@@ -2,6 +2,7 @@
 //! (`src/bin/runpython-bench.rs`, driven by `cargo xtask bench`). This library holds their shared helpers.
 
 pub mod mcp_bench;
+pub mod py_bench;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};

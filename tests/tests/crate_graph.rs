@@ -1,5 +1,5 @@
 //! The crate graph of DESIGN.md, checked against `cargo metadata`: leaves never depend on each other,
-//! core composes the leaves, the CLI depends on core only, xtask on nothing of ours.
+//! core composes the leaves, the CLI and the Python package depend on core only, xtask on nothing of ours.
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
@@ -70,4 +70,12 @@ fn core_composes_the_leaves_and_the_cli_is_thin() {
         BTreeSet::from(["runpython-core".to_owned()])
     );
     assert_eq!(graph["xtask"], BTreeSet::new());
+}
+
+#[test]
+fn the_python_package_wraps_core_only() {
+    assert_eq!(
+        workspace_deps()["runpython-py"],
+        BTreeSet::from(["runpython-core".to_owned()])
+    );
 }

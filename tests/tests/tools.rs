@@ -319,3 +319,29 @@ async fn arguments_that_are_not_json_raise_type_error() {
     let e = run("double({1, 2})").await;
     assert_eq!(e.error.unwrap().kind, "TypeError");
 }
+
+tokio::task_local! {
+    static CALLER: &'static str;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn start_in_runs_tools_inside_the_callers_scope() {
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(30))
+        .tool(tool_fn(
+            "caller",
+            "Who started the run.",
+            schema(json!({}), &[]),
+            // Read when the call is made, as a tool binding the caller's event loop does.
+            |_| {
+                let who = CALLER.try_with(|c| *c).unwrap_or("nobody");
+                async move { Ok(json!(who)) }
+            },
+        ))
+        .build()
+        .unwrap();
+    let handle = python.start_in("caller()", |run| CALLER.scope("the test", run));
+    assert_eq!(handle.wait().await.unwrap().return_value, json!("the test"));
+    let handle = python.start("caller()");
+    assert_eq!(handle.wait().await.unwrap().return_value, json!("nobody"));
+}

@@ -9,6 +9,10 @@
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
 //! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): module import cycles, long files that do not
 //!   say why, the Python suites.
+//! - `cargo xtask py` — only the Python package's checks (`pypkg.rs`; `ci` runs them too): its wheel in a
+//!   fresh venv, pytest, mypy on the examples, stubtest.
+
+mod pypkg;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,12 +28,13 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("tidy") => tidy::tidy(),
         Some("bench") => bench(&args[1..]),
+        Some("py") => pypkg::ci(&bootstrap_tools()?),
         Some("tools") => {
             println!("{}", bootstrap_tools()?.display());
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask <ci | tidy | bench [--json] | tools>");
+            eprintln!("usage: cargo xtask <ci | tidy | py | bench [--json] | tools>");
             std::process::exit(2);
         }
     }
@@ -84,6 +89,7 @@ fn ci() -> Result<()> {
             .args(["test", "--workspace", "--no-fail-fast"])
             .env("RUNPYTHON_TOOLS_BIN", &tools),
     )?;
+    pypkg::ci(&tools)?;
     // The interpreter pool must not change what holds: the hostile suite again with every run served
     // by a pooled interpreter, and once with the pool off.
     for (name, var, value) in [
@@ -315,8 +321,10 @@ fn bench(args: &[String]) -> Result<()> {
             "runpython",
         ]),
     )?;
+    let bench_python = pypkg::bench_python(&bootstrap_tools()?)?;
     let out = Command::new(root().join("target/release/runpython-bench"))
         .current_dir(root())
+        .env("RUNPYTHON_BENCH_PYTHON", bench_python)
         .output()
         .context("cannot start the bench harness")?;
     if !out.status.success() {

@@ -93,6 +93,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     m.insert("cold_run_ms".into(), json!(round3(cold)));
     m.insert("run_vs_floor_cold".into(), json!(round3(cold / floor)));
 
+    // The same cold run from the Python package, interleaved with it from Rust. Measured here, while this
+    // process is small: the sandbox forks the host, and later sections grow this one.
+    python_package_runs(&python, &mut m).await?;
+
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
     // the pool's background refill finish, so each measured run finds a ready interpreter.
     let pool = |warm: Vec<String>| {
@@ -414,6 +418,9 @@ summarize(data)",
         json!(round3(bridge_rate / ceiling)),
     );
 
+    // A plain Python callable as the tool, against the Rust tool just measured.
+    python_package_tools(&mut m, bridge_rate)?;
+
     // Human in the loop: a resumed run replaying 100 journaled calls vs. the original run making them.
     let hitl_dir = tempfile::tempdir()?;
     let hitl = RunPython::builder()
@@ -568,6 +575,74 @@ fn session_rss_kib() -> u64 {
             .unwrap_or(0);
     }
     total
+}
+
+/// The Python package's benchmark script, when `cargo xtask bench` made its venv
+/// (`RUNPYTHON_BENCH_PYTHON`); else a note in the figures.
+fn python_bench(
+    m: &mut Map<String, Value>,
+) -> Result<Option<runpython_tests::py_bench::PyBench>, Box<dyn std::error::Error>> {
+    let Some(python) = std::env::var_os("RUNPYTHON_BENCH_PYTHON") else {
+        m.insert(
+            "py_bench".into(),
+            json!("skipped: RUNPYTHON_BENCH_PYTHON is not set (cargo xtask bench sets it)"),
+        );
+        return Ok(None);
+    };
+    let root = std::env::current_dir()?;
+    Ok(Some(runpython_tests::py_bench::PyBench::start(
+        std::path::Path::new(&python),
+        &root,
+    )?))
+}
+
+/// `py_run_overhead_ms`: `rp.run("1+1")` from Python (the release wheel, no pool, no store) minus the
+/// same run from Rust, p50 of each over interleaved rounds.
+async fn python_package_runs(
+    cold: &RunPython,
+    m: &mut Map<String, Value>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(mut py) = python_bench(m)? else {
+        return Ok(());
+    };
+    for _ in 0..3 {
+        py.run_ms()?;
+        cold.run("1+1").await?;
+    }
+    let (mut from_python, mut from_rust) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        from_python.push(py.run_ms()?);
+        let t = Instant::now();
+        let e = cold.run("1+1").await?;
+        from_rust.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(e.return_value, json!(2));
+    }
+    let (from_python, from_rust) = (p50(from_python), p50(from_rust));
+    m.insert("py_run_ms".into(), json!(round3(from_python)));
+    m.insert("py_run_rust_ms".into(), json!(round3(from_rust)));
+    m.insert(
+        "py_run_overhead_ms".into(),
+        json!(round3(from_python - from_rust)),
+    );
+    Ok(())
+}
+
+/// `py_tool_calls_per_s`: sequential calls of a plain Python callable as the tool, against the Rust
+/// tool's rate measured just before (`bridge_calls_per_s`).
+fn python_package_tools(
+    m: &mut Map<String, Value>,
+    rust_tool_rate: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(mut py) = python_bench(m)? else {
+        return Ok(());
+    };
+    let rate = py.tool_calls_per_s(20_000)?;
+    m.insert("py_tool_calls_per_s".into(), json!(rate.round()));
+    m.insert(
+        "py_tool_vs_rust_tool".into(),
+        json!(round3(rate / rust_tool_rate)),
+    );
+    Ok(())
 }
 
 fn machine(python: &str) -> Value {

@@ -159,12 +159,27 @@ impl RunPython {
 
     /// Starts the code and returns a handle streaming its events. Must be called inside a Tokio runtime.
     pub fn start(&self, request: impl Into<RunRequest>) -> RunHandle {
+        self.start_in(request, |run| run)
+    }
+
+    /// Like [`RunPython::start`], with the run's future passed through `wrap` before it is spawned: to
+    /// run it inside a task-local scope, for example, so that the tools it calls see the context of
+    /// whoever started it (the Python package binds the caller's asyncio loop this way).
+    pub fn start_in<F>(
+        &self,
+        request: impl Into<RunRequest>,
+        wrap: impl FnOnce(BoxFuture<'static, Result<Envelope, Error>>) -> F,
+    ) -> RunHandle
+    where
+        F: std::future::Future<Output = Result<Envelope, Error>> + Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(256);
         let (cancel_tx, cancel_rx) = oneshot::channel();
         let this = self.clone();
         let request = request.into();
-        let task =
-            tokio::spawn(async move { this.execute(request, Some(tx), Some(cancel_rx)).await });
+        let run: BoxFuture<'static, Result<Envelope, Error>> =
+            Box::pin(async move { this.execute(request, Some(tx), Some(cancel_rx)).await });
+        let task = tokio::spawn(wrap(run));
         RunHandle {
             events: rx,
             cancel: Some(cancel_tx),

@@ -1,0 +1,306 @@
+"""Type stubs for runpython (the native engine and the pure-Python helpers it is re-exported with)."""
+
+import datetime
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
+from typing import Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, final, overload
+
+__all__ = [
+    "Artifact",
+    "CancelledError",
+    "ConfigError",
+    "Envelope",
+    "ErrorInfo",
+    "Event",
+    "InternalError",
+    "InterpreterError",
+    "InvalidInputError",
+    "RunHandle",
+    "RunPython",
+    "RunPythonError",
+    "SandboxError",
+    "StoreError",
+    "Suspend",
+    "Tool",
+    "__version__",
+    "tool",
+]
+
+__version__: str
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_Json = Any
+"""A JSON value as Python sees it: dict (str keys), list, str, int, float, bool or None."""
+
+_Seconds = float | int | datetime.timedelta
+_Status = Literal["success", "error", "timeout", "suspended"]
+_ToolFormat = Literal["anthropic", "openai", "mcp"]
+
+class RunPythonError(Exception):
+    """Base class of runpython's own failures; what the code does is an envelope, never one of these."""
+
+class ConfigError(RunPythonError):
+    """A keyword argument of RunPython is wrong, or an operation needs a setting (a store)."""
+
+class InvalidInputError(RunPythonError):
+    """A request is malformed: an input that is not JSON or not an identifier, an unknown run."""
+
+class SandboxError(RunPythonError):
+    """The sandboxed child could not be started or supervised, or a required layer is missing."""
+
+class StoreError(RunPythonError):
+    """The store failed: keeping a run, reading an artifact or a checkpoint."""
+
+class InterpreterError(RunPythonError):
+    """No usable Python interpreter for the sandboxed child."""
+
+class CancelledError(RunPythonError):
+    """The run was cancelled through its handle."""
+
+class InternalError(RunPythonError):
+    """A bug in runpython."""
+
+@final
+class ErrorInfo:
+    """What went wrong in a run: the exception the code raised, or one of runpython's kinds."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def traceback(self) -> str | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def signal(self) -> int | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+@final
+class Artifact:
+    """Something a kept run stored; read its bytes with RunPython.get_run_artifact(id)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> Literal["script", "stdout", "stderr", "return_value", "file"]: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def preview(self) -> str: ...
+    def to_dict(self) -> dict[str, Any]: ...
+
+@final
+class Envelope:
+    """What a run returned (envelope v1)."""
+
+    @property
+    def status(self) -> _Status: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def return_value(self) -> _Json: ...
+    @property
+    def return_type(self) -> str | None: ...
+    @property
+    def return_preview(self) -> dict[str, Any] | None: ...
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+    @property
+    def truncated(self) -> dict[str, Any] | None: ...
+    @property
+    def error(self) -> ErrorInfo | None: ...
+    @property
+    def artifacts(self) -> list[Artifact]: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def cached(self) -> bool: ...
+    @property
+    def duration_ms(self) -> int: ...
+    @property
+    def suspension(self) -> dict[str, Any] | None: ...
+    @property
+    def isolation(self) -> dict[str, Any] | None: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def to_json(self, indent: int | None = None) -> str: ...
+
+@final
+class Event:
+    """One event of a started run."""
+
+    @property
+    def kind(self) -> Literal["stdout", "stderr", "dependencies", "tool_call", "tool_result", "other"]: ...
+    @property
+    def text(self) -> str | None: ...
+    @property
+    def data(self) -> dict[str, Any] | None: ...
+
+@final
+class RunHandle:
+    """A run in progress: iterate it for events, wait or await it for the envelope, cancel it."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+    def __next__(self) -> Event: ...
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+    def __anext__(self) -> Awaitable[Event]: ...
+    def __await__(self) -> Generator[Any, None, Envelope]: ...
+    def cancel(self) -> None: ...
+    def wait(self) -> Envelope: ...
+
+class _PoolSettings(TypedDict, total=False):
+    size: int
+    idle: _Seconds
+    warm_imports: list[str]
+    prestart: bool
+
+class _SandboxSettings(TypedDict, total=False):
+    namespaces: bool
+    landlock: bool
+    rlimits: bool
+    seccomp: bool
+    drop_privileges: bool
+    require: bool
+    allow_network: bool
+    memory_bytes: int
+    run_memory_bytes: int
+    disk_bytes: int
+    cgroups: bool
+    file_size_bytes: int
+    open_files: int
+    processes: int
+    read_paths: list[str]
+
+class Tool(Generic[_P, _R]):
+    """A callable with the name and description the code sees it under, and whether it is pure."""
+
+    function: Callable[_P, _R]
+    name: str | None
+    description: str | None
+    pure: bool
+    def __init__(
+        self,
+        function: Callable[_P, _R],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        pure: bool = False,
+    ) -> None: ...
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+@overload
+def tool(
+    function: Callable[_P, _R], /, *, name: str | None = None, description: str | None = None, pure: bool = False
+) -> Tool[_P, _R]: ...
+@overload
+def tool(
+    function: None = None, /, *, name: str | None = None, description: str | None = None, pure: bool = False
+) -> Callable[[Callable[_P, _R]], Tool[_P, _R]]: ...
+
+class Suspend(Exception):
+    """Raised by a tool to suspend the run until someone decides; resume() supplies the decision,
+    which the call then returns."""
+
+    request: _Json
+    def __init__(self, request: _Json = None) -> None: ...
+
+@final
+class RunPython:
+    """Runs LLM-authored Python in a sandboxed CPython subprocess and returns an Envelope."""
+
+    def __new__(
+        cls,
+        *,
+        timeout: _Seconds | None = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        store: str | None = None,
+        tier: Literal["ephemeral", "persistent"] | _Seconds | None = None,
+        memo: bool | _Seconds | None = None,
+        dependencies: Sequence[str] | None = None,
+        auto_deps: bool | None = None,
+        approvals: Sequence[str] | None = None,
+        durable: bool | None = None,
+        allow_network: bool | None = None,
+        python: str | os.PathLike[str] | None = None,
+        max_output_chars: int | None = None,
+        max_code_chars: int | None = None,
+        max_return_bytes: int | None = None,
+        inline_return_bytes: int | None = None,
+        envelope_budget: int | None = None,
+        env_passthrough: Sequence[str] | None = None,
+        max_tool_calls: int | None = None,
+        tool_call_timeout: _Seconds | None = None,
+        max_suspensions: int | None = None,
+        max_frame_bytes: int | None = None,
+        env_root: str | os.PathLike[str] | None = None,
+        prepare_timeout: _Seconds | None = None,
+        allow_nested: int | None = None,
+        pool: bool | int | _PoolSettings | None = None,
+        sandbox: bool | _SandboxSettings | None = None,
+    ) -> RunPython: ...
+    def run(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, _Json] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        memo: bool = True,
+    ) -> Envelope:
+        """Runs `code` to its end with the GIL released and returns the envelope; what the code does
+        (raise, time out, exit) is its status, never an exception. `async def` tools run on a private
+        event loop thread (this call blocks the caller's loop, if any); plain ones on worker threads."""
+
+    def arun(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, _Json] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        memo: bool = True,
+    ) -> Coroutine[Any, Any, Envelope]:
+        """`run` for asyncio: a coroutine that holds no thread while it waits; `async def` tools run on
+        the caller's event loop. Cancelling the awaiting task stops the run and kills its processes."""
+
+    def start(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, _Json] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        memo: bool = True,
+    ) -> RunHandle:
+        """Starts `code`: iterate the handle (`for` / `async for`) for stdout, stderr, dependency and
+        tool-call events, `wait()` or `await` it for the envelope, `cancel()` it to stop the run."""
+
+    def resume(self, run_id: str, decisions: Mapping[str, _Json]) -> Envelope:
+        """Continues a suspended run: `decisions` maps suspension ids (`envelope.suspension["id"]`)
+        to the values the suspended calls return."""
+
+    def aresume(self, run_id: str, decisions: Mapping[str, _Json]) -> Coroutine[Any, Any, Envelope]: ...
+    def pending_suspensions(self, run_id: str) -> list[str]: ...
+    def tool_spec(self, format: _ToolFormat = "anthropic") -> list[dict[str, Any]]:
+        """The tools a model is given (`run_python`, `get_run_artifact`, `resume`) in a provider's
+        shape; `run_python`'s description lists the stubs of this engine's tools."""
+
+    def handle_tool_call(self, name: str, arguments: Mapping[str, _Json] | str | None = None) -> _Json:
+        """Answers a model's call of one of `tool_spec`'s tools (`arguments`: a dict or its JSON text);
+        `run_python` gives the envelope as a dict whatever its status. Bad calls raise InvalidInputError."""
+
+    def ahandle_tool_call(
+        self, name: str, arguments: Mapping[str, _Json] | str | None = None
+    ) -> Coroutine[Any, Any, _Json]: ...
+    def get_run_artifact(self, id: str) -> bytes: ...
+    def isolation_report(self) -> dict[str, Any]: ...
+    @property
+    def tools(self) -> list[str]: ...
+    @property
+    def timeout(self) -> float: ...

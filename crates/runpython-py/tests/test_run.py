@@ -1,0 +1,131 @@
+"""Running code: the envelope as an object, outcomes as statuses, configuration errors as exceptions."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+import runpython
+from runpython import ConfigError, InvalidInputError, RunPython
+
+
+@pytest.fixture(scope="module")
+def rp() -> RunPython:
+    return RunPython(timeout=20)
+
+
+def test_run_returns_an_envelope_with_attribute_access(rp: RunPython) -> None:
+    e = rp.run("print('hi')\nx * 2", inputs={"x": 21})
+    assert e.status == "success" and e.ok
+    assert e.return_value == 42 and e.return_type == "int"
+    assert e.stdout == "hi\n" and e.stderr == ""
+    assert e.error is None and e.suspension is None and e.truncated is None
+    assert isinstance(e.run_id, str) and e.run_id
+    assert e.cached is False and e.duration_ms >= 0
+    assert e.isolation is not None and "kill" in e.isolation
+
+
+def test_to_dict_and_to_json_are_the_v1_contract(rp: RunPython) -> None:
+    e = rp.run("{'a': [1, 2.5, None, True]}")
+    d = e.to_dict()
+    assert d["status"] == "success"
+    assert d["return_value"] == {"a": [1, 2.5, None, True]}
+    assert set(d) >= {"status", "return_value", "return_type", "stdout", "stderr", "truncated", "error",
+                      "artifacts", "run_id", "cached", "duration_ms", "suspension"}
+    assert json.loads(e.to_json()) == d
+    assert json.loads(e.to_json(indent=2)) == d and "\n  " in e.to_json(indent=2)
+    assert "status='success'" in repr(e)
+
+
+def test_what_the_code_does_is_an_envelope_not_an_exception(rp: RunPython) -> None:
+    e = rp.run("def f():\n    return 1 / 0\nf()")
+    assert e.status == "error" and not e.ok
+    assert e.error is not None
+    assert e.error.type == "ZeroDivisionError"
+    assert "division by zero" in e.error.message
+    assert e.error.traceback is not None and 'line 2, in f' in e.error.traceback
+    assert str(e.error) == f"ZeroDivisionError: {e.error.message}"
+    assert e.error.to_dict()["type"] == "ZeroDivisionError"
+
+
+def test_a_timeout_is_a_status() -> None:
+    e = RunPython(timeout=datetime.timedelta(seconds=1), pool=False).run("while True: pass")
+    assert e.status == "timeout"
+    assert e.error is not None and e.error.type == "Timeout"
+
+
+def test_output_is_bounded_by_max_output_chars() -> None:
+    e = RunPython(max_output_chars=100, pool=False).run("print('x' * 10_000)")
+    assert len(e.stdout) < 400
+    assert e.truncated is not None and e.truncated["stdout"]["total_chars"] == 10_001
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"timeout": 0}, "the timeout must be longer than zero"),
+        ({"timeout": -1}, "timeout must be a finite number of seconds"),
+        ({"timeout": "10"}, "timeout must be a number of seconds, got str '10'"),
+        ({"max_output_chars": 1}, "max_output_chars must be at least 2"),
+        ({"max_output_chars": 1.5}, "max_output_chars must be a whole number"),
+        ({"approvals": ["ok"]}, "need a store"),
+        ({"approvals": "ok"}, "approvals must be a list of str"),
+        ({"allow_nested": 0}, "allow_nested needs a depth of at least 1"),
+        ({"store": "ftp://nowhere"}, "store 'ftp://nowhere'".replace("'", '"')),
+        ({"tier": "forever"}, 'tier must be "ephemeral", "persistent"'),
+        ({"sandbox": {"landlok": False}}, 'sandbox has no setting "landlok"'),
+        ({"pool": {"sise": 2}}, 'pool has no setting "sise"'),
+        ({"allow_network": "yes"}, "allow_network must be a bool"),
+        ({"tools": print}, "tools must be a list of callables"),
+        ({"tools": [42]}, "cannot be a tool"),
+        ({"tools": [lambda x: x]}, "give it one with runpython.tool"),
+    ],
+)
+def test_bad_settings_raise_config_error_with_the_message(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as raised:
+        RunPython(**kwargs)
+    assert message in str(raised.value)
+    assert isinstance(raised.value, runpython.RunPythonError)
+
+
+def test_bad_requests_raise_invalid_input_error(rp: RunPython) -> None:
+    with pytest.raises(InvalidInputError, match='input "x" is a object that is not a JSON value'):
+        rp.run("x", inputs={"x": object()})
+    assert rp.run("sorted(x)", inputs={"x": {2, 1}}).return_value == [1, 2]  # sets and tuples: lists
+    with pytest.raises(InvalidInputError, match="not-an-identifier"):
+        rp.run("1", inputs={"not-an-identifier": 1})
+    with pytest.raises(InvalidInputError, match="code must be a str"):
+        rp.run(b"1+1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="unknown tool format"):
+        rp.tool_spec("gemini")  # type: ignore[arg-type]
+
+
+def test_memo_serves_a_second_identical_run_from_the_cache() -> None:
+    rp = RunPython(memo=True, pool=False)
+    first = rp.run("sum(range(10))")
+    second = rp.run("sum(range(10))")
+    assert not first.cached and second.cached and second.return_value == 45
+    assert not rp.run("sum(range(10))", memo=False).cached
+
+
+def test_store_keeps_artifacts_readable_by_id(tmp_path) -> None:
+    rp = RunPython(store=f"file://{tmp_path}", pool=False)
+    e = rp.run("open('out.csv', 'w').write('a,b\\n1,2\\n')\n'done'")
+    files = [a for a in e.artifacts if a.name == "out.csv"]
+    assert files and files[0].kind == "file" and files[0].bytes == 8
+    assert rp.get_run_artifact(files[0].id) == b"a,b\n1,2\n"
+    assert files[0].to_dict()["name"] == "out.csv"
+
+
+def test_reading_artifacts_without_a_store_is_a_config_error(rp: RunPython) -> None:
+    with pytest.raises(ConfigError, match="configure a store"):
+        rp.get_run_artifact("0" * 64)
+
+
+def test_isolation_report_and_repr(rp: RunPython) -> None:
+    report = rp.isolation_report()
+    assert report["kill"] in ("pid-namespace", "process-group")
+    assert repr(rp).startswith("RunPython(timeout=20")
+    assert rp.timeout == 20.0

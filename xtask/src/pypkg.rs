@@ -1,0 +1,134 @@
+//! The Python package (`crates/runpython-py`): its wheel built with maturin, installed into a fresh
+//! venv, its pytest suite, mypy on its examples and stubtest on its stubs; and the venv the benchmark
+//! harness measures it with.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{python3, root, step};
+
+/// maturin releases that set `PYO3_BUILD_EXTENSION_MODULE` themselves (the crate has no
+/// `extension-module` feature, so `cargo test --workspace` still links).
+const MATURIN: &str = "maturin>=1.9.4,<2";
+/// What the tests and the examples need besides the wheel.
+const TEST_PACKAGES: &[&str] = &["pytest", "mypy", "pydantic>=2", "pydantic-ai-slim"];
+
+fn crate_dir() -> PathBuf {
+    root().join("crates/runpython-py")
+}
+
+/// maturin in the tools venv (`target/tools/venv`, made by the bootstrap), installed on first use.
+fn maturin(tools_bin: &Path) -> Result<PathBuf> {
+    let maturin = tools_bin.join("maturin");
+    if !maturin.exists() {
+        step(
+            "install maturin into the tools venv",
+            Command::new(tools_bin.join("python")).args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                MATURIN,
+            ]),
+        )?;
+    }
+    Ok(maturin)
+}
+
+/// Builds the wheel (`release`: optimized, for the benchmarks) into `out` and returns its path.
+fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result<PathBuf> {
+    if out.exists() {
+        std::fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
+    }
+    let mut cmd = Command::new(maturin(tools_bin)?);
+    cmd.current_dir(crate_dir())
+        .args(["build", "--quiet", "--out"])
+        .arg(out)
+        // The wheel is abi3 (CPython >= 3.10): any interpreter of those builds it; use the one
+        // the tests will run on.
+        .arg("--interpreter")
+        .arg(python3()?);
+    if release {
+        cmd.arg("--release");
+    }
+    step("build the runpython wheel (maturin)", &mut cmd)?;
+    let wheels: Vec<PathBuf> = std::fs::read_dir(out)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "whl"))
+        .collect();
+    match wheels.as_slice() {
+        [wheel] => Ok(wheel.clone()),
+        other => bail!(
+            "maturin left {} wheels in {}: {other:?}",
+            other.len(),
+            out.display()
+        ),
+    }
+}
+
+/// A fresh venv at `venv` with `wheel` and `packages` installed; returns its python.
+fn fresh_venv(venv: &Path, wheel: &Path, packages: &[&str]) -> Result<PathBuf> {
+    if venv.exists() {
+        std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    step(
+        "create a fresh venv for the package",
+        Command::new(python3()?).args(["-m", "venv"]).arg(venv),
+    )?;
+    let python = venv.join("bin/python");
+    step(
+        "install the wheel into it",
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(wheel)
+            .args(packages),
+    )?;
+    Ok(python)
+}
+
+/// CI: the wheel, a fresh venv, pytest, mypy on the examples against the stubs, stubtest.
+pub(crate) fn ci(tools_bin: &Path) -> Result<()> {
+    let wheel = build_wheel(tools_bin, false, &root().join("target/wheels/ci"))?;
+    let python = fresh_venv(&root().join("target/py-test-venv"), &wheel, TEST_PACKAGES)?;
+    let dir = crate_dir();
+    step(
+        "python package: pytest",
+        Command::new(&python)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .arg(dir.join("tests"))
+            .current_dir(&dir)
+            .env("RUNPYTHON_TOOLS_BIN", tools_bin),
+    )?;
+    step(
+        "python package: mypy --strict on the examples",
+        Command::new(&python)
+            .args(["-m", "mypy", "--strict", "--cache-dir"])
+            .arg(root().join("target/py-test-venv/mypy-cache"))
+            .arg(dir.join("examples"))
+            .current_dir(&dir),
+    )?;
+    // The stubs against the installed module: every name, signature and class as the runtime has it.
+    step(
+        "python package: stubtest",
+        Command::new(&python)
+            .args(["-m", "mypy.stubtest", "runpython"])
+            .current_dir(std::env::temp_dir()),
+    )?;
+    Ok(())
+}
+
+/// For `cargo xtask bench`: a release wheel in `target/py-bench-venv`; returns the venv's python,
+/// which the harness runs the Python benchmark with.
+pub(crate) fn bench_python(tools_bin: &Path) -> Result<PathBuf> {
+    let wheel = build_wheel(tools_bin, true, &root().join("target/wheels/bench"))?;
+    fresh_venv(&root().join("target/py-bench-venv"), &wheel, &[])
+}
