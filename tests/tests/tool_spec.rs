@@ -32,7 +32,7 @@ fn keys(v: &Value) -> Vec<&str> {
 /// The (name, description, schema) of each definition, whatever the shape.
 fn check_definitions(defs: &[(&Value, &Value, &Value)]) {
     let names: Vec<&str> = defs.iter().map(|d| d.0.as_str().unwrap()).collect();
-    assert_eq!(names, ["run_python", "get_run_artifact", "resume"]);
+    assert_eq!(names, ["run_python", "get_run_artifact", "close_session", "resume"]);
     for (_, description, schema) in defs {
         assert!(!description.as_str().unwrap().is_empty());
         assert_eq!(schema["type"], "object");
@@ -60,8 +60,9 @@ fn check_definitions(defs: &[(&Value, &Value, &Value)]) {
     assert_eq!(artifact_schema["required"], json!(["id"]));
     assert_eq!(artifact_schema["properties"]["offset"]["type"], "integer");
     assert_eq!(artifact_schema["properties"]["length"]["type"], "integer");
-    assert_eq!(defs[2].2["required"], json!(["run_id", "decisions"]));
-    assert_eq!(defs[2].2["properties"]["decisions"]["type"], "object");
+    assert_eq!(defs[2].2["required"], json!(["session_id"]));
+    assert_eq!(defs[3].2["required"], json!(["run_id", "decisions"]));
+    assert_eq!(defs[3].2["properties"]["decisions"]["type"], "object");
 }
 
 #[test]
@@ -148,7 +149,7 @@ fn resume_is_offered_only_by_engines_whose_runs_can_suspend() {
         .into_iter()
         .map(|d| d.name)
         .collect();
-    assert_eq!(names, ["run_python", "get_run_artifact"]);
+    assert_eq!(names, ["run_python", "get_run_artifact", "close_session"]);
     let resume = engine().tool_definitions().pop().unwrap();
     assert_eq!(resume.name, "resume");
     let example = resume.input_schema["properties"]["decisions"]["description"].to_string();

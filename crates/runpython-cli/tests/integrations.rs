@@ -55,7 +55,7 @@ fn tool_spec_prints_each_providers_shape() {
         ]);
         assert_eq!(code, Some(0), "{stderr}");
         let defs = spec.as_array().unwrap();
-        assert_eq!(defs.len(), 3, "{spec}");
+        assert_eq!(defs.len(), 4, "{spec}");
         for d in defs {
             let mut got: Vec<&str> = d.as_object().unwrap().keys().map(String::as_str).collect();
             got.sort_unstable();
@@ -115,7 +115,7 @@ async fn mcp_server_answers_a_real_client() {
 
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["run_python", "get_run_artifact", "resume"]);
+    assert_eq!(names, ["run_python", "get_run_artifact", "close_session", "resume"]);
     assert_eq!(tools[0].input_schema["required"], json!(["code"]));
 
     let (is_error, text) = call(
