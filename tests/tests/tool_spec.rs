@@ -32,7 +32,10 @@ fn keys(v: &Value) -> Vec<&str> {
 /// The (name, description, schema) of each definition, whatever the shape.
 fn check_definitions(defs: &[(&Value, &Value, &Value)]) {
     let names: Vec<&str> = defs.iter().map(|d| d.0.as_str().unwrap()).collect();
-    assert_eq!(names, ["run_python", "get_run_artifact", "close_session", "resume"]);
+    assert_eq!(
+        names,
+        ["run_python", "get_run_artifact", "close_session", "resume"]
+    );
     for (_, description, schema) in defs {
         assert!(!description.as_str().unwrap().is_empty());
         assert_eq!(schema["type"], "object");

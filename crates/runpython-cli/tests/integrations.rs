@@ -115,7 +115,10 @@ async fn mcp_server_answers_a_real_client() {
 
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["run_python", "get_run_artifact", "close_session", "resume"]);
+    assert_eq!(
+        names,
+        ["run_python", "get_run_artifact", "close_session", "resume"]
+    );
     assert_eq!(tools[0].input_schema["required"], json!(["code"]));
 
     let (is_error, text) = call(
