@@ -112,8 +112,11 @@ impl RunPython {
         let mut run_description = RUN_PYTHON_INTRO.to_owned();
         if !stubs.is_empty() {
             run_description.push_str(
-                "\n\nThese functions are predefined in the code's globals (they call the host; call them \
-                 plainly, or `await` them to run several at once with asyncio.gather):\n\n```python\n",
+                "\n\nThese functions are predefined in the code's globals (they call the host). A call \
+                 returns its value; where the same function awaits its result or hands it to asyncio \
+                 (`await f()`, `t = f()` then `await asyncio.gather(t, g())`, `create_task`, `wait`, a \
+                 list of calls gathered with `*`) it starts at once and returns an awaitable, so those \
+                 calls run concurrently:\n\n```python\n",
             );
             run_description.push_str(&stubs);
             run_description.push_str("\n```");
