@@ -144,3 +144,36 @@ async fn a_megabyte_exception_message_keeps_its_type_within_the_budget() {
     );
     assert!(serde_json::to_vec(&e).unwrap().len() <= 8192);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_run_environment_values_reach_the_code_and_are_masked_where_kept() {
+    let (_dir, store) = file_store();
+    let python = builder().store(store.clone()).build().unwrap();
+    let code = "import os, subprocess\nprint('token is', os.environ['API_TOKEN'])\n\
+                [os.environ['API_TOKEN'], subprocess.run(['sh', '-c', 'echo $API_TOKEN'], capture_output=True, text=True).stdout.strip()]";
+    let e = python
+        .run(RunRequest::new(code).env("API_TOKEN", "tok-1234567890"))
+        .await
+        .unwrap();
+    assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    assert_eq!(e.return_value, json!(["tok-1234567890", "tok-1234567890"]));
+    for kind in [ArtifactKind::Stdout, ArtifactKind::ReturnValue] {
+        let kept = String::from_utf8(kept_bytes(&store, &e, kind).await).unwrap();
+        assert!(
+            kept.contains("[REDACTED:API_TOKEN]") && !kept.contains("tok-1234567890"),
+            "{kind:?}: {kept}"
+        );
+    }
+    // For that run only.
+    let e = python
+        .run("import os\nos.environ.get('API_TOKEN')")
+        .await
+        .unwrap();
+    assert_eq!(e.return_value, Value::Null);
+    // A name an environment cannot hold is refused before anything runs.
+    let bad = python.run(RunRequest::new("1").env("A=B", "x")).await;
+    assert!(
+        matches!(bad, Err(runpython_core::Error::InvalidInput(_))),
+        "{bad:?}"
+    );
+}

@@ -126,8 +126,8 @@ struct RunArgs {
     /// A Python file to run, or `-` to read the code from stdin.
     #[arg(value_name = "FILE", conflicts_with = "code")]
     file: Option<PathBuf>,
-    /// The code to run.
-    #[arg(short = 'c', value_name = "CODE")]
+    /// The code to run (any code: `-c -100` is the code `-100`).
+    #[arg(short = 'c', value_name = "CODE", allow_hyphen_values = true)]
     code: Option<String>,
     /// Print the JSON envelope instead of the code's output.
     #[arg(long)]
@@ -136,6 +136,10 @@ struct RunArgs {
     /// reference (parsed as JSON or CSV where it can be) (repeatable).
     #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
     inputs: Vec<(String, Input)>,
+    /// An environment variable for this run only, as NAME=VALUE (repeatable). Its value is masked
+    /// wherever the run is kept, like --env-passthrough values.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    env: Vec<(String, String)>,
     /// Neither serve this run from the memo nor record it there.
     #[arg(long)]
     no_cache: bool,
@@ -250,6 +254,16 @@ fn parse_input(s: &str) -> Result<(String, Input), String> {
     Ok((name.to_owned(), Input::Json(value)))
 }
 
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE (for example --env API_TOKEN=abc)"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?} has no variable name before the ="));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
 fn parse_tool(s: &str) -> Result<(String, String), String> {
     let (name, command) = s
         .split_once('=')
@@ -320,6 +334,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut request = RunRequest::new(code);
     if args.no_cache {
         request = request.no_memo();
+    }
+    for (name, value) in args.env {
+        request = request.env(name, value);
     }
     for (name, input) in args.inputs {
         request = match input {

@@ -1,6 +1,7 @@
 //! Keeping runs in the store and the memo: what to keep, how it is redacted, what a memo key holds.
 //! Functions over the store and the run's data; the engine decides when to call them.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,13 +57,17 @@ pub(crate) async fn collect_run_files(
     .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))
 }
 
-/// Masks the host's secret-looking variables and every passed-through variable.
-pub(crate) fn redactor(passthrough: &[String]) -> Redactor {
+/// Masks the host's secret-looking variables, every passed-through variable and every variable set
+/// for the run.
+pub(crate) fn redactor(passthrough: &[String], run_env: &BTreeMap<String, String>) -> Redactor {
     let mut redactor = Redactor::from_env(std::env::vars());
     for name in passthrough {
         if let Ok(value) = std::env::var(name) {
             redactor.add(name, value);
         }
+    }
+    for (name, value) in run_env {
+        redactor.add(name, value);
     }
     redactor
 }
@@ -156,6 +161,13 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
             limits.max_output_chars
         ),
         passthrough.join("\u{0}"),
+        // Per-run variables, like passed-through ones: the key is a hash, the values never stored.
+        request
+            .env
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join("\u{0}"),
         // Artifacts are content-addressed: their ids stand for their bytes.
         format!("{:?}", request.input_artifacts),
     ])
@@ -171,7 +183,7 @@ pub(crate) async fn keep_run(
     env: Option<&PreparedEnv>,
     passthrough: &[String],
 ) -> Result<(), Error> {
-    let redactor = redactor(passthrough);
+    let redactor = redactor(passthrough, &request.env);
     let record = RunRecord {
         run_id: envelope.run_id.clone(),
         created_at: std::time::SystemTime::now() - Duration::from_millis(envelope.duration_ms),

@@ -3,7 +3,7 @@
 Stdlib only. The host imports this module (as `runpython_runner`, from runpython's code directory, so its
 bytecode is cached) and writes one JSON request on stdin:
 
-    {"code": str, "inputs": {name: json}, "max_return_bytes": int, "inline_return_bytes": int,
+    {"code": str, "inputs": {name: json}, "env": {name: str}, "max_return_bytes": int, "inline_return_bytes": int,
      "code_dir": str | null, "site_dir": str | null,
      "input_artifacts": {name: base64}, "artifact_helpers": bool,
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
@@ -707,6 +707,18 @@ def _safe_preview(value):
         return {"type": type(value).__name__, "preview_error": "%s: %s" % (type(exc).__name__, _clip(str(exc)))}
 
 
+def _set_env(env):
+    """The run's own environment variables, set after start-up (a pooled interpreter started before its
+    run was known): in `os.environ` if `os` is already imported, else where `os` will read them."""
+    os = sys.modules.get("os")
+    for name, value in env.items():
+        if os is not None:
+            os.environ[name] = value
+        else:
+            posix.putenv(name, value)
+            posix.environ[name.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
+
+
 def _warm_up(args):
     """A pooled interpreter prepares before its run arrives: `--site DIR` adds the environment and
     `--warm a,b` imports modules the pool declares warm (a failed import is left for the run to see)."""
@@ -742,6 +754,7 @@ def main():
     if code_dir:
         _code_dir = code_dir.rstrip("/") + "/"
     sys.argv = [FILENAME]
+    _set_env(request.get("env") or {})
     sys.stdout.reconfigure(line_buffering=True)
     site_dir = request.get("site_dir")
     if site_dir:

@@ -168,6 +168,7 @@ impl RunPython {
             "code_dir": code_dir,
             "code": &request.code,
             "inputs": &request.inputs,
+            "env": &request.env,
             "input_artifacts": input_artifacts,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,

@@ -14,7 +14,7 @@ use crate::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
 use crate::error::Error;
 use crate::outcome::{apply_ending, apply_tool_limit};
 use crate::persist::{self, Keeping, MemoParts};
-use crate::request::{check_input_names, new_run_id, Event, RunRequest};
+use crate::request::{check_env, check_input_names, new_run_id, Event, RunRequest};
 
 pub(crate) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -48,6 +48,7 @@ impl RunPython {
         let started = Instant::now();
         let limits = &self.inner.limits;
         check_input_names(&request)?;
+        check_env(&request)?;
         let code_chars = request.code.chars().count();
         if code_chars > limits.max_code_chars {
             let mut envelope = Envelope::failed(
@@ -103,7 +104,7 @@ impl RunPython {
                 // The memo entry is persisted: it carries no secret the code printed or returned.
                 let envelope = persist::redact_envelope(
                     envelope,
-                    &persist::redactor(&self.inner.env_passthrough),
+                    &persist::redactor(&self.inner.env_passthrough, &request.env),
                 );
                 let json =
                     serde_json::to_string(&envelope).map_err(|e| Error::Internal(e.to_string()))?;

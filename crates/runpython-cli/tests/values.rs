@@ -1,0 +1,105 @@
+//! The CLI side of issue 16: exact integers, code that starts with `-`, per-run environment values,
+//! command tools described without their command, `runpython doctor`.
+
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
+
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn runpython(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runpython"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn envelope(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn integers_of_any_size_are_exact_in_inputs_and_the_printed_envelope() {
+    let out = runpython(&[
+        "run",
+        "--json",
+        "--no-store",
+        "--input",
+        "x=1267650600228229401496703205376",
+        "-c",
+        "[x, type(x).__name__, 2**100 + 1]",
+    ]);
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        printed.contains(
+            r#""return_value":[1267650600228229401496703205376,"int",1267650600228229401496703205377]"#
+        ),
+        "{printed}"
+    );
+}
+
+#[test]
+fn code_that_starts_with_a_hyphen_is_code() {
+    let out = runpython(&["run", "--json", "--no-store", "-c", "-100"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(envelope(&out)["return_value"], -100);
+    let out = runpython(&["run", "--json", "--no-store", "-c", "--x"]);
+    assert_eq!(
+        envelope(&out)["error"]["type"],
+        "NameError",
+        "`--x` is code too"
+    );
+}
+
+#[test]
+fn env_sets_a_variable_for_the_run_and_its_kept_output_is_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let out = runpython(&[
+        "run",
+        "--json",
+        "--store",
+        &store,
+        "--env",
+        "SERVICE_URL=https://user:pw-123456@example.invalid",
+        "-c",
+        "import os\nprint(os.environ['SERVICE_URL'])",
+    ]);
+    let e = envelope(&out);
+    assert_eq!(
+        e["stdout"], "https://user:pw-123456@example.invalid\n",
+        "{e}"
+    );
+    let run_id = e["run_id"].as_str().unwrap();
+    let listed = runpython(&[
+        "artifacts",
+        "list",
+        "--run",
+        run_id,
+        "--json",
+        "--store",
+        &store,
+    ]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let stdout = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "stdout")
+        .unwrap();
+    let kept = runpython(&[
+        "artifacts",
+        "get",
+        stdout["id"].as_str().unwrap(),
+        "--store",
+        &store,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&kept.stdout),
+        "[REDACTED:SERVICE_URL]\n"
+    );
+    let out = runpython(&["run", "--no-store", "--env", "=x", "-c", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+}
