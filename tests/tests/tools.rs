@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runpython_core::{tool_fn, CommandTool, RunPython, Status, ToolError};
+use runpython_core::{tool_fn, CommandTool, RunPython, Status, ToolError, ToolFormat};
 use serde_json::{json, Value};
 
 fn schema(props: Value, required: &[&str]) -> Option<Value> {
@@ -466,4 +466,55 @@ assert plain == 8, 'a call used as a value is a plain call'
 "#;
     let e = python.run(code).await.unwrap();
     assert_eq!(e.return_value, json!("ok"), "{:?}", e.error);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn command_tools_show_their_description_and_parameters_never_their_command() {
+    let command = "python3 -c \"import json,sys; a=json.load(sys.stdin); print(json.dumps(a['kwargs']))\" --secret-token=abc123";
+    let python = RunPython::builder()
+        .tool(
+            CommandTool::new("weather", command)
+                .with_description("Current weather of a city.")
+                .with_input_schema(json!({
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "units": {"type": "string", "default": "C"}},
+                    "required": ["city"],
+                }))
+                .unwrap(),
+        )
+        .tool(CommandTool::new("undocumented", "echo 1 # /host/path/secret"))
+        .build()
+        .unwrap();
+    let spec = python.tool_spec(ToolFormat::Anthropic);
+    let described = spec[0]["description"].as_str().unwrap();
+    assert!(
+        described.contains("def weather(city: str, units: str = \"C\") -> Any:\n    \"\"\"Current weather of a city.\"\"\""),
+        "{described}"
+    );
+    let spec = spec.to_string();
+    for leak in ["secret-token", "abc123", "/host/path", "python3 -c"] {
+        assert!(!spec.contains(leak), "{leak} in {spec}");
+    }
+    let e = python.run("weather('Paris')").await.unwrap();
+    assert_eq!(
+        e.return_value,
+        json!({"city": "Paris", "units": "C"}),
+        "{:?}",
+        e.error
+    );
+    let e = python
+        .run("import inspect\ninspect.getdoc(undocumented) or ''")
+        .await
+        .unwrap();
+    assert_eq!(
+        e.return_value,
+        json!(""),
+        "no command line in the stub's docstring"
+    );
+    assert!(
+        CommandTool::new("t", "c")
+            .with_input_schema(json!({"type": "array"}))
+            .is_err(),
+        "a schema that is not an object schema is refused"
+    );
 }

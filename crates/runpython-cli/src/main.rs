@@ -32,6 +32,7 @@ mod human;
 mod lines;
 mod mcp;
 mod serve;
+mod tool_flags;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -42,8 +43,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use human::{escape_controls, for_terminal, print_human, StatusLine};
 use runpython_core::{
-    default_local_url, CommandTool, Envelope, Event, McpServer, PoolConfig, RunPython,
-    RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
+    default_local_url, Envelope, Event, McpServer, PoolConfig, RunPython, RunPythonBuilder,
+    RunRequest, Status, Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -160,9 +161,20 @@ struct EngineArgs {
     #[arg(long = "env-passthrough", value_name = "NAME")]
     env_passthrough: Vec<String>,
     /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
-    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
-    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
+    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result. The model never sees the
+    /// command: describe the tool with --tool-doc and --tool-schema.
+    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = tool_flags::parse_tool)]
     tools: Vec<(String, String)>,
+    /// What the command tool NAME does, for the model, as NAME=TEXT (repeatable).
+    #[arg(long = "tool-doc", value_name = "NAME=TEXT", value_parser = |s: &str| tool_flags::name_and_value(s, "NAME=TEXT"))]
+    tool_docs: Vec<(String, String)>,
+    /// The JSON Schema of the command tool NAME's input, as NAME=JSON (repeatable): the code gets a
+    /// function with those parameters, which reach the command in "kwargs".
+    #[arg(long = "tool-schema", value_name = "NAME=JSON", value_parser = |s: &str| tool_flags::name_and_value(s, "NAME=JSON"))]
+    tool_schemas: Vec<(String, String)>,
+    /// Command tools from a JSON file: an array of {"name", "command", "description", "input_schema"}.
+    #[arg(long = "tools-file", value_name = "FILE")]
+    tools_file: Option<PathBuf>,
     /// A human-approval tool under NAME (e.g. request_approval): calling it suspends the run until
     /// `runpython resume RUN_ID --decision JSON` (repeatable).
     #[arg(long = "approval", value_name = "NAME")]
@@ -262,18 +274,6 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         return Err(format!("{s:?} has no variable name before the ="));
     }
     Ok((name.to_owned(), value.to_owned()))
-}
-
-fn parse_tool(s: &str) -> Result<(String, String), String> {
-    let (name, command) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not NAME=COMMAND"))?;
-    if name.is_empty() || command.trim().is_empty() {
-        return Err(format!(
-            "{s:?} needs both a name and a command, as NAME=COMMAND"
-        ));
-    }
-    Ok((name.to_owned(), command.to_owned()))
 }
 
 fn main() -> ExitCode {
@@ -415,8 +415,13 @@ impl EngineArgs {
         if self.no_auto_deps {
             builder = builder.auto_deps(false);
         }
-        for (name, command) in &self.tools {
-            builder = builder.tool(CommandTool::new(name, command));
+        for tool in tool_flags::command_tools(
+            &self.tools,
+            &self.tool_docs,
+            &self.tool_schemas,
+            self.tools_file.as_deref(),
+        )? {
+            builder = builder.tool(tool);
         }
         for spec in &self.deps {
             builder = builder.dependency(spec);

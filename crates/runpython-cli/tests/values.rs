@@ -5,7 +5,7 @@
 
 use std::process::{Command, Output, Stdio};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn runpython(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_runpython"))
@@ -102,4 +102,57 @@ fn env_sets_a_variable_for_the_run_and_its_kept_output_is_masked() {
     );
     let out = runpython(&["run", "--no-store", "--env", "=x", "-c", "1"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn command_tools_from_flags_or_a_file_show_their_doc_and_schema_not_their_command() {
+    let command = "cat >/dev/null; echo '{\"temp\": 21}' # --api-token=abc123";
+    let schema =
+        r#"{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tools.json");
+    std::fs::write(
+        &file,
+        json!([{"name": "forecast", "command": command, "description": "Tomorrow's weather.",
+                "input_schema": serde_json::from_str::<Value>(schema).unwrap()}])
+        .to_string(),
+    )
+    .unwrap();
+    let tool = format!("weather={command}");
+    let file_arg = file.display().to_string();
+    let flags = [
+        "--tool",
+        tool.as_str(),
+        "--tool-doc",
+        "weather=Current weather of a city.",
+        "--tool-schema",
+        &format!("weather={schema}"),
+        "--tools-file",
+        &file_arg,
+    ];
+    let mut args = vec!["tool-spec", "--no-store"];
+    args.extend(flags);
+    let spec = String::from_utf8(runpython(&args).stdout).unwrap();
+    assert!(
+        spec.contains("def weather(city: str)") && spec.contains("Current weather of a city."),
+        "{spec}"
+    );
+    assert!(
+        spec.contains("def forecast(city: str)") && spec.contains("Tomorrow's weather."),
+        "{spec}"
+    );
+    assert!(
+        !spec.contains("abc123") && !spec.contains("cat >"),
+        "{spec}"
+    );
+    let mut args = vec!["run", "--json", "--no-store"];
+    args.extend(flags);
+    args.extend(["-c", "[weather('Paris'), forecast(city='Oslo')]"]);
+    assert_eq!(
+        envelope(&runpython(&args))["return_value"],
+        json!([{"temp": 21}, {"temp": 21}])
+    );
+    let out = runpython(&["run", "--no-store", "--tool-doc", "nothing=x", "-c", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no --tool nothing=COMMAND"));
 }
