@@ -177,3 +177,53 @@ async fn per_run_environment_values_reach_the_code_and_are_masked_where_kept() {
         "{bad:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_the_envelope_cut_is_kept_whole_and_masked_in_the_store() {
+    let (_dir, store) = file_store();
+    let python = builder()
+        .store(store.clone())
+        .max_output_chars(100)
+        .build()
+        .unwrap();
+    let code =
+        "import os\nprint('x' * 5000)\nprint('middle', os.environ['DB_SECRET'])\nprint('y' * 5000)";
+    let e = python
+        .run(RunRequest::new(code).env("DB_SECRET", "hunter2-hunter2"))
+        .await
+        .unwrap();
+    assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    let cut = e.truncated.as_ref().unwrap().stdout.as_ref().unwrap();
+    assert_eq!(cut.total_chars, 10_025);
+    assert!(!cut.artifact_truncated);
+    let whole = python
+        .get_run_artifact(cut.artifact.as_ref().unwrap())
+        .await
+        .unwrap();
+    let whole = String::from_utf8(whole).unwrap();
+    assert!(whole.contains("middle [REDACTED:DB_SECRET]\n"), "masked");
+    assert_eq!(
+        whole.chars().count(),
+        10_025 - 15 + "[REDACTED:DB_SECRET]".len()
+    );
+    assert!(
+        whole.starts_with(&"x".repeat(5000)) && whole.ends_with(&format!("{}\n", "y".repeat(5000)))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_past_64_mib_is_kept_up_to_the_cap_and_says_so() {
+    let (_dir, store) = file_store();
+    let python = builder().store(store.clone()).build().unwrap();
+    let code =
+        "import sys\nblock = 'z' * (1 << 20)\nfor _ in range(65):\n    sys.stdout.write(block)";
+    let e = python.run(code).await.unwrap();
+    assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    let cut = e.truncated.as_ref().unwrap().stdout.as_ref().unwrap();
+    assert_eq!(cut.total_chars, 65 << 20);
+    assert!(cut.artifact_truncated, "{cut:?}");
+    let manifest = store.get_run(&e.run_id).await.unwrap();
+    let kept = manifest.artifact(ArtifactKind::Stdout).unwrap();
+    assert_eq!(Some(&kept.id), cut.artifact.as_ref());
+    assert_eq!(kept.bytes, 64 << 20);
+}

@@ -58,8 +58,15 @@ pub(crate) fn print_human(envelope: &Envelope) {
     if let Some(truncated) = &envelope.truncated {
         for (name, t) in [("stdout", &truncated.stdout), ("stderr", &truncated.stderr)] {
             if let Some(t) = t {
+                let whole = match (&t.artifact, t.artifact_truncated) {
+                    (Some(id), false) => format!("; all of it: runpython artifacts get {id}"),
+                    (Some(id), true) => {
+                        format!("; its first 64 MiB: runpython artifacts get {id}")
+                    }
+                    (None, _) => String::new(),
+                };
                 say_err!(
-                    "[runpython: the envelope keeps {} of {} characters of {name}]",
+                    "[runpython: the envelope keeps {} of {} characters of {name}{whole}]",
                     t.total_chars - t.omitted_chars,
                     t.total_chars
                 );

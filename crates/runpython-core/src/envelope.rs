@@ -162,13 +162,20 @@ pub struct ListTruncation {
     pub omitted: usize,
 }
 
-/// How much of one stream was dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How much of one stream was dropped, and where the whole of it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamTruncation {
     /// Characters the code wrote.
     pub total_chars: u64,
     /// Characters left out of the envelope.
     pub omitted_chars: u64,
+    /// When runs are kept: the artifact holding the whole stream (redacted), up to its first 64 MiB
+    /// (read it with `get_run_artifact` / `runpython artifacts get`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub artifact: Option<String>,
+    /// True when the code wrote more than 64 MiB: the artifact holds the first 64 MiB only.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub artifact_truncated: bool,
 }
 
 /// A typed error: a Python exception raised by the code, or one of runpython's own kinds.

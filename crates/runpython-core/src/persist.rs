@@ -8,7 +8,8 @@ use std::time::Duration;
 use runpython_bridge::canonical_json;
 use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{
-    memo_key, BeneathDir, CollectLimits, CollectedFiles, MemoKey, Redactor, RunRecord, Store, Tier,
+    memo_key, ArtifactKind, BeneathDir, CollectLimits, CollectedFiles, MemoKey, Redactor,
+    RunRecord, Store, Tier,
 };
 use serde_json::Value;
 
@@ -184,13 +185,25 @@ pub(crate) async fn keep_run(
     passthrough: &[String],
 ) -> Result<(), Error> {
     let redactor = redactor(passthrough, &request.env);
+    let streamed = |kind| {
+        stored
+            .iter()
+            .any(|a: &runpython_store::Artifact| a.kind == kind)
+    };
     let record = RunRecord {
         run_id: envelope.run_id.clone(),
         created_at: std::time::SystemTime::now() - Duration::from_millis(envelope.duration_ms),
         tier: keep.tier,
         script: request.code.clone(),
-        stdout: redactor.redact(&envelope.stdout).into_owned(),
-        stderr: redactor.redact(&envelope.stderr).into_owned(),
+        // Streamed whole into the store as the run ran (then among `stored`), else the envelope's.
+        stdout: match streamed(ArtifactKind::Stdout) {
+            true => String::new(),
+            false => redactor.redact(&envelope.stdout).into_owned(),
+        },
+        stderr: match streamed(ArtifactKind::Stderr) {
+            true => String::new(),
+            false => redactor.redact(&envelope.stderr).into_owned(),
+        },
         return_value_json: redactor.redact_json(&envelope.return_value).to_string(),
         deps: env.map(|env| env.specs.clone()).unwrap_or_default(),
         env_fingerprint: match env {

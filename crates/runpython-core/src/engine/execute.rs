@@ -8,7 +8,7 @@ use runpython_store::Computed;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::attempt::{Attempt, Prepared};
+use super::attempt::{Attempt, OutputUpload, Prepared};
 use super::RunPython;
 use crate::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
 use crate::error::Error;
@@ -185,7 +185,15 @@ impl RunPython {
             bridge_stats,
             journal,
             oom_killed,
+            uploads,
         } = attempt;
+        let (mut stdout_captured, mut stderr_captured) = (stdout_captured, stderr_captured);
+        let streamed =
+            OutputUpload::finish(uploads, &mut stdout_captured, &mut stderr_captured).await?;
+        let files = files.map(|(files, mut stored)| {
+            stored.extend(streamed);
+            (files, stored)
+        });
 
         let (stdout, stdout_trunc) = stdout_captured.render(limits.max_output_chars);
         let (stderr, stderr_trunc) = stderr_captured.render(limits.max_output_chars);
