@@ -227,3 +227,23 @@ async fn output_past_64_mib_is_kept_up_to_the_cap_and_says_so() {
     assert_eq!(Some(&kept.id), cut.artifact.as_ref());
     assert_eq!(kept.bytes, 64 << 20);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_isolation_report_is_kept_whole_but_left_out_of_the_json_envelope_when_complete() {
+    let (_dir, store) = file_store();
+    let python = builder().store(store.clone()).build().unwrap();
+    let e = python.run("1").await.unwrap();
+    let isolation = e
+        .isolation
+        .clone()
+        .expect("the library's value has the report");
+    let json = serde_json::to_value(&e).unwrap();
+    if isolation.missing.is_empty() {
+        assert!(json.get("isolation").is_none(), "{json}");
+    } else {
+        assert_eq!(json["isolation"]["missing"], json!(isolation.missing));
+    }
+    let manifest = store.get_run(&e.run_id).await.unwrap();
+    let kept: Value = serde_json::from_str(&manifest.isolation_json).unwrap();
+    assert_eq!(kept, serde_json::to_value(&isolation).unwrap());
+}

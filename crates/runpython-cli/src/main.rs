@@ -79,6 +79,18 @@ enum Command {
     },
     /// Remove expired runs and the blobs no run references.
     Gc(StoreArgs),
+    /// What this host gives runs: what the kernel allows, the isolation layers a run gets, where the
+    /// caches and the store live, whether uv is found.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -305,6 +317,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve_http(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
+            Command::Doctor(args) => doctor(args).await,
         }
     });
     match outcome {
@@ -644,6 +657,16 @@ async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
             out.write_all(&bytes)?;
             out.flush()?;
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let report = args.engine.build().await?.doctor().await;
+    if args.json {
+        say!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        human::print_doctor(&report);
     }
     Ok(ExitCode::SUCCESS)
 }

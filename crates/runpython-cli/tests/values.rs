@@ -156,3 +156,23 @@ fn command_tools_from_flags_or_a_file_show_their_doc_and_schema_not_their_comman
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no --tool nothing=COMMAND"));
 }
+
+#[test]
+fn doctor_reports_the_kernel_the_layers_a_run_gets_and_where_things_live() {
+    let out = runpython(&["doctor", "--json", "--no-store", "--allow-network"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["kernel"]["namespaces"].is_array(), "{report}");
+    assert_eq!(report["isolation"]["network"], "host", "{report}");
+    assert!(
+        report["python"].as_str().unwrap().contains("3."),
+        "{report}"
+    );
+    assert!(report["installer"].is_string(), "{report}");
+    assert_eq!(report["store"], Value::Null, "--no-store");
+    let out = runpython(&["doctor"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    for line in ["kernel", "a run gets", "uv ", "store "] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+}

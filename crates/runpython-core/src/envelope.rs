@@ -51,8 +51,12 @@ pub struct Envelope {
     /// the `return_value` artifact.
     #[serde(default)]
     pub return_preview: Option<Value>,
-    /// Which isolation layers were in force; `null` when no process was started.
-    #[serde(default)]
+    /// Which isolation layers were in force; `None` when no process was started. Always here in the
+    /// library's value and in the run's manifest; in the JSON envelope only when a requested layer is
+    /// missing (then whole, `missing` saying why): a model pays for every byte of every envelope, and
+    /// the report of a run that got every layer it asked for tells it nothing (`runpython doctor`
+    /// shows what runs get).
+    #[serde(default, skip_serializing_if = "Isolation::is_unremarkable")]
     pub isolation: Option<Isolation>,
 }
 
@@ -95,6 +99,13 @@ pub struct Isolation {
     /// Requested layers that were not available, each with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+}
+
+impl Isolation {
+    /// True when there is no report, or every requested layer was in force (nothing to tell a model).
+    pub fn is_unremarkable(isolation: &Option<Isolation>) -> bool {
+        isolation.as_ref().is_none_or(|i| i.missing.is_empty())
+    }
 }
 
 /// The bounds of a run's tool bridge.
@@ -268,7 +279,6 @@ mod tests {
                 "cached",
                 "duration_ms",
                 "error",
-                "isolation",
                 "return_preview",
                 "return_type",
                 "return_value",
@@ -282,5 +292,43 @@ mod tests {
         );
         assert_eq!(v["status"], "timeout");
         assert_eq!(v["error"]["type"], "Timeout");
+    }
+
+    fn isolation(missing: Vec<String>) -> Isolation {
+        Isolation {
+            namespaces: vec!["user".into(), "pid".into()],
+            landlock: "abi-7".into(),
+            rlimits: RlimitReport::default(),
+            seccomp: "deny-list".into(),
+            network: "off".into(),
+            uid: 1000,
+            kill: "pid-namespace".into(),
+            filesystem: "allowlist".into(),
+            memory: LimitReport::default(),
+            disk: LimitReport::default(),
+            bridge: None,
+            missing,
+        }
+    }
+
+    #[test]
+    fn isolation_is_in_the_json_envelope_only_when_a_requested_layer_is_missing() {
+        let mut e = Envelope::empty("r".into());
+        e.isolation = Some(isolation(Vec::new()));
+        let v = serde_json::to_value(&e).unwrap();
+        assert!(v.get("isolation").is_none(), "{v}");
+        assert!(e.isolation.is_some(), "the library's value keeps it");
+
+        e.isolation = Some(isolation(vec![
+            "landlock: the kernel has no Landlock".into()
+        ]));
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v["isolation"]["missing"][0],
+            "landlock: the kernel has no Landlock"
+        );
+        assert_eq!(v["isolation"]["landlock"], "abi-7");
+        let back: Envelope = serde_json::from_value(v).unwrap();
+        assert_eq!(back.isolation, e.isolation);
     }
 }

@@ -27,6 +27,7 @@ mod budget;
 mod child;
 mod command_tool;
 mod deps;
+mod doctor;
 mod engine;
 mod env_vars;
 mod envelope;
@@ -43,6 +44,7 @@ mod tool_spec;
 
 pub use child::PoolConfig;
 pub use command_tool::CommandTool;
+pub use doctor::Doctor;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder};
 pub use envelope::{
     BridgeReport, Envelope, ErrorInfo, Isolation, LimitReport, ListTruncation, RlimitReport,
@@ -52,7 +54,7 @@ pub use error::Error;
 #[cfg(feature = "mcp")]
 pub use mcp_tools::McpServer;
 pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
-pub use sandbox::Sandbox;
+pub use sandbox::{KernelReport, Sandbox};
 pub use tool_spec::{ToolDefinition, ToolFormat, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL};
 
 /// What an implementer of a [`Tool`] needs: the trait, its arguments and errors, and closures as tools.

@@ -216,7 +216,13 @@ pub(crate) async fn keep_run(
                 interpreter.executable.display()
             ),
         },
-        isolation_json: "{}".into(),
+        // The whole report (the JSON envelope shows it only when a layer is missing).
+        isolation_json: match &envelope.isolation {
+            Some(isolation) => {
+                serde_json::to_string(isolation).map_err(|e| Error::Internal(e.to_string()))?
+            }
+            None => "null".into(),
+        },
         files: files.files,
         skipped_files: files.skipped,
         stored,
