@@ -336,7 +336,7 @@ def rewrite_awaited_calls(tree):
     one: `f(x)` becomes `__runpython_aio__(f)(x)` (`__runpython_aio__(f, True)(x)` where `asyncio.wait`
     needs a Task). Anything that is not a tool passes through `__runpython_aio__` unchanged.
 
-    A call's result is awaitable where it is awaited, handed to asyncio (`_TAKERS`), or flows there in the
+    A call's result is awaitable where it is awaited, handed to asyncio (`_TAKE_*`), or flows there in the
     same function: through a variable (`t = f()` ... `await t`), a list, set or dict (literal,
     comprehension, `.append`/`.add`/`.extend`/`.insert`, `d[k] = f()`, `*tasks`, `d.values()`), a `for`
     loop that awaits its target, a helper function whose result is awaited (its `return` values), or a
@@ -420,12 +420,7 @@ class _Rewrite:
         """The nodes evaluated in `scope` (nested functions' bodies excluded, their names included)."""
         a = self.ast
         node = scope.node
-        if isinstance(node, a.Lambda):
-            stack = [node.body]
-        elif isinstance(node, (a.FunctionDef, a.AsyncFunctionDef)):
-            stack = list(reversed(node.body))
-        else:
-            stack = list(reversed(node.body))
+        stack = [node.body] if isinstance(node, a.Lambda) else list(reversed(node.body))
         while stack:
             current = stack.pop()
             yield current

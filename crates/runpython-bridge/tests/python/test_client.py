@@ -304,6 +304,7 @@ class AsyncPatterns(Connected):
         source = "r = sorted([await c for c in asyncio.as_completed([double(1), double(2)])])"
         self.assertEqual(self.run_code(source, 2), [2, 4])
 
+    @unittest.skipIf(not hasattr(asyncio, "TaskGroup"), "TaskGroup is new in Python 3.11")
     def test_task_group(self):
         source = (
             "async with asyncio.TaskGroup() as tg:\n"
