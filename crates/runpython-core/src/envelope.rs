@@ -56,7 +56,7 @@ pub struct Envelope {
     /// missing (then whole, `missing` saying why): a model pays for every byte of every envelope, and
     /// the report of a run that got every layer it asked for tells it nothing (`runpython doctor`
     /// shows what runs get).
-    #[serde(default, skip_serializing_if = "Isolation::is_unremarkable")]
+    #[serde(default, skip_serializing_if = "isolation_is_unremarkable")]
     pub isolation: Option<Isolation>,
 }
 
@@ -101,11 +101,9 @@ pub struct Isolation {
     pub missing: Vec<String>,
 }
 
-impl Isolation {
-    /// True when there is no report, or every requested layer was in force (nothing to tell a model).
-    pub fn is_unremarkable(isolation: &Option<Isolation>) -> bool {
-        isolation.as_ref().is_none_or(|i| i.missing.is_empty())
-    }
+/// True when there is no report, or every requested layer was in force (nothing to tell a model).
+fn isolation_is_unremarkable(isolation: &Option<Isolation>) -> bool {
+    isolation.as_ref().is_none_or(|i| i.missing.is_empty())
 }
 
 /// The bounds of a run's tool bridge.

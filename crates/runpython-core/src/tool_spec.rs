@@ -98,7 +98,8 @@ impl ToolDefinition {
 
 const RUN_PYTHON_INTRO: &str = "Run Python 3 code in a fresh sandboxed process and get a JSON envelope back: \
 `status` (success, error, timeout, suspended), `return_value` (the value of the last expression, as JSON; \
-its repr when not JSON) and `return_type`, `stdout`/`stderr` (truncated head and tail when long), `error` \
+its repr when not JSON) and `return_type`, `stdout`/`stderr` (head and tail when long; `truncated` names the \
+artifact holding all of it), `error` \
 ({type, message, traceback} with your own line numbers) and `artifacts` (files the code wrote, readable \
 with get_run_artifact). Nothing persists between calls: pass data in `inputs` (globals) instead of pasting \
 it into the code. Imports are installed automatically; list extra requirement specs in `dependencies`. \
