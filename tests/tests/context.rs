@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use runpython_core::{ArtifactKind, Envelope, RunPython, RunRequest, Status, Store};
+use runpython_core::{ArtifactKind, Envelope, RunPython, RunRequest, Sandbox, Status, Store};
 use serde_json::{json, Value};
 
 const BUDGET: usize = 8192;
@@ -209,4 +209,24 @@ async fn adversarial_output_errors_and_files_stay_within_budget() {
         "KeyError",
         "the error type always survives"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_matplotlib_run_leaves_stderr_to_what_the_code_printed() {
+    // Text on a figure needs fonts: matplotlib builds its font cache (fontconfig's `fc-list` included)
+    // in the run's own writable config and cache homes, and says nothing about it.
+    let code = "import sys\nimport matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2, 3])\n\
+                ax.set_title('temperatures')\nfig.savefig('chart.png')\nprint('drawn', file=sys.stderr)";
+    for sandbox in [Sandbox::default(), Sandbox::off()] {
+        let python = RunPython::builder()
+            .sandbox(sandbox.clone())
+            .timeout(Duration::from_secs(300))
+            .build()
+            .unwrap();
+        for attempt in 0..2 {
+            let e = python.run(code).await.unwrap();
+            assert_eq!(e.status, Status::Success, "{:?}", e.error);
+            assert_eq!(e.stderr, "drawn\n", "run {attempt} with {sandbox:?}");
+        }
+    }
 }

@@ -49,7 +49,12 @@ async fn values_that_are_not_json_come_back_as_repr() {
         Status::Success,
         "a broken __repr__ is not a crash"
     );
-    assert!(e.return_value.as_str().unwrap().contains("repr() raised"));
+    assert_eq!(e.return_value, json!(null), "no string posing as the value");
+    let why = &e.return_preview.as_ref().unwrap()["repr_error"];
+    assert!(
+        why.as_str().unwrap().contains("repr() raised RuntimeError"),
+        "{why}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

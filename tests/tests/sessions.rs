@@ -317,3 +317,33 @@ async fn a_dependency_added_mid_session_is_importable_in_the_live_session() {
     let e = s.run("import six\n[six.__name__, state]").await.unwrap();
     assert_eq!(e.return_value, json!(["six", "kept"]), "{:?}", e.error);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cells_environment_is_its_own_and_its_cut_output_is_kept_whole_and_masked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = runpython_core::Store::open(&format!("file://{}", dir.path().display())).unwrap();
+    let python = builder()
+        .store(store)
+        .max_output_chars(100)
+        .build()
+        .unwrap();
+    let s = python.session();
+    let code = "import os\nprint('x' * 5000)\nprint('middle', os.environ['DB_SECRET'])";
+    let e = s
+        .run(runpython_core::RunRequest::new(code).env("DB_SECRET", "hunter2-hunter2"))
+        .await
+        .unwrap();
+    assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    assert!(
+        e.stdout.ends_with("middle hunter2-hunter2\n"),
+        "the caller sees its own value"
+    );
+    let cut = e.truncated.as_ref().unwrap().stdout.as_ref().unwrap();
+    let whole = python
+        .get_run_artifact(cut.artifact.as_ref().unwrap())
+        .await
+        .unwrap();
+    let whole = String::from_utf8(whole).unwrap();
+    assert!(whole.starts_with(&"x".repeat(5000)), "kept whole");
+    assert!(whole.ends_with("middle [REDACTED:DB_SECRET]\n"), "masked");
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runpython_core::{tool_fn, CommandTool, RunPython, Status, ToolError};
+use runpython_core::{tool_fn, CommandTool, RunPython, Status, ToolError, ToolFormat};
 use serde_json::{json, Value};
 
 fn schema(props: Value, required: &[&str]) -> Option<Value> {
@@ -344,4 +344,203 @@ async fn start_in_runs_tools_inside_the_callers_scope() {
     assert_eq!(handle.wait().await.unwrap().return_value, json!("the test"));
     let handle = python.start("caller()");
     assert_eq!(handle.wait().await.unwrap().return_value, json!("nobody"));
+}
+
+/// An engine whose `meet(x)` answers `x * 2` only once `n` calls are in flight on the host together
+/// (a barrier): code whose calls do not overlap gets a `TimeoutError` instead of its values.
+fn meeting(n: usize) -> RunPython {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    RunPython::builder()
+        .timeout(Duration::from_secs(30))
+        .tool(tool_fn(
+            "meet",
+            "Twice x, once n calls are in flight together.",
+            schema(json!({"x": {"type": "integer"}}), &["x"]),
+            move |a| {
+                let barrier = Arc::clone(&barrier);
+                async move {
+                    tokio::time::timeout(Duration::from_secs(10), barrier.wait())
+                        .await
+                        .map_err(|_| {
+                            ToolError::new("TimeoutError", "the calls were not in flight together")
+                        })?;
+                    Ok(json!(a.get("x").and_then(Value::as_i64).unwrap_or(0) * 2))
+                }
+            },
+        ))
+        .build()
+        .unwrap()
+}
+
+async fn concurrently(n: usize, code: &str) -> Value {
+    let e = meeting(n).run(code).await.unwrap();
+    assert_eq!(e.status, Status::Success, "{code}\n{:?}", e.error);
+    e.return_value
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_stored_in_names_then_gathered_run_together() {
+    let code = "import asyncio\nt = meet(x=1)\nd = meet(x=2)\nawait asyncio.gather(t, d)";
+    assert_eq!(concurrently(2, code).await, json!([2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_made_then_awaited_one_by_one_were_already_in_flight() {
+    let code = "a = meet(x=1)\nb = meet(x=2)\n[await a, await b]";
+    assert_eq!(concurrently(2, code).await, json!([2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn create_task_of_a_tool_call() {
+    let code = "import asyncio\na = asyncio.create_task(meet(x=1))\nb = asyncio.create_task(meet(x=2))\n[await a, await b]";
+    assert_eq!(concurrently(2, code).await, json!([2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gather_of_a_starred_comprehension() {
+    let code = "import asyncio\nawait asyncio.gather(*[meet(x=i) for i in range(3)])";
+    assert_eq!(concurrently(3, code).await, json!([0, 2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn asyncio_wait_of_tool_calls() {
+    let code = "import asyncio\ndone, pending = await asyncio.wait([meet(x=1), meet(x=2)])\nsorted(t.result() for t in done)";
+    assert_eq!(concurrently(2, code).await, json!([2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn task_group_create_task() {
+    let code = "import asyncio\nasync with asyncio.TaskGroup() as tg:\n    a = tg.create_task(meet(x=1))\n    b = tg.create_task(meet(x=2))\n[a.result(), b.result()]";
+    assert_eq!(concurrently(2, code).await, json!([2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_inside_coroutines_that_are_gathered() {
+    let code = "import asyncio\nasync def report(c):\n    t = meet(x=c)\n    return {'city': c, 'temp': await t}\nawait asyncio.gather(report(1), report(2))";
+    assert_eq!(
+        concurrently(2, code).await,
+        json!([{"city": 1, "temp": 2}, {"city": 2, "temp": 4}])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_built_in_a_loop_then_gathered() {
+    let code = "import asyncio\ntasks = []\nfor i in range(3):\n    task = meet(x=i)\n    tasks.append(task)\nawait asyncio.gather(*tasks)";
+    assert_eq!(concurrently(3, code).await, json!([0, 2, 4]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn asyncio_run_of_a_main_that_gathers() {
+    let code = "import asyncio\nasync def main():\n    t = meet(x=1)\n    d = meet(x=2)\n    return await asyncio.gather(t, d)\nasyncio.run(main())";
+    assert_eq!(concurrently(2, code).await, json!([2, 4]));
+}
+
+/// pydantic-monty's `async__ext_call.py` case, with a host tool in place of its external function.
+#[tokio::test(flavor = "multi_thread")]
+async fn pydantic_montys_async_external_call_cases_pass() {
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(30))
+        .tool(tool_fn(
+            "async_call",
+            "Returns its argument.",
+            None,
+            |a| async move { Ok(a.args.first().cloned().unwrap_or(Value::Null)) },
+        ))
+        .build()
+        .unwrap();
+    let code = r#"
+result = await async_call(42)
+assert result == 42, 'async_call should return awaited value'
+s = await async_call('hello')
+assert s == 'hello'
+lst = await async_call([1, 2, 3])
+assert lst == [1, 2, 3]
+a = await async_call(10)
+b = await async_call(20)
+assert a + b == 30
+import asyncio
+results = await asyncio.gather(async_call(1), async_call(2), async_call(3))
+assert results == [1, 2, 3], 'gather should collect external async results in order'
+results = await asyncio.gather(async_call('a'), async_call('b'))
+assert results == ['a', 'b']
+async def add(a, b):
+    return a + b
+async def multiply(a, b):
+    return a * b
+results = await asyncio.gather(add(1, 2), async_call(10))
+assert results == [3, 10]
+results = await asyncio.gather(async_call(20), multiply(3, 4))
+assert results == [20, 12]
+results = await asyncio.gather(add(5, 5), async_call('x'), multiply(2, 3), async_call('y'))
+assert results == [10, 'x', 6, 'y']
+async def double_external(x):
+    val = await async_call(x)
+    return val * 2
+results = await asyncio.gather(double_external(5), async_call(100))
+assert results == [10, 100]
+async def triple_add(a, b, c):
+    x = await async_call(a)
+    y = await async_call(b)
+    return x + y + c
+results = await asyncio.gather(triple_add(1, 2, 3), async_call(50))
+assert results == [6, 50]
+pending = async_call(7)
+assert await pending == 7, 'a call kept in a name, then awaited'
+plain = async_call(8)
+assert plain == 8, 'a call used as a value is a plain call'
+'ok'
+"#;
+    let e = python.run(code).await.unwrap();
+    assert_eq!(e.return_value, json!("ok"), "{:?}", e.error);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn command_tools_show_their_description_and_parameters_never_their_command() {
+    let command = "python3 -c \"import json,sys; a=json.load(sys.stdin); print(json.dumps(a['kwargs']))\" --secret-token=abc123";
+    let python = RunPython::builder()
+        .tool(
+            CommandTool::new("weather", command)
+                .with_description("Current weather of a city.")
+                .with_input_schema(json!({
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "units": {"type": "string", "default": "C"}},
+                    "required": ["city"],
+                }))
+                .unwrap(),
+        )
+        .tool(CommandTool::new("undocumented", "echo 1 # /host/path/secret"))
+        .build()
+        .unwrap();
+    let spec = python.tool_spec(ToolFormat::Anthropic);
+    let described = spec[0]["description"].as_str().unwrap();
+    assert!(
+        described.contains("def weather(city: str, units: str = \"C\") -> Any:\n    \"\"\"Current weather of a city.\"\"\""),
+        "{described}"
+    );
+    let spec = spec.to_string();
+    for leak in ["secret-token", "abc123", "/host/path", "python3 -c"] {
+        assert!(!spec.contains(leak), "{leak} in {spec}");
+    }
+    let e = python.run("weather('Paris')").await.unwrap();
+    assert_eq!(
+        e.return_value,
+        json!({"city": "Paris", "units": "C"}),
+        "{:?}",
+        e.error
+    );
+    let e = python
+        .run("import inspect\ninspect.getdoc(undocumented) or ''")
+        .await
+        .unwrap();
+    assert_eq!(
+        e.return_value,
+        json!(""),
+        "no command line in the stub's docstring"
+    );
+    assert!(
+        CommandTool::new("t", "c")
+            .with_input_schema(json!({"type": "array"}))
+            .is_err(),
+        "a schema that is not an object schema is refused"
+    );
 }

@@ -316,8 +316,8 @@ async fn serve_connection(
             let Incoming::Call {
                 id,
                 tool,
-                args,
-                kwargs,
+                mut args,
+                mut kwargs,
             } = serde_json::from_slice(&frame).map_err(|e| {
                 Error::Malformed(format!(
                     "frame is not a call ({e}): {}",
@@ -334,6 +334,8 @@ async fn serve_connection(
                     "call id {id} reused while still in flight"
                 )));
             }
+            args.iter_mut().for_each(crate::canonical_floats);
+            kwargs.values_mut().for_each(crate::canonical_floats);
             bytes_in_flight += len;
             let ordinal = shared.next_ordinal();
             let call = dispatch(

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use runpython_core::{DepsProgress, Envelope};
+use runpython_core::{DepsProgress, Doctor, Envelope};
 use serde_json::Value;
 
 /// A one-line dependency progress display on stderr, only when stderr is a terminal.
@@ -58,8 +58,15 @@ pub(crate) fn print_human(envelope: &Envelope) {
     if let Some(truncated) = &envelope.truncated {
         for (name, t) in [("stdout", &truncated.stdout), ("stderr", &truncated.stderr)] {
             if let Some(t) = t {
+                let whole = match (&t.artifact, t.artifact_truncated) {
+                    (Some(id), false) => format!("; all of it: runpython artifacts get {id}"),
+                    (Some(id), true) => {
+                        format!("; its first 64 MiB: runpython artifacts get {id}")
+                    }
+                    (None, _) => String::new(),
+                };
                 say_err!(
-                    "[runpython: the envelope keeps {} of {} characters of {name}]",
+                    "[runpython: the envelope keeps {} of {} characters of {name}{whole}]",
                     t.total_chars - t.omitted_chars,
                     t.total_chars
                 );
@@ -84,6 +91,80 @@ pub(crate) fn print_human(envelope: &Envelope) {
         },
         None => {}
     }
+}
+
+/// `runpython doctor` for a person: one fact per line.
+pub(crate) fn print_doctor(report: &Doctor) {
+    let k = &report.kernel;
+    let list = |items: &[String]| {
+        if items.is_empty() {
+            "none".to_owned()
+        } else {
+            items.join(", ")
+        }
+    };
+    say!("kernel");
+    say!("  namespaces      {}", list(&k.namespaces));
+    for refused in &k.refused {
+        say!("  refused         {refused}");
+    }
+    say!("  /proc mount     {}", k.proc_mount);
+    say!("  nested userns   {}", k.nested_userns_limit);
+    say!("  seccomp         {}", k.seccomp);
+    let landlock = k
+        .landlock_abi
+        .map_or("unavailable".into(), |abi| format!("abi-{abi}"));
+    say!("  landlock        {landlock}");
+    say!("  cgroup          {}", k.cgroup);
+    say!("a run gets");
+    match (&report.isolation, &report.isolation_error) {
+        (Some(i), _) => {
+            say!("  namespaces      {}", list(&i.namespaces));
+            say!("  filesystem      {}", i.filesystem);
+            say!("  landlock        {}", i.landlock);
+            say!("  seccomp         {}", i.seccomp);
+            say!("  network         {}", i.network);
+            say!("  uid             {}", i.uid);
+            say!("  processes end   {}", i.kill);
+            let limit = |bytes: Option<u64>, by: &str| match bytes {
+                Some(b) => format!("{} MiB ({by})", b >> 20),
+                None => format!("no limit ({by})"),
+            };
+            say!(
+                "  memory          {}",
+                limit(i.memory.bytes, &i.memory.enforced_by)
+            );
+            say!(
+                "  disk            {}",
+                limit(i.disk.bytes, &i.disk.enforced_by)
+            );
+            for missing in &i.missing {
+                say!("  missing         {missing}");
+            }
+        }
+        (None, Some(why)) => say!("  nothing: {why}"),
+        (None, None) => {}
+    }
+    say!("where");
+    say!("  python          {}", report.python);
+    let cache = report
+        .cache_dir
+        .as_ref()
+        .map_or("none (set XDG_CACHE_HOME or HOME)".into(), |d| {
+            d.display().to_string()
+        });
+    say!("  cache           {cache}");
+    say!("  environments    {}", report.environments.display());
+    say!("  installer       {}", report.installer);
+    let uv = report.uv.as_ref().map_or(
+        "not found (RUNPYTHON_UV, RUNPYTHON_TOOLS_BIN, PATH)".into(),
+        |p| p.display().to_string(),
+    );
+    say!("  uv              {uv}");
+    say!(
+        "  store           {}",
+        report.store.as_deref().unwrap_or("none: runs are not kept")
+    );
 }
 
 /// `text` with every control character shown escaped (`\x1b`, `\n`): for one-line fields a terminal

@@ -33,6 +33,7 @@ mod lines;
 mod mcp;
 mod repl;
 mod serve;
+mod tool_flags;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -43,8 +44,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use human::{escape_controls, for_terminal, print_human, StatusLine};
 use runpython_core::{
-    default_local_url, CommandTool, Envelope, Event, McpServer, PoolConfig, RunPython,
-    RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
+    default_local_url, Envelope, Event, McpServer, PoolConfig, RunPython, RunPythonBuilder,
+    RunRequest, Status, Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -82,6 +83,18 @@ enum Command {
     },
     /// Remove expired runs and the blobs no run references.
     Gc(StoreArgs),
+    /// What this host gives runs: what the kernel allows, the isolation layers a run gets, where the
+    /// caches and the store live, whether uv is found.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -130,8 +143,8 @@ struct RunArgs {
     /// A Python file to run, or `-` to read the code from stdin.
     #[arg(value_name = "FILE", conflicts_with = "code")]
     file: Option<PathBuf>,
-    /// The code to run.
-    #[arg(short = 'c', value_name = "CODE")]
+    /// The code to run (any code: `-c -100` is the code `-100`).
+    #[arg(short = 'c', value_name = "CODE", allow_hyphen_values = true)]
     code: Option<String>,
     /// Print the JSON envelope instead of the code's output.
     #[arg(long)]
@@ -140,6 +153,10 @@ struct RunArgs {
     /// reference (parsed as JSON or CSV where it can be) (repeatable).
     #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
     inputs: Vec<(String, Input)>,
+    /// An environment variable for this run only, as NAME=VALUE (repeatable). Its value is masked
+    /// wherever the run is kept, like --env-passthrough values.
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    env: Vec<(String, String)>,
     /// Neither serve this run from the memo nor record it there.
     #[arg(long)]
     no_cache: bool,
@@ -160,9 +177,20 @@ struct EngineArgs {
     #[arg(long = "env-passthrough", value_name = "NAME")]
     env_passthrough: Vec<String>,
     /// A tool backed by a host command, as NAME=COMMAND (repeatable). The command gets
-    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
-    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
+    /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result. The model never sees the
+    /// command: describe the tool with --tool-doc and --tool-schema.
+    #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = tool_flags::parse_tool)]
     tools: Vec<(String, String)>,
+    /// What the command tool NAME does, for the model, as NAME=TEXT (repeatable).
+    #[arg(long = "tool-doc", value_name = "NAME=TEXT", value_parser = |s: &str| tool_flags::name_and_value(s, "NAME=TEXT"))]
+    tool_docs: Vec<(String, String)>,
+    /// The JSON Schema of the command tool NAME's input, as NAME=JSON (repeatable): the code gets a
+    /// function with those parameters, which reach the command in "kwargs".
+    #[arg(long = "tool-schema", value_name = "NAME=JSON", value_parser = |s: &str| tool_flags::name_and_value(s, "NAME=JSON"))]
+    tool_schemas: Vec<(String, String)>,
+    /// Command tools from a JSON file: an array of {"name", "command", "description", "input_schema"}.
+    #[arg(long = "tools-file", value_name = "FILE")]
+    tools_file: Option<PathBuf>,
     /// A human-approval tool under NAME (e.g. request_approval): calling it suspends the run until
     /// `runpython resume RUN_ID --decision JSON` (repeatable).
     #[arg(long = "approval", value_name = "NAME")]
@@ -254,16 +282,14 @@ fn parse_input(s: &str) -> Result<(String, Input), String> {
     Ok((name.to_owned(), Input::Json(value)))
 }
 
-fn parse_tool(s: &str) -> Result<(String, String), String> {
-    let (name, command) = s
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not NAME=COMMAND"))?;
-    if name.is_empty() || command.trim().is_empty() {
-        return Err(format!(
-            "{s:?} needs both a name and a command, as NAME=COMMAND"
-        ));
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE (for example --env API_TOKEN=abc)"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?} has no variable name before the ="));
     }
-    Ok((name.to_owned(), command.to_owned()))
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 fn main() -> ExitCode {
@@ -296,6 +322,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve_http(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
+            Command::Doctor(args) => doctor(args).await,
         }
     });
     match outcome {
@@ -325,6 +352,9 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut request = RunRequest::new(code);
     if args.no_cache {
         request = request.no_memo();
+    }
+    for (name, value) in args.env {
+        request = request.env(name, value);
     }
     for (name, input) in args.inputs {
         request = match input {
@@ -403,8 +433,13 @@ impl EngineArgs {
         if self.no_auto_deps {
             builder = builder.auto_deps(false);
         }
-        for (name, command) in &self.tools {
-            builder = builder.tool(CommandTool::new(name, command));
+        for tool in tool_flags::command_tools(
+            &self.tools,
+            &self.tool_docs,
+            &self.tool_schemas,
+            self.tools_file.as_deref(),
+        )? {
+            builder = builder.tool(tool);
         }
         for spec in &self.deps {
             builder = builder.dependency(spec);
@@ -627,6 +662,16 @@ async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
             out.write_all(&bytes)?;
             out.flush()?;
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let report = args.engine.build().await?.doctor().await;
+    if args.json {
+        say!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        human::print_doctor(&report);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -386,7 +386,9 @@ fn network_is_off_unless_allowed() {
         &code,
     ]));
     assert_eq!(on["return_value"], "connected", "{on}");
-    assert_eq!(on["isolation"]["network"], "host");
+    // Every requested layer was in force: the JSON envelope spends nothing on the report (`runpython
+    // doctor --allow-network` shows it).
+    assert!(on.get("isolation").is_none(), "{on}");
 }
 
 #[test]

@@ -100,6 +100,24 @@ async fn call(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn mcp_results_carry_integers_of_any_size() {
+    let client = mcp_client(&["--no-store"]).await;
+    let arguments: Value = serde_json::from_str(
+        r#"{"code": "[x, x * 2, 2**100]", "inputs": {"x": 1267650600228229401496703205376}}"#,
+    )
+    .unwrap();
+    let (is_error, text) = call(&client, "run_python", arguments).await;
+    assert!(!is_error, "{text}");
+    assert!(
+        text.contains(
+            "[1267650600228229401496703205376,2535301200456458802993406410752,1267650600228229401496703205376]"
+        ),
+        "{text}"
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn mcp_server_answers_a_real_client() {
     let client = mcp_client(&[
         "--store",

@@ -66,13 +66,13 @@ pub(crate) fn fit(
             kind == ArtifactKind::ReturnValue
         });
     }
-    // 5. The error keeps its type, the end of its traceback and the head of its message.
+    // 5. The error keeps its type, the end of its traceback and the head and tail of its message.
     for (lines, chars) in [(30, 2000), (8, 300)] {
         if size(envelope) <= budget {
             return;
         }
         if let Some(error) = &mut envelope.error {
-            error.message = clip(&error.message, chars);
+            error.message = head_and_tail(&error.message, chars);
             if let Some(tb) = &error.traceback {
                 error.traceback = Some(last_lines(tb, lines, chars));
             }
@@ -161,6 +161,22 @@ fn clip(text: &str, chars: usize) -> String {
         Some(_) if chars == 0 => String::new(),
         Some((cut, _)) => format!("{}…", &text[..cut]),
     }
+}
+
+/// At most about `chars` characters of `text`: its head and tail around a marker counting the rest
+/// (the runner cuts messages the same way, so the end of a message, often the news, stays).
+fn head_and_tail(text: &str, chars: usize) -> String {
+    let total = text.chars().count();
+    if total <= chars {
+        return text.to_owned();
+    }
+    let half = chars / 2;
+    let head: String = text.chars().take(half).collect();
+    let tail: String = text.chars().skip(total - half).collect();
+    format!(
+        "{head}\n…[{} characters omitted]…\n{tail}",
+        total - 2 * half
+    )
 }
 
 /// The first line and the last `n - 1` lines (where a traceback's news is), each clipped to `chars`.

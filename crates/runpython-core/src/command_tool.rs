@@ -6,6 +6,8 @@ use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::error::Error;
+
 /// Largest JSON result a command may print (the bridge frame must carry it back).
 const MAX_STDOUT: u64 = 16 << 20;
 /// How much of a failing command's stderr is kept for the error (its tail).
@@ -16,6 +18,11 @@ const MAX_STDERR: u64 = 1 << 20;
 /// with the tail of the command's stderr. The command runs outside the sandbox, with the host's
 /// environment: it is the host's tool.
 ///
+/// The model learns what the tool does from [`with_description`](Self::with_description) and, with
+/// [`with_input_schema`](Self::with_input_schema), calls it with real named parameters (their values
+/// arrive in `kwargs`). The command line itself is never shown to the code or the model (it may hold
+/// host paths and tokens), not even in errors.
+///
 /// Each call runs in a process group of its own, with a parent-death signal: when the call ends (or
 /// is dropped because the run ended), everything the command started is killed, and a host that dies
 /// takes its commands with it. How many run at once for one run is bounded by the bridge's
@@ -25,17 +32,39 @@ pub struct CommandTool {
     name: String,
     command: String,
     description: String,
+    schema: Option<Value>,
 }
 
 impl CommandTool {
-    /// A tool `name` that runs `command` with `sh -c`.
+    /// A tool `name` that runs `command` with `sh -c`, with no description yet.
     pub fn new(name: impl Into<String>, command: impl Into<String>) -> Self {
-        let command = command.into();
         Self {
             name: name.into(),
-            description: format!("Runs on the host: {command}"),
-            command,
+            command: command.into(),
+            description: String::new(),
+            schema: None,
         }
+    }
+
+    /// What the tool does and returns, for the model (the docstring of its stub).
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// The JSON Schema of the tool's input, an object schema (`{"type": "object", "properties":
+    /// {...}, "required": [...]}`): the code gets a function with those parameters.
+    pub fn with_input_schema(mut self, schema: Value) -> Result<Self, Error> {
+        let is_object = schema.is_object() && schema.get("type").is_none_or(|t| t == "object");
+        if !is_object || !schema.get("properties").is_none_or(Value::is_object) {
+            return Err(Error::InvalidInput(format!(
+                "the input schema of tool {:?} must be an object schema with `properties`, like \
+                 {{\"type\": \"object\", \"properties\": {{\"city\": {{\"type\": \"string\"}}}}}}; got {schema}",
+                self.name
+            )));
+        }
+        self.schema = Some(schema);
+        Ok(self)
     }
 }
 
@@ -58,6 +87,9 @@ impl Tool for CommandTool {
     }
     fn description(&self) -> &str {
         &self.description
+    }
+    fn input_schema(&self) -> Option<&Value> {
+        self.schema.as_ref()
     }
     fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let name = self.name.clone();
@@ -84,7 +116,10 @@ impl Tool for CommandTool {
                 });
             }
             let mut child = cmd.spawn().map_err(|e| {
-                ToolError::new("ToolError", format!("cannot start `sh -c {command}`: {e}"))
+                ToolError::new(
+                    "ToolError",
+                    format!("the command of tool {name:?} cannot start: {e}"),
+                )
             })?;
             let _group = child.id().map(|pid| KillGroup(pid as i32));
             let stdin = child.stdin.take();
@@ -128,14 +163,17 @@ impl Tool for CommandTool {
                 ));
             }
             let status = child.wait().await.map_err(|e| {
-                ToolError::new("ToolError", format!("waiting for `sh -c {command}`: {e}"))
+                ToolError::new(
+                    "ToolError",
+                    format!("waiting for the command of tool {name:?}: {e}"),
+                )
             })?;
             if !status.success() {
                 let stderr = String::from_utf8_lossy(&err);
                 return Err(ToolError::new(
                     "ToolError",
                     format!(
-                        "command `{command}` for tool {name:?} failed ({status}): {}",
+                        "the command of tool {name:?} failed ({status}): {}",
                         tail_chars(stderr.trim(), 2000)
                     ),
                 ));
@@ -149,7 +187,7 @@ impl Tool for CommandTool {
                 ToolError::new(
                     "ToolError",
                     format!(
-                        "command `{command}` for tool {name:?} printed output that is not JSON ({e}): {}",
+                        "the command of tool {name:?} printed output that is not JSON ({e}): {}",
                         head_chars(trimmed, 200)
                     ),
                 )

@@ -74,6 +74,14 @@ pub(crate) struct Deps {
 }
 
 impl Deps {
+    /// The installer's kind (`uv`, `pip`) and where it prepares environments.
+    pub fn installer(&self) -> (String, PathBuf) {
+        (
+            self.envs.provider().kind().to_owned(),
+            self.envs.root().to_path_buf(),
+        )
+    }
+
     /// The environment the run needs, prepared (once per content key), or `None` when the code needs
     /// nothing beyond the standard library. `Err` is a `DependencyError` for the envelope.
     pub async fn prepare(

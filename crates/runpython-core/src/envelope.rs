@@ -51,8 +51,12 @@ pub struct Envelope {
     /// the `return_value` artifact.
     #[serde(default)]
     pub return_preview: Option<Value>,
-    /// Which isolation layers were in force; `null` when no process was started.
-    #[serde(default)]
+    /// Which isolation layers were in force; `None` when no process was started. Always here in the
+    /// library's value and in the run's manifest; in the JSON envelope only when a requested layer is
+    /// missing (then whole, `missing` saying why): a model pays for every byte of every envelope, and
+    /// the report of a run that got every layer it asked for tells it nothing (`runpython doctor`
+    /// shows what runs get).
+    #[serde(default, skip_serializing_if = "isolation_is_unremarkable")]
     pub isolation: Option<Isolation>,
     /// The session this cell ran in (absent for a run of its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,6 +112,11 @@ pub struct Isolation {
     /// Requested layers that were not available, each with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+}
+
+/// True when there is no report, or every requested layer was in force (nothing to tell a model).
+fn isolation_is_unremarkable(isolation: &Option<Isolation>) -> bool {
+    isolation.as_ref().is_none_or(|i| i.missing.is_empty())
 }
 
 /// The bounds of a run's tool bridge.
@@ -175,13 +184,20 @@ pub struct ListTruncation {
     pub omitted: usize,
 }
 
-/// How much of one stream was dropped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How much of one stream was dropped, and where the whole of it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamTruncation {
     /// Characters the code wrote.
     pub total_chars: u64,
     /// Characters left out of the envelope.
     pub omitted_chars: u64,
+    /// When runs are kept: the artifact holding the whole stream (redacted), up to its first 64 MiB
+    /// (read it with `get_run_artifact` / `runpython artifacts get`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub artifact: Option<String>,
+    /// True when the code wrote more than 64 MiB: the artifact holds the first 64 MiB only.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub artifact_truncated: bool,
 }
 
 /// A typed error: a Python exception raised by the code, or one of runpython's own kinds.
@@ -278,7 +294,6 @@ mod tests {
                 "cached",
                 "duration_ms",
                 "error",
-                "isolation",
                 "return_preview",
                 "return_type",
                 "return_value",
@@ -292,5 +307,43 @@ mod tests {
         );
         assert_eq!(v["status"], "timeout");
         assert_eq!(v["error"]["type"], "Timeout");
+    }
+
+    fn isolation(missing: Vec<String>) -> Isolation {
+        Isolation {
+            namespaces: vec!["user".into(), "pid".into()],
+            landlock: "abi-7".into(),
+            rlimits: RlimitReport::default(),
+            seccomp: "deny-list".into(),
+            network: "off".into(),
+            uid: 1000,
+            kill: "pid-namespace".into(),
+            filesystem: "allowlist".into(),
+            memory: LimitReport::default(),
+            disk: LimitReport::default(),
+            bridge: None,
+            missing,
+        }
+    }
+
+    #[test]
+    fn isolation_is_in_the_json_envelope_only_when_a_requested_layer_is_missing() {
+        let mut e = Envelope::empty("r".into());
+        e.isolation = Some(isolation(Vec::new()));
+        let v = serde_json::to_value(&e).unwrap();
+        assert!(v.get("isolation").is_none(), "{v}");
+        assert!(e.isolation.is_some(), "the library's value keeps it");
+
+        e.isolation = Some(isolation(vec![
+            "landlock: the kernel has no Landlock".into()
+        ]));
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v["isolation"]["missing"][0],
+            "landlock: the kernel has no Landlock"
+        );
+        assert_eq!(v["isolation"]["landlock"], "abi-7");
+        let back: Envelope = serde_json::from_value(v).unwrap();
+        assert_eq!(back.isolation, e.isolation);
     }
 }

@@ -27,6 +27,7 @@ mod budget;
 mod child;
 mod command_tool;
 mod deps;
+mod doctor;
 mod engine;
 mod env_vars;
 mod envelope;
@@ -44,6 +45,7 @@ mod tool_spec;
 
 pub use child::PoolConfig;
 pub use command_tool::CommandTool;
+pub use doctor::Doctor;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
 pub use envelope::{
     BridgeReport, Envelope, ErrorInfo, Isolation, LimitReport, ListTruncation, RlimitReport,
@@ -53,7 +55,7 @@ pub use error::Error;
 #[cfg(feature = "mcp")]
 pub use mcp_tools::McpServer;
 pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
-pub use sandbox::Sandbox;
+pub use sandbox::{KernelReport, Sandbox};
 pub use session::SessionConfig;
 pub use tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,

@@ -179,7 +179,15 @@ fn apply_result(
         #[serde(default)]
         return_repr: Option<String>,
     }
-    match serde_json::from_slice::<RunnerResult>(bytes) {
+    let parsed = serde_json::from_slice::<RunnerResult>(bytes).map(|mut result| {
+        // Integers stay as written (any size); floats as the host writes them.
+        runpython_bridge::canonical_floats(&mut result.return_value);
+        if let Some(preview) = &mut result.return_preview {
+            runpython_bridge::canonical_floats(preview);
+        }
+        result
+    });
+    match parsed {
         Ok(result) if result.status == "success" => {
             envelope.return_value = result.return_value;
             envelope.return_type = result.return_type;

@@ -1,13 +1,15 @@
 //! Keeping runs in the store and the memo: what to keep, how it is redacted, what a memo key holds.
 //! Functions over the store and the run's data; the engine decides when to call them.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use runpython_bridge::canonical_json;
 use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{
-    memo_key, BeneathDir, CollectLimits, CollectedFiles, MemoKey, Redactor, RunRecord, Store, Tier,
+    memo_key, ArtifactKind, BeneathDir, CollectLimits, CollectedFiles, MemoKey, Redactor,
+    RunRecord, Store, Tier,
 };
 use serde_json::Value;
 
@@ -56,13 +58,17 @@ pub(crate) async fn collect_run_files(
     .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))
 }
 
-/// Masks the host's secret-looking variables and every passed-through variable.
-pub(crate) fn redactor(passthrough: &[String]) -> Redactor {
+/// Masks the host's secret-looking variables, every passed-through variable and every variable set
+/// for the run.
+pub(crate) fn redactor(passthrough: &[String], run_env: &BTreeMap<String, String>) -> Redactor {
     let mut redactor = Redactor::from_env(std::env::vars());
     for name in passthrough {
         if let Ok(value) = std::env::var(name) {
             redactor.add(name, value);
         }
+    }
+    for (name, value) in run_env {
+        redactor.add(name, value);
     }
     redactor
 }
@@ -156,6 +162,13 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
             limits.max_output_chars
         ),
         passthrough.join("\u{0}"),
+        // Per-run variables, like passed-through ones: the key is a hash, the values never stored.
+        request
+            .env
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join("\u{0}"),
         // Artifacts are content-addressed: their ids stand for their bytes.
         format!("{:?}", request.input_artifacts),
     ])
@@ -171,14 +184,26 @@ pub(crate) async fn keep_run(
     env: Option<&PreparedEnv>,
     passthrough: &[String],
 ) -> Result<(), Error> {
-    let redactor = redactor(passthrough);
+    let redactor = redactor(passthrough, &request.env);
+    let streamed = |kind| {
+        stored
+            .iter()
+            .any(|a: &runpython_store::Artifact| a.kind == kind)
+    };
     let record = RunRecord {
         run_id: envelope.run_id.clone(),
         created_at: std::time::SystemTime::now() - Duration::from_millis(envelope.duration_ms),
         tier: keep.tier,
         script: request.code.clone(),
-        stdout: redactor.redact(&envelope.stdout).into_owned(),
-        stderr: redactor.redact(&envelope.stderr).into_owned(),
+        // Streamed whole into the store as the run ran (then among `stored`), else the envelope's.
+        stdout: match streamed(ArtifactKind::Stdout) {
+            true => String::new(),
+            false => redactor.redact(&envelope.stdout).into_owned(),
+        },
+        stderr: match streamed(ArtifactKind::Stderr) {
+            true => String::new(),
+            false => redactor.redact(&envelope.stderr).into_owned(),
+        },
         return_value_json: redactor.redact_json(&envelope.return_value).to_string(),
         deps: env.map(|env| env.specs.clone()).unwrap_or_default(),
         env_fingerprint: match env {
@@ -191,7 +216,13 @@ pub(crate) async fn keep_run(
                 interpreter.executable.display()
             ),
         },
-        isolation_json: "{}".into(),
+        // The whole report (the JSON envelope shows it only when a layer is missing).
+        isolation_json: match &envelope.isolation {
+            Some(isolation) => {
+                serde_json::to_string(isolation).map_err(|e| Error::Internal(e.to_string()))?
+            }
+            None => "null".into(),
+        },
         files: files.files,
         skipped_files: files.skipped,
         stored,

@@ -1,6 +1,7 @@
 //! What a run is asked to do: [`RunRequest`], the [`Limits`] it runs under and the [`Event`]s it
 //! reports. A leaf: every other module may use it, it uses none of them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use runpython_deps::Progress as DepsProgress;
@@ -83,6 +84,10 @@ pub struct RunRequest {
     pub reset_session: bool,
     /// Also return the value as Python shows it (`return_repr`: what a REPL prints).
     pub repr: bool,
+    /// Environment variables for this run only, on top of the engine's (e2b's `envs`). Like
+    /// passed-through variables, their values are masked wherever the run is kept (stored output,
+    /// values, memo entries) and are never written to the store: a resumed run does not get them.
+    pub env: BTreeMap<String, String>,
 }
 
 impl RunRequest {
@@ -98,7 +103,14 @@ impl RunRequest {
             session: None,
             reset_session: false,
             repr: false,
+            env: BTreeMap::new(),
         }
+    }
+
+    /// Sets the environment variable `name` to `value` for this run only.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
     }
 
     /// Runs this as a cell of the session `id` (made if new; see [`crate::RunPython::session`]).
@@ -230,6 +242,23 @@ pub(crate) fn check_input_names(request: &RunRequest) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether the run's environment variables can be set: a name without `=` or NUL, a value without NUL.
+pub(crate) fn check_env(request: &RunRequest) -> Result<(), Error> {
+    for (name, value) in &request.env {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(Error::InvalidInput(format!(
+                "environment variable name {name:?} must be non-empty, without `=` or NUL"
+            )));
+        }
+        if value.contains('\0') {
+            return Err(Error::InvalidInput(format!(
+                "the value of environment variable {name} contains a NUL character, which an environment cannot hold"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A sortable, unique run id: milliseconds since the epoch, then 64 random bits, in hex.
 pub(crate) fn new_run_id() -> String {
     let ms = std::time::SystemTime::now()
@@ -274,6 +303,18 @@ mod tests {
             );
         }
         assert!(check_input_names(&RunRequest::new("1").input("_ok1", json!(1))).is_ok());
+    }
+
+    #[test]
+    fn env_names_and_values_are_checked() {
+        for (name, value) in [("", "x"), ("A=B", "x"), ("A", "x\0y")] {
+            let request = RunRequest::new("1").env(name, value);
+            assert!(
+                matches!(check_env(&request), Err(Error::InvalidInput(_))),
+                "{name:?}"
+            );
+        }
+        assert!(check_env(&RunRequest::new("1").env("API_TOKEN", "s3cret=!")).is_ok());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 Stdlib only. The host imports this module (as `runpython_runner`, from runpython's code directory, so its
 bytecode is cached) and writes one JSON request on stdin:
 
-    {"code": str, "inputs": {name: json}, "max_return_bytes": int, "inline_return_bytes": int,
+    {"code": str, "inputs": {name: json}, "env": {name: str}, "max_return_bytes": int, "inline_return_bytes": int,
      "code_dir": str | null, "site_dir": str | null,
      "input_artifacts": {name: base64}, "artifact_helpers": bool,
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
@@ -28,6 +28,9 @@ BRIDGE_FD = 4
 CO_COROUTINE = 0x80
 PyCF_ONLY_AST = 0x400
 PyCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
+# Longest error message and traceback the child reports (the host fits them into the envelope's budget).
+MAX_MESSAGE_CHARS = 8_000
+MAX_TRACEBACK_CHARS = 16_000
 # Frames whose file name starts with this belong to runpython, not to the user, and are hidden.
 PRIVATE_PREFIX = "<runpython-"
 _RUNNER_FILE = (lambda: None).__code__.co_filename
@@ -45,15 +48,26 @@ class _ScanContext:
         raise ValueError("%s is not valid JSON" % name)
 
 
+class _BigScanContext(_ScanContext):
+    def parse_int(text):
+        return int_from_text(text)
+
+
 _scan = _json.make_scanner(_ScanContext)
+_big_scan = None  # made on first use: only JSON holding an integer past int()'s digit limit needs it
 _WHITESPACE = " \t\n\r"
+# Integers of more bits than this may be refused by int <-> str (sys.get_int_max_str_digits, 4300 digits
+# by default): the codec converts those itself, exactly and in subquadratic time.
+_SAFE_INT_BITS = 3 * 640
+# U+FFFD for each lone surrogate (chr(0xdcff), surrogateescape'd bytes): JSON leaving the child is UTF-8,
+# which cannot carry them. Registered on first use.
+_REPLACE = "runpython.replace-surrogates"
 
 
-def json_loads(text):
-    """Strict JSON text to a value, with the C scanner (no `json` module import)."""
+def _scan_all(scan, text):
     start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
-        value, end = _scan(text, start)
+        value, end = scan(text, start)
     except StopIteration as stop:
         raise ValueError("invalid JSON at character %d" % stop.value) from None
     if text[end:].strip(_WHITESPACE):
@@ -61,14 +75,148 @@ def json_loads(text):
     return value
 
 
+def json_loads(text):
+    """Strict JSON text to a value, with the C scanner (no `json` module import). Integers of any size
+    are read exactly."""
+    global _big_scan
+    try:
+        return _scan_all(_scan, text)
+    except ValueError:
+        # int() refuses long digit strings; read again converting them exactly (or fail the same way).
+        if _big_scan is None:
+            _big_scan = _json.make_scanner(_BigScanContext)
+        return _scan_all(_big_scan, text)
+
+
 def _refuse(value):
     raise TypeError("%s is not JSON serializable" % type(value).__name__)
 
 
 def json_dumps(value):
-    """Compact JSON, non-ASCII kept, NaN refused, cycles refused (fresh markers on every call)."""
+    """Compact JSON, non-ASCII kept, NaN refused, cycles refused (fresh markers on every call). Integers
+    of any size are written exactly; lone surrogates become U+FFFD, so the text always encodes as UTF-8."""
     encoder = _json.make_encoder({}, _refuse, _json.encode_basestring, None, ":", ",", False, False, False)
-    return "".join(encoder(value, 0))
+    try:
+        text = "".join(encoder(value, 0))
+    except ValueError:
+        text = _dumps_big_ints(value, encoder)
+        if text is None:
+            raise  # not about integers
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", _replace_handler()).decode("utf-8")
+    return text
+
+
+def _replace_handler():
+    import _codecs
+
+    try:
+        _codecs.lookup_error(_REPLACE)
+    except LookupError:
+        _codecs.register_error(_REPLACE, lambda e: ("\ufffd".encode() * (e.end - e.start), e.end))
+    return _REPLACE
+
+
+def _dumps_big_ints(value, encoder):
+    """JSON of a value holding integers int() cannot show: each becomes a marker string for the C
+    encoder, then the marker's JSON is replaced by the integer's exact digits."""
+    found = []
+    nonce = "%x" % id(found)
+    copy = _swap_big_ints(value, found, "\x00" + nonce + ":", 0)
+    if not found:
+        return None
+    pieces = "".join(encoder(copy, 0)).split('"\\u0000' + nonce + ":")
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        index, rest = piece.split('"', 1)
+        out.append(int_text(found[int(index)]))
+        out.append(rest)
+    return "".join(out)
+
+
+def _swap_big_ints(value, found, prefix, depth):
+    if depth > 500:
+        raise RecursionError("the value is nested too deeply to encode")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() <= _SAFE_INT_BITS:
+            return value
+        found.append(value)
+        return prefix + str(len(found) - 1)
+    if isinstance(value, dict):
+        return {k: _swap_big_ints(v, found, prefix, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_swap_big_ints(v, found, prefix, depth + 1) for v in value]
+    return value
+
+
+_last_int_text = (None, None)
+
+
+def int_text(n):
+    """The exact decimal digits of any integer, whatever sys.get_int_max_str_digits() says: halves
+    converted through `decimal` (its multiplication is subquadratic, int.__str__'s is not), so
+    `2 ** 10_000_000` takes under a second. The last answer is kept (a preview asks again)."""
+    global _last_int_text
+    if _last_int_text[0] is n:
+        return _last_int_text[1]
+    original, n = n, int(n)
+    if n.bit_length() <= _SAFE_INT_BITS:
+        return str(n)
+    import decimal
+
+    powers = {}
+
+    def two_to(bits):
+        power = powers.get(bits)
+        if power is None:
+            half = bits >> 1
+            power = decimal.Decimal(2) ** bits if bits <= 512 else two_to(half) * two_to(bits - half)
+            powers[bits] = power
+        return power
+
+    def convert(m, bits):
+        if bits <= 512:
+            return decimal.Decimal(m)
+        half = bits >> 1
+        high = m >> half
+        return convert(m - (high << half), half) + convert(high, bits - half) * two_to(half)
+
+    with decimal.localcontext() as context:
+        context.prec = decimal.MAX_PREC
+        context.Emax = decimal.MAX_EMAX
+        context.Emin = decimal.MIN_EMIN
+        context.traps[decimal.Inexact] = True
+        digits = str(convert(abs(n), abs(n).bit_length()))
+    text = "-" + digits if n < 0 else digits
+    _last_int_text = (original, text)
+    return text
+
+
+def int_from_text(text):
+    """int(text) for decimal digit strings of any length (int() refuses those past its digit limit):
+    halves joined by one multiplication each (Karatsuba), cached powers of ten."""
+    if len(text) <= 600:
+        return int(text)
+    negative = text[0] == "-"
+    digits = text[1:] if negative else text.lstrip("+")
+    powers = {}
+
+    def ten_to(k):
+        power = powers.get(k)
+        if power is None:
+            power = powers[k] = 10**k
+        return power
+
+    def convert(s):
+        if len(s) <= 600:
+            return int(s)
+        low = len(s) // 2
+        return convert(s[:-low]) * ten_to(low) + convert(s[-low:])
+
+    n = convert(digits)
+    return -n if negative else n
 
 
 def _read_request():
@@ -107,14 +255,40 @@ def _json_or_repr(value, limit):
             return tabular
     except Exception:
         pass  # a library's own serialisation failed: fall back to repr
-    try:
-        shown = repr(value)
-    except BaseException as exc:  # a broken __repr__ is the code's bug: say so instead of failing the run
-        shown = "<%s object: repr() raised %s>" % (type(value).__name__, type(exc).__name__)
+    shown = _repr(value)
     # repr of a huge object can be huge too; encoding a slice first keeps memory bounded.
     if len(shown) > limit:
         shown = shown[: limit + 1]
     return json_dumps(shown)
+
+
+class Unshowable(Exception):
+    """The value has no JSON and its repr() raised: the run says so instead of returning a wrong value."""
+
+
+# Digits repr() may show for an integer inside a value that is not JSON (a set of big integers): a
+# bound, because int.__str__ is quadratic (int_text is not, but repr() of a container cannot use it).
+_REPR_INT_DIGITS = 100_000
+
+
+def _repr(value):
+    limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    try:
+        if 0 < limit < _REPR_INT_DIGITS:
+            sys.set_int_max_str_digits(_REPR_INT_DIGITS)
+        return repr(value)
+    except BaseException as exc:  # a broken __repr__ is the code's bug: say so instead of failing the run
+        raise Unshowable("repr() raised %s: %s" % (type(exc).__name__, _clip(_str_or_type(exc)))) from None
+    finally:
+        if limit:
+            sys.set_int_max_str_digits(limit)
+
+
+def _str_or_type(exc):
+    try:
+        return str(exc)
+    except BaseException:
+        return type(exc).__name__
 
 
 def _module_of(value, module):
@@ -153,6 +327,7 @@ PREVIEW_ITEMS = 10
 PREVIEW_CHARS = 200
 PREVIEW_COLUMNS = 20
 PREVIEW_ROWS = 5
+PREVIEW_DIGITS = 50
 
 
 def _clip(text, n=PREVIEW_CHARS):
@@ -160,8 +335,11 @@ def _clip(text, n=PREVIEW_CHARS):
 
 
 def _scalar(value, n):
-    """A JSON scalar for a preview: numbers, bools and None as they are, text clipped, anything else a
-    short repr."""
+    """A JSON scalar for a preview: numbers, bools and None as they are (a long integer as its first and
+    last digits), text clipped, anything else a short repr."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        text = int_text(value)
+        return "%s…%s (%d digits)" % (text[:20], text[-20:], len(text.lstrip("-")))
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
@@ -177,6 +355,9 @@ def _scalar(value, n):
 def preview(value, depth=0):
     """A bounded, plain-JSON summary of `value`, computed where its type is known."""
     name = type(value).__name__
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = int_text(value)
+        return {"type": name, "digits": len(text.lstrip("-")), "head": text[:PREVIEW_DIGITS], "tail": text[-PREVIEW_DIGITS:]}
     pd = _module_of(value, "pandas")
     if pd is not None and isinstance(value, pd.DataFrame):
         rows, cols = value.shape
@@ -285,11 +466,32 @@ def _format_error(exc, source):
     _strip_private(te, set())
     try:
         message = str(exc)
+        if isinstance(exc, KeyError) and len(exc.args) == 1:
+            message = _repr(exc.args[0])
     except BaseException:
         message = "<str() of the exception raised>"
-    if isinstance(exc, KeyError) and len(exc.args) == 1:
-        message = repr(exc.args[0])
-    return {"type": type(exc).__name__, "message": message, "traceback": "".join(te.format())}
+    # Whatever its size, the error reaches the host with its type: message and traceback are cut
+    # (head and tail) here, before they could make the result record too large to read.
+    return {
+        "type": type(exc).__name__,
+        "message": _cut(message, MAX_MESSAGE_CHARS),
+        "traceback": _cut(_format_traceback(te), MAX_TRACEBACK_CHARS),
+    }
+
+
+def _format_traceback(te):
+    try:
+        return "".join(te.format())
+    except BaseException as exc:  # an exception whose str() raises, or one too big to show
+        return "<the traceback could not be formatted: %s>" % type(exc).__name__
+
+
+def _cut(text, limit):
+    """`text` within `limit` characters: its head and tail around a marker saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return "%s\n…[%d characters omitted]…\n%s" % (text[:half], len(text) - 2 * half, text[-half:])
 
 
 def _strip_private(te, seen):
@@ -367,7 +569,7 @@ def _install_bridge(spec, namespace):
 
 
 def _write_result(result_fd, text):
-    view = memoryview(text.encode("utf-8", "surrogatepass"))
+    view = memoryview(text.encode("utf-8"))
     while view:
         view = view[posix.write(result_fd, view) :]
     posix.close(result_fd)
@@ -485,11 +687,39 @@ def _finish_like_exit(namespace):
         pass
 
 
+def _report_value(value, limit, inline_limit):
+    """(status, result, preview) for the code's value: its JSON, with a preview when it is over the
+    inline limit (the full value is kept aside), or `ReturnValueTooLarge` (with the preview) over the
+    limit. A value with no JSON whose repr() raises has no value, and its preview says why."""
+    name = type(value).__name__
+    try:
+        encoded = _json_or_repr(value, limit)
+    except Unshowable as exc:
+        return "success", (name, "null", {"type": name, "repr_error": str(exc)}), None
+    size = len(encoded.encode("utf-8"))
+    summary = _safe_preview(value) if size > inline_limit else None
+    if size > limit:
+        return "error", _too_large(size, limit), summary
+    return "success", (name, encoded, summary), summary
+
+
 def _safe_preview(value):
     try:
         return preview(value)
     except Exception as exc:  # a preview is a courtesy: its failure must not fail the run
         return {"type": type(value).__name__, "preview_error": "%s: %s" % (type(exc).__name__, _clip(str(exc)))}
+
+
+def _set_env(env):
+    """The run's own environment variables, set after start-up (a pooled interpreter started before its
+    run was known): in `os.environ` if `os` is already imported, else where `os` will read them."""
+    os = sys.modules.get("os")
+    for name, value in env.items():
+        if os is not None:
+            os.environ[name] = value
+        else:
+            posix.putenv(name, value)
+            posix.environ[name.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
 
 
 def _warm_up(args):
@@ -539,20 +769,15 @@ def _run(request, namespace, loop=None):
         body_code, last_code = _compile(source, bridge)
         has_value, value = _execute(body_code, last_code, namespace, loop)
         if has_value and value is not None:
-            encoded = _json_or_repr(value, limit)
-            size = len(encoded.encode("utf-8", "surrogatepass"))
-            # Over the inline limit, the envelope carries a preview and the full value is kept aside.
-            summary = _safe_preview(value) if size > inline_limit else None
-            if size > limit:
-                status, result = "error", _too_large(size, limit)
-            else:
+            status, result, summary = _report_value(value, limit, inline_limit)
+            if status == "success":
                 shown = None
-                if request.get("repr"):
+                if request.get("repr"):  # what a REPL prints, as well as the value
                     try:
                         shown = repr(value)[:10000]
                     except BaseException:
                         shown = None
-                result = (type(value).__name__, encoded, summary, shown)
+                result = result + (shown,)
     except SystemExit as exc:
         if exc.code is not None and exc.code != 0:  # sys.exit() and sys.exit(0) are a normal end
             status, result = "error", _format_error(exc, source)
@@ -610,6 +835,7 @@ def main():
     if code_dir:
         _code_dir = code_dir.rstrip("/") + "/"
     sys.argv = [FILENAME]
+    _set_env(request.get("env") or {})
     sys.stdout.reconfigure(line_buffering=True)
     _add_sites([request.get("site_dir")], [])
     namespace = _new_main_module()
@@ -723,6 +949,7 @@ class _Session:
         if code_dir:
             _code_dir = code_dir.rstrip("/") + "/"
         _add_sites(request.get("site_dirs"), sites)
+        _set_env(request.get("env") or {})
         _bind_inputs(request, namespace)
         with self.lock:
             self.running = True

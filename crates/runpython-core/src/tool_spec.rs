@@ -100,7 +100,8 @@ impl ToolDefinition {
 
 const RUN_PYTHON_INTRO: &str = "Run Python 3 code in a fresh sandboxed process and get a JSON envelope back: \
 `status` (success, error, timeout, suspended), `return_value` (the value of the last expression, as JSON; \
-its repr when not JSON) and `return_type`, `stdout`/`stderr` (truncated head and tail when long), `error` \
+its repr when not JSON) and `return_type`, `stdout`/`stderr` (head and tail when long; `truncated` names the \
+artifact holding all of it), `error` \
 ({type, message, traceback} with your own line numbers) and `artifacts` (files the code wrote, readable \
 with get_run_artifact). Nothing persists between calls: pass data in `inputs` (globals) instead of pasting \
 it into the code. Imports are installed automatically; list extra requirement specs in `dependencies`. \
@@ -119,8 +120,11 @@ impl RunPython {
         let mut run_description = RUN_PYTHON_INTRO.to_owned();
         if !stubs.is_empty() {
             run_description.push_str(
-                "\n\nThese functions are predefined in the code's globals (they call the host; call them \
-                 plainly, or `await` them to run several at once with asyncio.gather):\n\n```python\n",
+                "\n\nThese functions are predefined in the code's globals (they call the host). A call \
+                 returns its value; where the same function awaits its result or hands it to asyncio \
+                 (`await f()`, `t = f()` then `await asyncio.gather(t, g())`, `create_task`, `wait`, a \
+                 list of calls gathered with `*`) it starts at once and returns an awaitable, so those \
+                 calls run concurrently:\n\n```python\n",
             );
             run_description.push_str(&stubs);
             run_description.push_str("\n```");

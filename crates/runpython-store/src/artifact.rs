@@ -154,6 +154,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_listed_artifact_reads_back_from_json_with_its_flattened_size() {
+        let listed = ListedArtifact {
+            run_id: "r1".into(),
+            artifact: Artifact {
+                id: "abc".into(),
+                name: "out.csv".into(),
+                kind: ArtifactKind::File,
+                bytes: u64::MAX,
+                preview: "a,b".into(),
+            },
+        };
+        let json = serde_json::to_string(&listed).unwrap();
+        let back: ListedArtifact = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, listed);
+    }
+
+    #[test]
     fn short_text_previews_are_the_text_itself() {
         assert_eq!(text_preview(b"hello\n"), "hello\n");
     }

@@ -101,11 +101,36 @@ impl Redactor {
         if self.secrets.is_empty() {
             return Cow::Borrowed(text);
         }
+        let (out, _) = self.redact_up_to(text, text.len());
+        out
+    }
+
+    /// For text that arrives in pieces: the redacted form of the longest head of `text` that no
+    /// later text can change (a secret may start in its last bytes and end in the next piece), and
+    /// that head's length in bytes. Keep `text[consumed..]` and put it before the next piece; at
+    /// the end of the stream call [`redact`](Self::redact) on what is left. Pieces redacted this way
+    /// come out exactly as the whole text would.
+    pub fn redact_prefix<'a>(&self, text: &'a str) -> (Cow<'a, str>, usize) {
+        let longest = self.secrets.first().map_or(0, |(v, _)| v.len());
+        if longest == 0 {
+            return (Cow::Borrowed(text), text.len());
+        }
+        // A match may start at any byte before `stop`: all its bytes are in `text`.
+        let mut stop = text.len().saturating_sub(longest - 1);
+        while !text.is_char_boundary(stop) {
+            stop -= 1;
+        }
+        self.redact_up_to(text, stop)
+    }
+
+    /// Redacts matches starting before `stop` (one may run past it); returns the redacted text up to
+    /// where scanning stopped, and that position.
+    fn redact_up_to<'a>(&self, text: &'a str, stop: usize) -> (Cow<'a, str>, usize) {
         let mut out = String::new();
         let mut copied = 0; // text[..copied] is already in `out`
         let mut i = 0;
         let bytes = text.as_bytes();
-        while i < bytes.len() {
+        while i < stop {
             let hit = self
                 .secrets
                 .iter()
@@ -122,11 +147,13 @@ impl Redactor {
                 None => i += 1,
             }
         }
+        // `i` is past a match or at `stop`: a character boundary either way.
+        let end = i.max(stop);
         if copied == 0 && out.is_empty() {
-            return Cow::Borrowed(text);
+            return (Cow::Borrowed(&text[..end]), end);
         }
-        out.push_str(&text[copied..]);
-        Cow::Owned(out)
+        out.push_str(&text[copied..end]);
+        (Cow::Owned(out), end)
     }
 
     /// A JSON value with secrets masked in every string and object key. Redacting the JSON text
@@ -229,6 +256,27 @@ mod tests {
             out,
             serde_json::json!({"a": ["x [REDACTED:TOKEN] y", 1, null], "[REDACTED:TOKEN]": true})
         );
+    }
+
+    #[test]
+    fn text_redacted_in_pieces_comes_out_as_the_whole_text_would() {
+        let mut r = Redactor::new();
+        r.add("A", "päss-wörd")
+            .add("B", "secret12345")
+            .add("C", "secret1");
+        let text = "x päss-wördsecret12345 y secret1 zsecret1234 päss-wör";
+        for piece in 1..12 {
+            let (mut out, mut carry) = (String::new(), String::new());
+            let chars: Vec<char> = text.chars().collect();
+            for chunk in chars.chunks(piece) {
+                carry.extend(chunk);
+                let (done, consumed) = r.redact_prefix(&carry);
+                out.push_str(&done);
+                carry.drain(..consumed);
+            }
+            out.push_str(&r.redact(&carry));
+            assert_eq!(out, r.redact(text), "pieces of {piece}");
+        }
     }
 
     #[test]

@@ -77,7 +77,8 @@ pub struct RunRecord {
     /// Files seen but not kept, and why.
     pub skipped_files: Vec<SkippedFile>,
     /// Artifacts already in the store (streamed there while the run ran, see
-    /// [`Store::put_artifact_stream`]), listed in the manifest as they are.
+    /// [`Store::put_artifact_stream`]), listed in the manifest as they are: stdout and stderr after
+    /// the script, the rest after the files. Leave `stdout`/`stderr` empty when they are among these.
     pub stored: Vec<Artifact>,
 }
 
@@ -493,7 +494,14 @@ impl Store {
             .try_collect()
             .await?;
         let mut artifacts = artifacts;
-        artifacts.extend(run.stored);
+        // Output streamed whole while the run ran goes where the manifest lists output: after the
+        // script.
+        let (output, other): (Vec<Artifact>, Vec<Artifact>) = run
+            .stored
+            .into_iter()
+            .partition(|a| matches!(a.kind, ArtifactKind::Stdout | ArtifactKind::Stderr));
+        artifacts.splice(1..1, output);
+        artifacts.extend(other);
         let created_at_ms = to_ms(run.created_at);
         let tier = match run.tier {
             Tier::Persistent => TierV1::Persistent,

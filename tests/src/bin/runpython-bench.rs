@@ -375,7 +375,7 @@ summarize(data)",
     let total = e
         .truncated
         .as_ref()
-        .and_then(|t| t.stdout)
+        .and_then(|t| t.stdout.as_ref())
         .map_or(0, |t| t.total_chars);
     assert_eq!(total, 1 << 30, "the flood printed {total} characters");
     m.insert(

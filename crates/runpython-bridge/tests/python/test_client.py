@@ -256,6 +256,113 @@ class HelloAndCalls(Connected):
         host.join()
 
 
+class AsyncPatterns(Connected):
+    """The ways models write concurrent tool calls (the issue's, and pydantic-monty's async cases with a
+    host tool in place of their external function), rewritten and run as the runner does. The fake host
+    reads every call before answering any: the calls are in flight together, or the test times out."""
+
+    def run_code(self, source, calls):
+        def script(host):
+            expect_hello(host)
+            received = [host.recv() for _ in range(calls)]
+            for call in received:
+                host.send(answer(call, call["kwargs"]["x"] * 2))
+
+        host = self.serve(script)
+        tree = ast.parse(source)
+        self.client.rewrite_awaited_calls(tree)
+        code = compile(tree, "<code>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        namespace = dict(self.namespace, asyncio=asyncio)
+
+        async def main():
+            pending = eval(code, namespace)
+            if pending is not None:
+                await pending
+
+        asyncio.run(asyncio.wait_for(main(), DEADLINE))
+        host.join()
+        return namespace["r"]
+
+    def test_calls_stored_in_names_then_gathered(self):
+        self.assertEqual(self.run_code("t = double(1)\nd = double(2)\nr = await asyncio.gather(t, d)", 2), [2, 4])
+
+    def test_a_call_stored_then_awaited_later_was_already_sent(self):
+        self.assertEqual(self.run_code("a = double(1)\nb = double(2)\nr = [await a, await b]", 2), [2, 4])
+
+    def test_gather_of_a_starred_comprehension(self):
+        self.assertEqual(self.run_code("r = await asyncio.gather(*[double(x) for x in (1, 2, 3)])", 3), [2, 4, 6])
+
+    def test_create_task(self):
+        source = "tasks = [asyncio.create_task(double(x)) for x in (1, 2, 3)]\nr = [await t for t in tasks]"
+        self.assertEqual(self.run_code(source, 3), [2, 4, 6])
+
+    def test_wait(self):
+        source = "done, _ = await asyncio.wait([double(1), double(2)])\nr = sorted(t.result() for t in done)"
+        self.assertEqual(self.run_code(source, 2), [2, 4])
+
+    def test_as_completed(self):
+        source = "r = sorted([await c for c in asyncio.as_completed([double(1), double(2)])])"
+        self.assertEqual(self.run_code(source, 2), [2, 4])
+
+    @unittest.skipIf(not hasattr(asyncio, "TaskGroup"), "TaskGroup is new in Python 3.11")
+    def test_task_group(self):
+        source = (
+            "async with asyncio.TaskGroup() as tg:\n"
+            "    a = tg.create_task(double(1))\n"
+            "    b = tg.create_task(double(2))\n"
+            "r = [a.result(), b.result()]"
+        )
+        self.assertEqual(self.run_code(source, 2), [2, 4])
+
+    def test_calls_inside_coroutines_that_are_gathered(self):
+        source = (
+            "async def report(x):\n"
+            "    t = double(x)\n"
+            "    u = double(x + 10)\n"
+            "    return await t + await u\n"
+            "r = await asyncio.gather(report(1), report(2))"
+        )
+        self.assertEqual(self.run_code(source, 4), [24, 28])
+
+    def test_a_list_built_in_a_loop_then_gathered(self):
+        source = (
+            "tasks = []\n"
+            "for x in (1, 2, 3):\n"
+            "    task = double(x)\n"
+            "    tasks.append(task)\n"
+            "r = await asyncio.gather(*tasks, return_exceptions=True)"
+        )
+        self.assertEqual(self.run_code(source, 3), [2, 4, 6])
+
+    def test_asyncio_run_of_a_main_that_gathers(self):
+        source = (
+            "async def main():\n"
+            "    t = double(1)\n"
+            "    d = double(2)\n"
+            "    return await asyncio.gather(t, d)\n"
+            "r = await main()"
+        )
+        self.assertEqual(self.run_code(source, 2), [2, 4])
+
+    def test_plain_calls_beside_awaited_ones_return_values(self):
+        def script(host):
+            expect_hello(host)
+            first = host.recv()
+            host.send(answer(first, first["kwargs"]["x"] * 2))
+            rest = [host.recv() for _ in range(2)]
+            for call in rest:
+                host.send(answer(call, call["kwargs"]["x"] * 2))
+
+        host = self.serve(script)
+        tree = ast.parse("p = double(5)\nq = p + 1\nr = [q] + await asyncio.gather(double(1), double(2))")
+        self.client.rewrite_awaited_calls(tree)
+        code = compile(tree, "<code>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        namespace = dict(self.namespace, asyncio=asyncio)
+        asyncio.run(asyncio.wait_for(eval(code, namespace), DEADLINE))
+        host.join()
+        self.assertEqual(namespace["r"], [11, 2, 4])
+
+
 class Errors(Connected):
     def calls_failing_with(self, *kinds, text="it broke"):
         """The exception of one call per kind, the host failing each with that kind."""
@@ -429,8 +536,13 @@ class MakeTool(unittest.TestCase):
                 test.sent.append((name, list(args), dict(kwargs)))
                 return "ok"
 
-            async def call_async(self, name, args, kwargs):
-                return self.call(name, args, kwargs)
+            def start(self, name, args, kwargs):
+                result = self.call(name, args, kwargs)
+
+                async def answer():
+                    return result
+
+                return answer()
 
         self.client._bridge = Stub()
         self.search = self.client._make_tool(
@@ -467,11 +579,11 @@ class MakeTool(unittest.TestCase):
                 call()
         self.assertEqual(self.sent, [])
 
-    def test_the_awaitable_flavour_sends_the_same_call(self):
+    def test_the_awaitable_flavour_sends_the_same_call_at_once(self):
         coroutine = self.client._aio(self.search)("cats")
+        self.assertEqual(self.sent, [("search", [], {"query": "cats", "limit": 10, "tag": None})])
         self.assertTrue(inspect.iscoroutine(coroutine))
         self.assertEqual(asyncio.run(coroutine), "ok")
-        self.assertEqual(self.sent, [("search", [], {"query": "cats", "limit": 10, "tag": None})])
         self.assertIs(self.client._aio(len), len, "anything that is not a tool passes through")
 
     def test_parameter_names_that_are_keywords_or_not_identifiers_are_refused(self):
@@ -510,17 +622,28 @@ class RewriteAwaitedCalls(unittest.TestCase):
         )
 
     def test_every_awaitable_taker_counts_by_attribute_or_by_name(self):
-        for taker in ("create_task", "ensure_future", "wait_for", "shield", "wait", "as_completed", "run"):
+        for taker in ("create_task", "ensure_future", "wait_for", "shield", "run", "tg.create_task"):
             with self.subTest(taker=taker):
                 self.assertEqual(self.rewrite("%s(f())" % taker), "%s(__runpython_aio__(f)())" % taker)
                 self.assertEqual(
                     self.rewrite("asyncio.%s(f())" % taker), "asyncio.%s(__runpython_aio__(f)())" % taker
                 )
 
-    def test_tuples_sets_and_generator_arguments_are_looked_into(self):
+    def test_wait_and_as_completed_take_an_iterable_and_wait_gets_tasks(self):
         self.assertEqual(
-            self.rewrite("asyncio.gather((f(1), g(2)))"),
-            "asyncio.gather((__runpython_aio__(f)(1), __runpython_aio__(g)(2)))",
+            self.rewrite("asyncio.wait([f(1), g(2)])"),
+            "asyncio.wait([__runpython_aio__(f, True)(1), __runpython_aio__(g, True)(2)])",
+        )
+        self.assertEqual(
+            self.rewrite("asyncio.as_completed({f(i) for i in xs})"),
+            "asyncio.as_completed({__runpython_aio__(f)(i) for i in xs})",
+        )
+        self.assertEqual(self.rewrite("asyncio.wait(f())"), "asyncio.wait(f())", "f() returns the collection")
+
+    def test_tuples_lists_and_generators_behind_a_star_are_looked_into(self):
+        self.assertEqual(
+            self.rewrite("asyncio.gather(*(f(1), g(2)))"),
+            "asyncio.gather(*(__runpython_aio__(f)(1), __runpython_aio__(g)(2)))",
         )
         self.assertEqual(
             self.rewrite("asyncio.gather(*(f(i) for i in xs))"),
@@ -545,6 +668,78 @@ class RewriteAwaitedCalls(unittest.TestCase):
         marked = tree.body[1].value.value.func
         self.assertEqual((marked.lineno, marked.end_lineno), (3, 3))
         compile(tree, "<code>", "exec", flags=0x2000)  # positions are complete enough to compile
+
+    def test_calls_stored_in_names_then_gathered_are_marked(self):
+        self.assertEqual(
+            self.rewrite("t = get_temp(city=c)\nd = get_desc(city=c)\nawait asyncio.gather(t, d)"),
+            "t = __runpython_aio__(get_temp)(city=c)\nd = __runpython_aio__(get_desc)(city=c)\n"
+            "await __runpython_aio__(asyncio.gather)(t, d)",
+        )
+        self.assertEqual(
+            self.rewrite("pending = f(1)\nresult = await pending"),
+            "pending = __runpython_aio__(f)(1)\nresult = await pending",
+        )
+        self.assertEqual(self.rewrite("a, b = f(1), g(2)\nawait a"), "a, b = (__runpython_aio__(f)(1), g(2))\nawait a")
+
+    def test_calls_collected_in_lists_and_dicts_then_gathered_are_marked(self):
+        cases = {
+            "tasks = []\nfor x in xs:\n    tasks.append(f(x))\nawait asyncio.gather(*tasks)":
+                "tasks = []\nfor x in xs:\n    tasks.append(__runpython_aio__(f)(x))\n"
+                "await __runpython_aio__(asyncio.gather)(*tasks)",
+            "tasks = []\nfor x in xs:\n    task = f(x)\n    tasks.append(task)\nawait asyncio.gather(*tasks)":
+                "tasks = []\nfor x in xs:\n    task = __runpython_aio__(f)(x)\n    tasks.append(task)\n"
+                "await __runpython_aio__(asyncio.gather)(*tasks)",
+            "jobs = {c: f(c) for c in cs}\nawait asyncio.gather(*jobs.values())":
+                "jobs = {c: __runpython_aio__(f)(c) for c in cs}\n"
+                "await __runpython_aio__(asyncio.gather)(*jobs.values())",
+            "jobs = {}\njobs['a'] = f(1)\nawait jobs['a']":
+                "jobs = {}\njobs['a'] = __runpython_aio__(f)(1)\nawait jobs['a']",
+            "calls = [f(x) for x in xs]\nfor c in calls:\n    print(await c)":
+                "calls = [__runpython_aio__(f)(x) for x in xs]\nfor c in calls:\n    print(await c)",
+            "tasks = [f(x) for x in xs]\ndone, pending = await asyncio.wait(tasks)":
+                "tasks = [__runpython_aio__(f, True)(x) for x in xs]\n"
+                "done, pending = await __runpython_aio__(asyncio.wait)(tasks)",
+        }
+        for source, expected in cases.items():
+            with self.subTest(source=source):
+                self.assertEqual(self.rewrite(source), expected)
+
+    def test_helpers_whose_result_is_awaited_and_parameters_that_are_awaited(self):
+        self.assertEqual(
+            self.rewrite("def start(x):\n    return f(x)\nawait asyncio.gather(start(1), start(2))"),
+            "def start(x):\n    return __runpython_aio__(f)(x)\n"
+            "await __runpython_aio__(asyncio.gather)(__runpython_aio__(start)(1), __runpython_aio__(start)(2))",
+        )
+        self.assertEqual(
+            self.rewrite("fetch = lambda c: f(c)\nawait asyncio.gather(*[fetch(c) for c in cs])"),
+            "fetch = lambda c: __runpython_aio__(f)(c)\n"
+            "await __runpython_aio__(asyncio.gather)(*[__runpython_aio__(fetch)(c) for c in cs])",
+        )
+        self.assertEqual(
+            self.rewrite("async def run_all(coros):\n    return await asyncio.gather(*coros)\n"
+                         "await run_all([f(1), f(2)])"),
+            "async def run_all(coros):\n    return await __runpython_aio__(asyncio.gather)(*coros)\n"
+            "await __runpython_aio__(run_all)([__runpython_aio__(f)(1), __runpython_aio__(f)(2)])",
+        )
+
+    def test_a_value_used_plainly_stays_plain_and_scopes_keep_names_apart(self):
+        source = (
+            "def a():\n    r = f(1)\n    return r['x']\n"
+            "async def b():\n    r = f(2)\n    return await r\n"
+            "r = f(3)\nprint(r)"
+        )
+        self.assertEqual(
+            self.rewrite(source),
+            "def a():\n    r = f(1)\n    return r['x']\n\n"
+            "async def b():\n    r = __runpython_aio__(f)(2)\n    return await r\nr = f(3)\nprint(r)",
+        )
+
+    def test_a_global_awaited_in_a_function_marks_the_module_level_call(self):
+        self.assertEqual(
+            self.rewrite("tasks = [f(x) for x in xs]\nasync def main():\n    return await asyncio.gather(*tasks)"),
+            "tasks = [__runpython_aio__(f)(x) for x in xs]\n\n"
+            "async def main():\n    return await __runpython_aio__(asyncio.gather)(*tasks)",
+        )
 
     def test_calls_in_nested_functions_are_found(self):
         self.assertEqual(

@@ -18,7 +18,7 @@ use runpython_bridge::HostEnd;
 use runpython_store::BeneathDir;
 
 pub(crate) use code_dir::{bytecode_ready, code_dir, code_version, ensure_bytecode};
-pub(crate) use output::{capture, take_capture, Captured, Closed, HeadTail};
+pub(crate) use output::{capture, take_capture, Captured, Closed, FullStream, HeadTail};
 pub use pool::PoolConfig;
 pub(crate) use pool::{Pool, PoolKey};
 pub(crate) use run_dir::discard_run_dir;

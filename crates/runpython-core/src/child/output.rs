@@ -1,8 +1,10 @@
-//! Bounded capture of a stream: the first and last characters kept, the middle counted, memory fixed.
+//! Bounded capture of a stream: the first and last characters kept, the middle counted, memory fixed;
+//! and, when runs are kept, the whole stream on its way to the store as it is read.
 
 use std::sync::{Arc, Mutex};
 
-use tokio::io::AsyncReadExt;
+use runpython_store::Redactor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::envelope::StreamTruncation;
@@ -130,19 +132,27 @@ impl HeadTail {
             head: self.head,
             tail: self.tail,
             total_chars: self.total_chars,
+            stored: None,
         }
     }
 }
 
-/// The head and tail of a finished stream.
+/// The head and tail of a finished stream, and where the whole of it was kept.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Captured {
     head: String,
     tail: String,
     total_chars: u64,
+    /// The artifact holding the whole stream, and whether it stopped at [`FULL_OUTPUT_CAP`].
+    stored: Option<(String, bool)>,
 }
 
 impl Captured {
+    /// The whole stream is the artifact `id` (`cut`: only its first [`FULL_OUTPUT_CAP`] bytes).
+    pub fn set_stored(&mut self, id: String, cut: bool) {
+        self.stored = Some((id, cut));
+    }
+
     /// At most `max_chars` characters of the stream (half head, half tail) with an explicit marker
     /// where the middle was left out, and the counts. `max_chars` may be at most the capture's size.
     pub fn render(&self, max_chars: usize) -> (String, Option<StreamTruncation>) {
@@ -162,6 +172,8 @@ impl Captured {
             Some(StreamTruncation {
                 total_chars: self.total_chars,
                 omitted_chars: omitted,
+                artifact: self.stored.as_ref().map(|(id, _)| id.clone()),
+                artifact_truncated: self.stored.as_ref().is_some_and(|(_, cut)| *cut),
             }),
         )
     }
@@ -197,12 +209,86 @@ impl Closed {
     }
 }
 
+/// Most of a stream kept in the store: the rest of the code's output is counted, not kept.
+pub(crate) const FULL_OUTPUT_CAP: u64 = 64 << 20;
+
+/// The whole stream on its way to the store as it is read (never held in memory: the writer is a
+/// bounded pipe into `Store::put_artifact_stream`), redacted on the way, cut at [`FULL_OUTPUT_CAP`].
+pub(crate) struct FullStream {
+    writer: Option<tokio::io::DuplexStream>,
+    redactor: Arc<Redactor>,
+    carry: String,
+    bytes: u64,
+    cut: bool,
+}
+
+impl FullStream {
+    /// A stream writing into `writer`, whose other end the store reads.
+    pub fn new(writer: tokio::io::DuplexStream, redactor: Arc<Redactor>) -> Self {
+        Self {
+            writer: Some(writer),
+            redactor,
+            carry: String::new(),
+            bytes: 0,
+            cut: false,
+        }
+    }
+
+    async fn push(&mut self, text: &str) {
+        if self.writer.is_none() {
+            return;
+        }
+        self.carry.push_str(text);
+        let (done, consumed) = self.redactor.redact_prefix(&self.carry);
+        let done = done.into_owned();
+        self.carry.drain(..consumed);
+        self.write(&done).await;
+    }
+
+    async fn write(&mut self, text: &str) {
+        let Some(writer) = &mut self.writer else {
+            return;
+        };
+        let room = FULL_OUTPUT_CAP - self.bytes;
+        let mut end = text.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        // An upload that failed has dropped its end: its error is reported when it is joined.
+        if writer.write_all(&text.as_bytes()[..end]).await.is_err() {
+            self.writer = None;
+            return;
+        }
+        self.bytes += end as u64;
+        if end < text.len() {
+            self.cut = true;
+            self.writer = None; // at the cap: the store's end sees the end of the stream
+        }
+    }
+
+    /// Writes what is left and ends the stream; true when it was cut at the cap.
+    async fn finish(mut self) -> bool {
+        let rest = self
+            .redactor
+            .redact(&std::mem::take(&mut self.carry))
+            .into_owned();
+        self.write(&rest).await;
+        if let Some(mut writer) = self.writer.take() {
+            let _ = writer.shutdown().await;
+        }
+        self.cut
+    }
+}
+
+/// Reads `pipe` to its end into `sink` (head and tail), `events` (live) and `full` (the store);
+/// returns whether the stored stream was cut at [`FULL_OUTPUT_CAP`].
 pub(crate) async fn capture<R: tokio::io::AsyncRead + Unpin>(
     mut pipe: R,
     sink: Arc<Mutex<HeadTail>>,
     events: Option<mpsc::Sender<Event>>,
     wrap: fn(String) -> Event,
-) {
+    mut full: Option<FullStream>,
+) -> bool {
     let mut chunk = vec![0u8; 64 * 1024];
     let mut events = events;
     loop {
@@ -214,11 +300,18 @@ pub(crate) async fn capture<R: tokio::io::AsyncRead + Unpin>(
             Ok(mut capture) => capture.push_bytes(&chunk[..n]),
             Err(_) => break,
         };
+        if let Some(full) = &mut full {
+            full.push(&text).await;
+        }
         if let Some(tx) = &events {
             if tx.send(wrap(text)).await.is_err() {
                 events = None; // nobody listens any more; keep capturing
             }
         }
+    }
+    match full {
+        Some(full) => full.finish().await,
+        None => false,
     }
 }
 
@@ -254,7 +347,9 @@ mod tests {
             t,
             Some(StreamTruncation {
                 total_chars: 1000,
-                omitted_chars: 990
+                omitted_chars: 990,
+                artifact: None,
+                artifact_truncated: false,
             })
         );
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use runpython_bridge::{Bridge, BridgeStats, Journal, ReplayPlan};
 use runpython_deps::{Interpreter, PreparedEnv};
-use runpython_store::{Artifact, CollectedFiles};
+use runpython_store::{Artifact, ArtifactKind, CollectedFiles, Redactor};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -15,8 +15,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::tools::RunTools;
 use super::RunPython;
 use crate::child::{
-    capture, code_dir, discard_run_dir, take_capture, Captured, Closed, HeadTail, PoolKey, Slot,
-    BRIDGE_FD,
+    capture, code_dir, discard_run_dir, take_capture, Captured, Closed, FullStream, HeadTail,
+    PoolKey, Slot, BRIDGE_FD,
 };
 use crate::envelope::Isolation;
 use crate::error::Error;
@@ -63,9 +63,95 @@ pub(super) struct Attempt {
     pub journal: Option<Journal>,
     /// The kernel killed a process of the run for going over the run's memory limit (its cgroup).
     pub oom_killed: bool,
+    /// When runs are kept: stdout and stderr whole, on their way to the store.
+    pub uploads: Vec<OutputUpload>,
+}
+
+/// One whole output stream on its way to the store (see [`FullStream`]).
+pub(super) struct OutputUpload {
+    pub kind: ArtifactKind,
+    pub task: tokio::task::JoinHandle<Result<Artifact, runpython_store::Error>>,
+    /// The stream was cut at the cap.
+    pub cut: bool,
+}
+
+impl OutputUpload {
+    /// Waits for the uploads: the artifacts (one per stream), each also named in its capture (so a
+    /// truncated stream's entry in the envelope says where the whole text is).
+    pub(super) async fn finish(
+        uploads: Vec<Self>,
+        stdout: &mut Captured,
+        stderr: &mut Captured,
+    ) -> Result<Vec<Artifact>, Error> {
+        let mut artifacts = Vec::with_capacity(uploads.len());
+        for upload in uploads {
+            let artifact = upload.task.await.map_err(|e| {
+                Error::Internal(format!("storing the run's output panicked: {e}"))
+            })??;
+            let captured = if upload.kind == ArtifactKind::Stdout {
+                &mut *stdout
+            } else {
+                &mut *stderr
+            };
+            if artifact.bytes > 0 {
+                captured.set_stored(artifact.id.clone(), upload.cut);
+                artifacts.push(artifact);
+            }
+        }
+        Ok(artifacts)
+    }
+
+    /// Sets the cut flags the captures returned (stdout's, then stderr's).
+    pub(super) fn set_cut(uploads: &mut [Self], cut: [bool; 2]) {
+        for (upload, cut) in uploads.iter_mut().zip(cut) {
+            upload.cut = cut;
+        }
+    }
+
+    /// Starts streaming into the store an artifact `name` of `kind`; the capture writes the stream.
+    fn start(
+        store: &runpython_store::Store,
+        kind: ArtifactKind,
+        name: &'static str,
+        redactor: &Arc<Redactor>,
+    ) -> (Self, FullStream) {
+        let (writer, reader) = tokio::io::duplex(64 * 1024);
+        let store = store.clone();
+        let task = tokio::spawn(async move {
+            let mut artifact = store.put_artifact_stream(name, reader).await?;
+            artifact.kind = kind;
+            Ok(artifact)
+        });
+        let upload = Self {
+            kind,
+            task,
+            cut: false,
+        };
+        (upload, FullStream::new(writer, Arc::clone(redactor)))
+    }
 }
 
 impl RunPython {
+    /// When runs are kept: stdout and stderr on their way to the store whole (redacted), and the
+    /// streams the captures write them to.
+    pub(super) fn output_uploads(
+        &self,
+        request: &RunRequest,
+    ) -> (Vec<OutputUpload>, [Option<FullStream>; 2]) {
+        let Some(keep) = &self.inner.keep else {
+            return (Vec::new(), [None, None]);
+        };
+        let redactor = Arc::new(crate::persist::redactor(
+            &self.inner.env_passthrough,
+            &request.env,
+        ));
+        let (out, out_stream) =
+            OutputUpload::start(&keep.store, ArtifactKind::Stdout, "stdout.txt", &redactor);
+        let (err, err_stream) =
+            OutputUpload::start(&keep.store, ArtifactKind::Stderr, "stderr.txt", &redactor);
+        (vec![out, err], [Some(out_stream), Some(err_stream)])
+    }
+
     /// An interpreter for the run: one started ahead of time for this environment, or a fresh one
     /// (the cold path). A replacement is started in the background either way.
     pub(super) async fn slot_for(&self, prepared: &Prepared) -> Result<Slot, Error> {
@@ -173,6 +259,7 @@ impl RunPython {
             "code_dir": code_dir,
             "code": &request.code,
             "inputs": &request.inputs,
+            "env": &request.env,
             "input_artifacts": input_artifacts,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
@@ -200,6 +287,8 @@ impl RunPython {
         // The runner closes stdout, stderr and the result pipe once it has answered: when all three
         // are at end of file the envelope is complete, before the interpreter has finished exiting.
         let closed = Arc::new(Closed::default());
+        // Kept runs keep each stream whole (up to the cap), streamed to the store as it is read.
+        let (mut uploads, [stdout_full, stderr_full]) = self.output_uploads(request);
         let stdout_reader = child.stdout.take().map(|pipe| {
             let (sink, events, closed) = (
                 Arc::clone(&stdout_capture),
@@ -207,8 +296,9 @@ impl RunPython {
                 Arc::clone(&closed),
             );
             tokio::spawn(async move {
-                capture(pipe, sink, events, Event::Stdout).await;
+                let cut = capture(pipe, sink, events, Event::Stdout, stdout_full).await;
                 closed.mark();
+                cut
             })
         });
         let stderr_reader = child.stderr.take().map(|pipe| {
@@ -218,8 +308,9 @@ impl RunPython {
                 Arc::clone(&closed),
             );
             tokio::spawn(async move {
-                capture(pipe, sink, events, Event::Stderr).await;
+                let cut = capture(pipe, sink, events, Event::Stderr, stderr_full).await;
                 closed.mark();
+                cut
             })
         });
         let result_cap = limits.max_return_bytes + RESULT_OVERHEAD;
@@ -284,10 +375,16 @@ impl RunPython {
             }
         }
         writer.abort();
-        for reader in [stdout_reader, stderr_reader].into_iter().flatten() {
+        for (index, reader) in [stdout_reader, stderr_reader].into_iter().enumerate() {
+            let Some(reader) = reader else { continue };
             let abort = reader.abort_handle();
-            if tokio::time::timeout(DRAIN_GRACE, reader).await.is_err() {
-                abort.abort();
+            match tokio::time::timeout(DRAIN_GRACE, reader).await {
+                Ok(Ok(cut)) => {
+                    if let Some(upload) = uploads.get_mut(index) {
+                        upload.cut = cut;
+                    }
+                }
+                _ => abort.abort(),
             }
         }
         let answer = match tokio::time::timeout(DRAIN_GRACE, result_reader).await {
@@ -326,6 +423,7 @@ impl RunPython {
             bridge_stats,
             journal: journal.and_then(|j| j.lock().ok().map(|j| j.clone())),
             oom_killed,
+            uploads,
         })
     }
 }

@@ -8,13 +8,13 @@ use runpython_store::Computed;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::attempt::{Attempt, Prepared};
+use super::attempt::{Attempt, OutputUpload, Prepared};
 use super::RunPython;
 use crate::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
 use crate::error::Error;
 use crate::outcome::{apply_ending, apply_tool_limit};
 use crate::persist::{self, Keeping, MemoParts};
-use crate::request::{check_input_names, new_run_id, Event, RunRequest};
+use crate::request::{check_env, check_input_names, new_run_id, Event, RunRequest};
 
 pub(crate) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -109,6 +109,7 @@ impl RunPython {
         let started = Instant::now();
         let limits = &self.inner.limits;
         check_input_names(&request)?;
+        check_env(&request)?;
         let code_chars = request.code.chars().count();
         if code_chars > limits.max_code_chars {
             let mut envelope = Envelope::failed(
@@ -164,7 +165,7 @@ impl RunPython {
                 // The memo entry is persisted: it carries no secret the code printed or returned.
                 let envelope = persist::redact_envelope(
                     envelope,
-                    &persist::redactor(&self.inner.env_passthrough),
+                    &persist::redactor(&self.inner.env_passthrough, &request.env),
                 );
                 let json =
                     serde_json::to_string(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
@@ -245,7 +246,15 @@ impl RunPython {
             bridge_stats,
             journal,
             oom_killed,
+            uploads,
         } = attempt;
+        let (mut stdout_captured, mut stderr_captured) = (stdout_captured, stderr_captured);
+        let streamed =
+            OutputUpload::finish(uploads, &mut stdout_captured, &mut stderr_captured).await?;
+        let files = files.map(|(files, mut stored)| {
+            stored.extend(streamed);
+            (files, stored)
+        });
 
         let mut envelope = self.envelope_of(
             run_id,

@@ -127,6 +127,11 @@ impl RunPython {
         })
     }
 
+    /// The installer that prepares dependency environments (`uv`, `pip`) and where.
+    pub(crate) fn installer(&self) -> (String, std::path::PathBuf) {
+        self.inner.deps.installer()
+    }
+
     /// The bounds of a run's tool bridge, for the isolation report.
     pub(crate) fn bridge_report(&self) -> BridgeReport {
         BridgeReport {

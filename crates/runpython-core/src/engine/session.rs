@@ -9,6 +9,7 @@ use runpython_bridge::{CallState, ReplayPlan};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use super::attempt::OutputUpload;
 use super::execute::{elapsed_ms, Outcome};
 use super::tools::RunTools;
 use super::{RunHandle, RunPython};
@@ -241,7 +242,7 @@ impl RunPython {
                 .run_live_cell(e, live, &request, Some(plan), None, None, true)
                 .await?
             {
-                Ok(raw) => raw,
+                Ok((raw, _)) => raw,
                 Err(mut envelope) => {
                     // Its dependencies could not be prepared again.
                     live.kill();
@@ -322,7 +323,7 @@ impl RunPython {
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
         quiet: bool,
-    ) -> Result<Result<crate::session::CellRaw, Envelope>, Error> {
+    ) -> Result<Result<(crate::session::CellRaw, Vec<OutputUpload>), Envelope>, Error> {
         let limits = &self.inner.limits;
         let interpreter = self.interpreter().await?.clone();
         // The session's dependencies so far, and this cell's.
@@ -375,6 +376,7 @@ impl RunPython {
             "code_dir": code_dir()?,
             "code": &request.code,
             "inputs": &request.inputs,
+            "env": &request.env,
             "input_artifacts": input_artifacts,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
@@ -385,6 +387,11 @@ impl RunPython {
             "bridge": Value::Null,
         }))
         .map_err(|e| Error::Internal(e.to_string()))?;
+        let (mut uploads, full) = if quiet {
+            (Vec::new(), [None, None])
+        } else {
+            self.output_uploads(request)
+        };
         let raw = live
             .run_cell(CellSpec {
                 request_json,
@@ -401,9 +408,11 @@ impl RunPython {
                     .min(limits.timeout),
                 events: if quiet { None } else { events },
                 cancel,
+                full,
             })
             .await?;
-        Ok(Ok(raw))
+        OutputUpload::set_cut(&mut uploads, raw.cut);
+        Ok(Ok((raw, uploads)))
     }
 
     /// A live cell from request to envelope: run, recorded (durable sessions), kept, fitted.
@@ -423,8 +432,8 @@ impl RunPython {
         let ran = self
             .run_live_cell(e, &mut live, request, replay, events, cancel, false)
             .await;
-        let raw = match ran {
-            Ok(Ok(raw)) => raw,
+        let (mut raw, uploads) = match ran {
+            Ok(Ok(ran)) => ran,
             Ok(Err(mut envelope)) => {
                 e.live = Some(live);
                 envelope.session_id = Some(e.id.clone());
@@ -436,6 +445,7 @@ impl RunPython {
                 return Err(err);
             }
         };
+        let streamed = OutputUpload::finish(uploads, &mut raw.stdout, &mut raw.stderr).await?;
         let run_id = new_run_id();
         let completed = matches!(raw.ending, Ending::Answered) && raw.lost.is_none();
         let suspended: Vec<String> = match (&raw.ending, &raw.journal) {
@@ -520,7 +530,7 @@ impl RunPython {
                     keep,
                     request,
                     &mut envelope,
-                    (files, Vec::new()),
+                    (files, streamed),
                     &interpreter,
                     None,
                     &self.inner.env_passthrough,

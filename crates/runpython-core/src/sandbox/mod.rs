@@ -84,6 +84,7 @@ use std::time::Duration;
 pub(crate) use cgroup::RunCgroup;
 pub(crate) use init::enter;
 pub(crate) use netns::refill as refill_netns;
+pub use probe::KernelReport;
 pub(crate) use sys::{dup_high, recv_fd, send_with_fds, seqpacket_pair, StepError};
 pub(crate) use userns::{is_run_uid, kill_all_of_uid};
 pub(crate) use view::{SCRATCH, SCRATCH_DIRS};
@@ -461,6 +462,11 @@ pub(crate) fn prepare(
 /// `RLIMIT_CPU` for a run of `timeout`: one second more than its wall-clock limit.
 fn cpu_seconds(timeout: Duration) -> u64 {
     timeout.as_secs() + 1
+}
+
+/// What this host's kernel allows (probed once per process).
+pub(crate) fn kernel_report() -> KernelReport {
+    probe::kernel().report()
 }
 
 /// What [`prepare`] would decide for `config`, without building anything (for

@@ -63,6 +63,57 @@ impl Kernel {
     }
 }
 
+/// What this host's kernel allows runpython's sandbox, as `runpython doctor` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KernelReport {
+    /// Namespaces a run can get (`user`, `pid`, `mount`, `net`, `ipc`, `uts`).
+    pub namespaces: Vec<String>,
+    /// Namespaces the kernel refused, each with the step and error.
+    pub refused: Vec<String>,
+    /// `"ok"`, or why a fresh `/proc` cannot be mounted for a run.
+    pub proc_mount: String,
+    /// `"ok"`, or why a run's user namespace cannot forbid user namespaces below it.
+    pub nested_userns_limit: String,
+    /// `"ok"`, or why the seccomp filter cannot be installed.
+    pub seccomp: String,
+    /// The Landlock ABI version, `null` when Landlock is unavailable.
+    pub landlock_abi: Option<i32>,
+    /// The cgroup hierarchy runs get cgroups in, or why there is none.
+    pub cgroup: String,
+}
+
+impl Kernel {
+    pub(crate) fn report(&self) -> KernelReport {
+        let name = |flag: libc::c_int| {
+            NS_NAMES
+                .iter()
+                .find(|(f, _)| *f == flag)
+                .map_or("user namespaces", |(_, n)| n)
+        };
+        let ok = |r: &Result<(), String>| r.as_ref().map_or_else(Clone::clone, |()| "ok".into());
+        KernelReport {
+            namespaces: NS_NAMES
+                .iter()
+                .filter(|(flag, _)| self.ns_flags & flag != 0)
+                .map(|(_, n)| (*n).to_owned())
+                .collect(),
+            refused: self
+                .ns_refused
+                .iter()
+                .map(|(flag, why)| format!("{}: {why}", name(*flag)))
+                .collect(),
+            proc_mount: ok(&self.proc_mount),
+            nested_userns_limit: ok(&self.userns_limit),
+            seccomp: ok(&self.seccomp),
+            landlock_abi: (self.landlock_abi > 0).then_some(self.landlock_abi),
+            cgroup: match &self.cgroup {
+                Ok(kind) => (*kind).to_owned(),
+                Err(why) => why.clone(),
+            },
+        }
+    }
+}
+
 /// The probe, run once per process.
 pub(crate) fn kernel() -> &'static Kernel {
     static KERNEL: OnceLock<Kernel> = OnceLock::new();

@@ -17,7 +17,9 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::child::{capture, take_capture, Captured, Closed, HeadTail, Slot, SpawnedParts};
+use crate::child::{
+    capture, take_capture, Captured, Closed, FullStream, HeadTail, Slot, SpawnedParts,
+};
 use crate::envelope::Isolation;
 use crate::error::Error;
 use crate::outcome::{Answer, Ending};
@@ -61,6 +63,8 @@ pub(crate) struct CellRaw {
     /// The interpreter is gone (killed, evicted, or it exited): the session's state is lost.
     pub lost: Option<String>,
     pub oom_killed: bool,
+    /// Whether each whole stream (stdout, stderr) kept in the store was cut at its cap.
+    pub cut: [bool; 2],
 }
 
 /// What a cell needs besides its request.
@@ -76,6 +80,8 @@ pub(crate) struct CellSpec<'a> {
     pub timeout: Duration,
     pub events: Option<mpsc::Sender<Event>>,
     pub cancel: Option<oneshot::Receiver<()>>,
+    /// Where stdout and stderr go whole, when cells are kept.
+    pub full: [Option<FullStream>; 2],
 }
 
 impl Live {
@@ -182,6 +188,7 @@ impl Live {
                 .map_err(|e| Error::io_pathless("reading a cell's pipes", e))
         };
         let (out_r, err_r, mut res_r) = (receiver(out_r)?, receiver(err_r)?, receiver(res_r)?);
+        let [stdout_full, stderr_full] = spec.full;
         let stdout_capture = Arc::new(Mutex::new(HeadTail::new(spec.max_output_chars)));
         let stderr_capture = Arc::new(Mutex::new(HeadTail::new(spec.max_output_chars)));
         let closed = Arc::new(Closed::default());
@@ -192,8 +199,9 @@ impl Live {
                 Arc::clone(&closed),
             );
             tokio::spawn(async move {
-                capture(out_r, sink, events, Event::Stdout).await;
+                let cut = capture(out_r, sink, events, Event::Stdout, stdout_full).await;
                 closed.mark();
+                cut
             })
         };
         let stderr_reader = {
@@ -203,8 +211,9 @@ impl Live {
                 Arc::clone(&closed),
             );
             tokio::spawn(async move {
-                capture(err_r, sink, events, Event::Stderr).await;
+                let cut = capture(err_r, sink, events, Event::Stderr, stderr_full).await;
                 closed.mark();
+                cut
             })
         };
         let result_cap = spec.max_return_bytes + RESULT_OVERHEAD;
@@ -293,10 +302,12 @@ impl Live {
         } else {
             OUTPUT_GRACE
         };
-        for reader in [stdout_reader, stderr_reader] {
+        let mut cut = [false; 2];
+        for (index, reader) in [stdout_reader, stderr_reader].into_iter().enumerate() {
             let abort = reader.abort_handle();
-            if tokio::time::timeout(grace, reader).await.is_err() {
-                abort.abort();
+            match tokio::time::timeout(grace, reader).await {
+                Ok(Ok(was_cut)) => cut[index] = was_cut,
+                _ => abort.abort(),
             }
         }
         let answer = match tokio::time::timeout(grace, result_reader).await {
@@ -313,6 +324,7 @@ impl Live {
             journal: journal.and_then(|j| j.lock().ok().map(|j| j.clone())),
             lost,
             oom_killed,
+            cut,
         })
     }
 

@@ -14,6 +14,20 @@ import sys
 import tempfile
 import unittest
 
+# The harness reads and writes integers past int()'s default digit limit; longer ones than this stay text
+# (int() is quadratic in their length).
+sys.set_int_max_str_digits(0)
+EXACT_INT_DIGITS = 20_000
+
+
+class Digits(str):
+    """A JSON integer too long for the harness to convert, as its text."""
+
+
+def parse_int(text):
+    return int(text) if len(text) <= EXACT_INT_DIGITS else Digits(text)
+
+
 RUNNER_PY = pathlib.Path(__file__).resolve().parents[2] / "src" / "runner.py"
 # Bound on one run, so a runner that hangs fails its test instead of the suite.
 DEADLINE = 60
@@ -51,7 +65,7 @@ def run(code, **request):
         text = result.read().decode()
     if not text:
         raise AssertionError("no result on fd 3 (exit %d): %s" % (proc.returncode, proc.stderr.decode()))
-    return Ran(json.loads(text), proc.stdout.decode(), proc.stderr.decode(), proc.returncode)
+    return Ran(json.loads(text, parse_int=parse_int), proc.stdout.decode(), proc.stderr.decode(), proc.returncode)
 
 
 class Values(unittest.TestCase):
@@ -94,10 +108,56 @@ class Values(unittest.TestCase):
                 result = run(code).result
                 self.assertEqual((result["return_type"], result["return_value"]), (type_name, value))
 
-    def test_a_broken_repr_is_reported_instead_of_failing_the_run(self):
+    def test_a_broken_repr_gives_no_value_and_a_preview_saying_why(self):
         ran = run("class Bad:\n    def __repr__(self):\n        raise RuntimeError('no')\nBad()")
         self.assertEqual(ran.result["status"], "success")
-        self.assertEqual(ran.result["return_value"], "<Bad object: repr() raised RuntimeError>")
+        self.assertEqual((ran.result["return_type"], ran.result["return_value"]), ("Bad", None))
+        self.assertEqual(ran.result["return_preview"], {"type": "Bad", "repr_error": "repr() raised RuntimeError: no"})
+
+    def test_integers_of_any_size_come_back_exactly(self):
+        for code in ("2**100", "-(3**5000)", "[1, 2**64, {'k': 10**4300 + 1}]"):
+            with self.subTest(code=code):
+                expected = eval(code)
+                self.assertEqual(run(code, inline_return_bytes=1 << 20).result["return_value"], expected)
+
+    def test_integers_of_any_size_go_in_exactly(self):
+        big = 7**6000  # 5,071 digits: past int()'s default limit
+        ran = run("x == 7**6000 and type(x) is int", inputs={"x": big})
+        self.assertEqual(ran.result["return_value"], True, ran.result)
+
+    def test_an_integer_past_the_return_limit_is_too_large_with_digits_head_and_tail(self):
+        ran = run("2 ** 10_000_000")
+        self.assertEqual(ran.result["status"], "error")
+        self.assertEqual(ran.error["type"], "ReturnValueTooLarge")
+        preview = ran.result["return_preview"]
+        self.assertEqual(preview["digits"], 3_010_300)
+        self.assertEqual((preview["head"][:10], preview["tail"][-10:]), ("9049817306", "1387109376"))
+
+    def test_an_integer_under_the_return_limit_is_kept_whole_with_its_preview(self):
+        ran = run("2 ** 10_000_000", max_return_bytes=4_000_000)
+        self.assertEqual(ran.result["status"], "success")
+        self.assertEqual(ran.result["return_preview"]["digits"], 3_010_300)
+        value = ran.result["return_value"]
+        self.assertIsInstance(value, Digits)
+        self.assertEqual((len(value), value[:10], value[-10:]), (3_010_300, "9049817306", "1387109376"))
+        self.assertEqual(int(value[-300:]), 2**10_000_000 % 10**300)
+
+    def test_lone_surrogates_become_replacement_characters_and_the_value_stays(self):
+        ran = run("['a' + chr(0xdcff), {'k': '\\ud800'}]")
+        self.assertEqual(ran.result["return_value"], ["a\ufffd", {"k": "\ufffd"}])
+
+    def test_an_exception_message_with_a_lone_surrogate_keeps_its_type(self):
+        ran = run("raise ValueError('bad ' + chr(0xdcff))")
+        self.assertEqual((ran.error["type"], ran.error["message"]), ("ValueError", "bad \ufffd"))
+
+    def test_a_huge_exception_message_is_cut_head_and_tail_and_keeps_its_type(self):
+        ran = run("raise ValueError('<' + 'm' * 1_000_000 + '>')")
+        self.assertEqual(ran.error["type"], "ValueError")
+        message = ran.error["message"]
+        self.assertLess(len(message), 10_000)
+        self.assertTrue(message.startswith("<mmm") and message.endswith("mm>"), message[:50])
+        self.assertIn("characters omitted", message)
+        self.assertLess(len(ran.error["traceback"]), 20_000)
 
     def test_inputs_are_globals(self):
         self.assertEqual(run("n * 2", inputs={"n": 21}).result["return_value"], 42)

@@ -1,0 +1,65 @@
+//! What `runpython doctor` reports: what this host's kernel allows, which isolation layers a run of an
+//! engine gets (the envelope shows them only when one is missing), where the caches and the store
+//! live, and what prepares dependencies. Nothing is run.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::engine::RunPython;
+use crate::envelope::Isolation;
+use crate::sandbox::KernelReport;
+
+/// A host's readiness for runs of one engine.
+#[derive(Debug, Clone, Serialize)]
+pub struct Doctor {
+    /// What the kernel allows the sandbox.
+    pub kernel: KernelReport,
+    /// The layers each run of this engine gets; `null` when its sandbox cannot be had (see
+    /// `isolation_error`).
+    pub isolation: Option<Isolation>,
+    /// Why runs cannot get the sandbox this engine requires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation_error: Option<String>,
+    /// The interpreter runs use (`/usr/bin/python3.11 (3.11.7)`), or why none was found.
+    pub python: String,
+    /// runpython's cache directory (code, bytecode, interpreter discovery, environments).
+    pub cache_dir: Option<PathBuf>,
+    /// Where dependency environments are prepared.
+    pub environments: PathBuf,
+    /// The installer that prepares them: `uv`, or `pip` (the fallback).
+    pub installer: String,
+    /// The `uv` executable found (`$RUNPYTHON_UV`, `$RUNPYTHON_TOOLS_BIN`, `PATH`), if any.
+    pub uv: Option<PathBuf>,
+    /// The store runs are kept in, `null` when runs are not kept.
+    pub store: Option<String>,
+}
+
+impl RunPython {
+    /// What this host and this engine's configuration give runs, without running anything.
+    pub async fn doctor(&self) -> Doctor {
+        let (isolation, isolation_error) = match self.isolation_report() {
+            Ok(report) => (Some(report), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let python = match self.interpreter().await {
+            Ok(found) => {
+                let (major, minor, patch) = found.version;
+                format!("{} ({major}.{minor}.{patch})", found.executable.display())
+            }
+            Err(e) => format!("not found: {e}"),
+        };
+        let (installer, environments) = self.installer();
+        Doctor {
+            kernel: crate::sandbox::kernel_report(),
+            isolation,
+            isolation_error,
+            python,
+            cache_dir: crate::env_vars::cache_dir(),
+            environments,
+            installer,
+            uv: runpython_deps::UvProvider::find().map(|uv| uv.program().to_path_buf()),
+            store: self.store().map(|store| store.url().to_owned()),
+        }
+    }
+}
