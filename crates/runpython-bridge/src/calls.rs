@@ -25,6 +25,8 @@ pub(crate) struct Shared {
     pub(crate) journal: Arc<Mutex<Journal>>,
     replay: Option<Mutex<Replay>>,
     pub(crate) sink: Option<Arc<dyn JournalSink>>,
+    /// Prefix of the calls' idempotency keys ([`ToolArgs::call_id`]).
+    pub(crate) run_id: Option<String>,
     /// Ordinals follow arrival order: the connection loop takes one per call as it reads the frame.
     next_ordinal: AtomicU32,
     stop: mpsc::Sender<Stop>,
@@ -41,6 +43,7 @@ impl Shared {
             journal: Arc::default(),
             replay: None,
             sink: None,
+            run_id: None,
             next_ordinal: AtomicU32::new(0),
             stop,
         };
@@ -145,7 +148,9 @@ enum Replayed {
     /// has not been resumed yet (a `Decided` entry already holds its result).
     Decision(String, String, Option<String>),
     Suspension(String, String),
-    Live,
+    /// Not answered by the journal: call the tool. `Some(ordinal)` for a call an earlier attempt
+    /// started and never finished (its host died): the call keeps that attempt's ordinal for its id.
+    Live(Option<u32>),
     Diverged(String),
 }
 
@@ -155,7 +160,7 @@ pub(crate) async fn dispatch(
     id: u64,
     ordinal: u32,
     name: String,
-    args: ToolArgs,
+    mut args: ToolArgs,
 ) -> (u64, Option<Value>) {
     let n = bridge.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
     if n > bridge.config.max_calls {
@@ -177,7 +182,7 @@ pub(crate) async fn dispatch(
         args: args_text.clone(),
         state,
     };
-    match bridge.replayed(ordinal, &name, &args_hash) {
+    let recorded_ordinal = match bridge.replayed(ordinal, &name, &args_hash) {
         Replayed::Result(result) => {
             // Already applied in an earlier attempt: re-recording it cannot lose anything.
             let _ = bridge
@@ -231,7 +236,10 @@ pub(crate) async fn dispatch(
             });
             return (id, None);
         }
-        Replayed::Live => {}
+        Replayed::Live(recorded) => recorded,
+    };
+    if let Some(run_id) = &bridge.run_id {
+        args.call_id = Some(format!("{run_id}.{}", recorded_ordinal.unwrap_or(ordinal)));
     }
 
     let tool = bridge.tools.get(&name).cloned();
@@ -322,10 +330,10 @@ impl Shared {
     /// What the previous attempt's journal says about this call, if this is a resumed run.
     fn replayed(&self, ordinal: u32, tool: &str, hash: &str) -> Replayed {
         let Some(replay) = &self.replay else {
-            return Replayed::Live;
+            return Replayed::Live(None);
         };
         let Ok(mut replay) = replay.lock() else {
-            return Replayed::Live;
+            return Replayed::Live(None);
         };
         let Replay { plan, consumed } = &mut *replay;
         let matches =
@@ -355,7 +363,7 @@ impl Shared {
                     let e = &plan.journal.entries[i];
                     Replayed::Diverged(format!("{}({})", e.tool, e.args))
                 }
-                _ => Replayed::Live,
+                _ => Replayed::Live(None),
             };
         };
         consumed[index] = true;
@@ -371,7 +379,7 @@ impl Shared {
                 None => Replayed::Suspension(id.clone(), request.clone()),
             },
             // Started but never finished: the host died during it. It is the one call made again.
-            CallState::Executing => Replayed::Live,
+            CallState::Executing => Replayed::Live(Some(plan.journal.entries[index].ordinal)),
         }
     }
 
