@@ -75,9 +75,9 @@ pub use collect::{
     collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile,
     SkippedFile,
 };
-pub use error::Error;
+pub use error::{error_report, Error};
 pub use gc::GcReport;
 pub use layout::LAYOUT_VERSION;
 pub use memo::{memo_key, Computed, MemoKey, Memoized};
 pub use redact::{Redactor, MIN_SECRET_LEN};
-pub use store::{Listing, RunManifest, RunRecord, Store, Tier};
+pub use store::{Listing, RunManifest, RunRecord, Store, StoredCheckpoint, Tier};
