@@ -31,6 +31,7 @@ mod admission;
 mod human;
 mod lines;
 mod mcp;
+mod runs;
 mod serve;
 
 use std::io::{IsTerminal, Read, Write};
@@ -42,8 +43,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use human::{escape_controls, for_terminal, print_human, StatusLine};
 use runpython_core::{
-    default_local_url, CommandTool, Envelope, Event, McpServer, PoolConfig, RunPython,
-    RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
+    default_local_url, error_report, CommandTool, Envelope, Event, McpServer, PoolConfig,
+    RunPython, RunPythonBuilder, RunRequest, Status, Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -78,6 +79,14 @@ enum Command {
     },
     /// Remove expired runs and the blobs no run references.
     Gc(StoreArgs),
+    /// List the runs that can be resumed: suspended ones, and durable ones whose host stopped.
+    Runs {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -159,6 +168,11 @@ struct EngineArgs {
     /// {"args": [...], "kwargs": {...}} on stdin and prints the JSON result.
     #[arg(long = "tool", value_name = "NAME=COMMAND", value_parser = parse_tool)]
     tools: Vec<(String, String)>,
+    /// Journal every tool call in the store, so that a run whose host stops can be found
+    /// (`runpython runs`) and resumed (`runpython resume`) without making finished calls again
+    /// (--approval implies it).
+    #[arg(long)]
+    durable: bool,
     /// A human-approval tool under NAME (e.g. request_approval): calling it suspends the run until
     /// `runpython resume RUN_ID --decision JSON` (repeatable).
     #[arg(long = "approval", value_name = "NAME")]
@@ -188,7 +202,7 @@ struct EngineArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
-    #[arg(long, conflicts_with_all = ["store", "persistent", "memo", "approvals"])]
+    #[arg(long, conflicts_with_all = ["store", "persistent", "memo", "approvals", "durable"])]
     no_store: bool,
     /// Keep the run until deleted instead of for 24 hours.
     #[arg(long)]
@@ -291,12 +305,14 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve_http(args).await,
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
+            Command::Runs { json, store } => runs::list(json, store.open()?).await,
         }
     });
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            say_err!("runpython: {e:#}");
+            // Each cause once: store errors carry theirs in their own text already.
+            say_err!("runpython: {}", error_report(e.as_ref()));
             ExitCode::from(2)
         }
     }
@@ -350,6 +366,14 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     let text = for_terminal(&text, std::io::stderr().is_terminal());
                     let _ = std::io::stderr().lock().write_all(text.as_bytes());
                 }
+                Event::Resumable { run_id } => {
+                    let store = python.store().map_or("", |s| s.url());
+                    say_err!(
+                        "runpython: durable run {run_id}; if this host stops, `runpython runs` lists it \
+                         and `{}` (with this run's tool flags) continues it",
+                        runs::resume_command(&run_id, store, false)
+                    );
+                }
                 _ => {}
             }
         }
@@ -358,11 +382,16 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     finish(&envelope, args.json)
 }
 
+/// Prints the envelope; the exit status is the code's (a store that failed after the code ran is
+/// named in the envelope, `kept: false`, and in human mode on stderr).
 fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         say!("{}", serde_json::to_string(envelope)?);
     } else {
         print_human(envelope);
+        if let Some(error) = envelope.store_error.as_deref().filter(|_| !envelope.kept) {
+            say_err!("runpython: the code ran, but the run was not kept: {error}");
+        }
     }
     Ok(if envelope.status == Status::Success {
         ExitCode::SUCCESS
@@ -424,14 +453,22 @@ impl EngineArgs {
                 }
                 // An explicit store must work; the default one is a convenience and may be unavailable,
                 // unless an approval tool needs it.
-                Err(e) if self.store.store.is_some() || !self.approvals.is_empty() => {
+                Err(e)
+                    if self.store.store.is_some() || !self.approvals.is_empty() || self.durable =>
+                {
                     return Err(e)
                 }
-                Err(e) => say_err!("runpython: not keeping this run: {e:#}"),
+                Err(e) => say_err!(
+                    "runpython: not keeping this run: {}",
+                    error_report(e.as_ref())
+                ),
             }
         }
         for name in &self.approvals {
             builder = builder.approval(name);
+        }
+        if self.durable {
+            builder = builder.durable(true);
         }
         if self.memo {
             builder = builder.memoize(self.memo_ttl);
