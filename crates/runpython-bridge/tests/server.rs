@@ -613,18 +613,37 @@ async fn call_ids_are_the_run_and_the_ordinal_and_a_call_made_again_keeps_its_id
     let journal = journal.lock().unwrap().clone();
     assert_eq!(journal.entries.len(), 2, "{journal:?}");
 
-    // The resumed attempt makes the unfinished call first: it runs again under its old id, and the
-    // finished one is answered from the journal.
+    // The resumed attempt makes the unfinished call first: it runs again under its old id; a call the
+    // journal does not have gets an id no journaled call has; the finished one is answered from the
+    // journal.
     stall.store(false, Ordering::SeqCst);
     let plan = runpython_bridge::ReplayPlan {
         journal,
         decisions: Default::default(),
     };
-    let (serving, token, mut client, _) = keyed_pair(&stall, Some(plan));
+    let (serving, token, mut client, journal) = keyed_pair(&stall, Some(plan));
     client.hello(&token).await;
     client.call(1, "key", json!({"n": 2})).await;
     assert_eq!(client.recv().await.unwrap()["result"], "r1.1");
-    client.call(2, "key", json!({"n": 1})).await;
+    client.call(2, "key", json!({"n": 3})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.2");
+    client.call(3, "key", json!({"n": 1})).await;
     assert_eq!(client.recv().await.unwrap()["result"], "r1.0");
     serving.abort();
+    // The new journal keeps each call under the ordinal of its id, for the next resume.
+    let ordinals: Vec<(u32, String)> = journal
+        .lock()
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| (e.ordinal, e.args.clone()))
+        .collect();
+    assert_eq!(
+        ordinals,
+        [
+            (0, r#"{"args":[],"kwargs":{"n":1}}"#.to_owned()),
+            (1, r#"{"args":[],"kwargs":{"n":2}}"#.to_owned()),
+            (2, r#"{"args":[],"kwargs":{"n":3}}"#.to_owned()),
+        ]
+    );
 }
