@@ -222,3 +222,60 @@ time.sleep(300)
 "#
     )
 }
+
+/// A TCP server on a loopback port that accepts every connection and never answers: a store endpoint
+/// that hangs. Stopped (its thread joined, its connections closed) on drop.
+#[derive(Debug)]
+pub struct HungServer {
+    /// Its loopback port.
+    pub port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HungServer {
+    /// Binds a free loopback port and starts accepting.
+    pub fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(stream) = stream {
+                    held.push(stream); // read nothing, answer nothing, close nothing
+                }
+            }
+        });
+        Ok(Self {
+            port,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// An `s3://` store URL on this server whose requests time out after `timeout` (as written in the
+    /// URL, e.g. `2s`).
+    pub fn s3_url(&self, timeout: &str) -> String {
+        format!(
+            "s3://hung/runs?endpoint=http://127.0.0.1:{}&region=us-east-1&allow_http=true\
+             &access_key_id=testing&secret_access_key=testing&timeout={timeout}",
+            self.port
+        )
+    }
+}
+
+impl Drop for HungServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop so it sees the flag.
+        let _ = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

@@ -25,8 +25,13 @@ pub(crate) struct Shared {
     pub(crate) journal: Arc<Mutex<Journal>>,
     replay: Option<Mutex<Replay>>,
     pub(crate) sink: Option<Arc<dyn JournalSink>>,
+    /// Prefix of the calls' idempotency keys ([`ToolArgs::call_id`]).
+    pub(crate) run_id: Option<String>,
     /// Ordinals follow arrival order: the connection loop takes one per call as it reads the frame.
     next_ordinal: AtomicU32,
+    /// A resumed run's calls that the journal does not have are numbered from past its last entry, so
+    /// no call takes the ordinal (and the id) of one the journal has.
+    next_unjournaled: AtomicU32,
     stop: mpsc::Sender<Stop>,
 }
 
@@ -41,7 +46,9 @@ impl Shared {
             journal: Arc::default(),
             replay: None,
             sink: None,
+            run_id: None,
             next_ordinal: AtomicU32::new(0),
+            next_unjournaled: AtomicU32::new(0),
             stop,
         };
         (shared, stopped)
@@ -50,12 +57,23 @@ impl Shared {
     /// Replays `plan` before calling tools for real.
     pub(crate) fn set_replay(&mut self, plan: ReplayPlan) {
         let consumed = vec![false; plan.journal.entries.len()];
+        let past_the_journal = u32::try_from(plan.journal.entries.len()).unwrap_or(u32::MAX);
+        self.next_unjournaled = AtomicU32::new(past_the_journal);
         self.replay = Some(Mutex::new(Replay { plan, consumed }));
     }
 
-    /// The next call's ordinal.
+    /// The next call's ordinal, in arrival order.
     pub(crate) fn next_ordinal(&self) -> u32 {
         self.next_ordinal.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The ordinal a call the journal does not have is journaled under: its arrival ordinal in a fresh
+    /// run, the next one past the replayed journal in a resumed run.
+    fn unjournaled_ordinal(&self, arrival: u32) -> u32 {
+        if self.replay.is_none() {
+            return arrival;
+        }
+        self.next_unjournaled.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -145,17 +163,23 @@ enum Replayed {
     /// has not been resumed yet (a `Decided` entry already holds its result).
     Decision(String, String, Option<String>),
     Suspension(String, String),
+    /// Not answered by the journal: call the tool.
     Live,
     Diverged(String),
 }
 
-/// Serves one call; `None` when the run is stopping and the call gets no answer.
+/// Serves one call, the `arrival`-th of its attempt; `None` when the run is stopping and the call gets
+/// no answer.
+///
+/// A call is journaled under its ordinal: the one the replayed journal has for it in a resumed run
+/// (however the calls' arrival order changed), else a new one. Its id is `<run id>.<ordinal>`, so a
+/// call made again keeps its id and no two calls of a run share one.
 pub(crate) async fn dispatch(
     bridge: Arc<Shared>,
     id: u64,
-    ordinal: u32,
+    arrival: u32,
     name: String,
-    args: ToolArgs,
+    mut args: ToolArgs,
 ) -> (u64, Option<Value>) {
     let n = bridge.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
     if n > bridge.config.max_calls {
@@ -170,6 +194,11 @@ pub(crate) async fn dispatch(
         return (id, Some(error_reply(id, &error)));
     }
     let (args_text, args_hash) = canonical_args(&args);
+    let (replayed, journaled) = bridge.replayed(arrival, &name, &args_hash);
+    let ordinal = journaled.unwrap_or_else(|| bridge.unjournaled_ordinal(arrival));
+    if let Some(run_id) = &bridge.run_id {
+        args.call_id = Some(format!("{run_id}.{ordinal}"));
+    }
     let entry = |state| JournalEntry {
         ordinal,
         tool: name.clone(),
@@ -177,7 +206,7 @@ pub(crate) async fn dispatch(
         args: args_text.clone(),
         state,
     };
-    match bridge.replayed(ordinal, &name, &args_hash) {
+    match replayed {
         Replayed::Result(result) => {
             // Already applied in an earlier attempt: re-recording it cannot lose anything.
             let _ = bridge
@@ -225,7 +254,7 @@ pub(crate) async fn dispatch(
         }
         Replayed::Diverged(recorded) => {
             let _ = bridge.stop.try_send(Stop::Diverged {
-                step: ordinal,
+                step: arrival,
                 recorded,
                 called: format!("{name}({args_text})"),
             });
@@ -319,13 +348,14 @@ pub(crate) async fn dispatch(
 }
 
 impl Shared {
-    /// What the previous attempt's journal says about this call, if this is a resumed run.
-    fn replayed(&self, ordinal: u32, tool: &str, hash: &str) -> Replayed {
+    /// What the previous attempt's journal says about the `ordinal`-th call of this attempt, if this is
+    /// a resumed run, and the ordinal of the journal's entry for it when it has one.
+    fn replayed(&self, ordinal: u32, tool: &str, hash: &str) -> (Replayed, Option<u32>) {
         let Some(replay) = &self.replay else {
-            return Replayed::Live;
+            return (Replayed::Live, None);
         };
         let Ok(mut replay) = replay.lock() else {
-            return Replayed::Live;
+            return (Replayed::Live, None);
         };
         let Replay { plan, consumed } = &mut *replay;
         let matches =
@@ -350,16 +380,18 @@ impl Shared {
                 .position(|(i, e)| !consumed[i] && matches(e)),
         };
         let Some(index) = index else {
-            return match at_step {
+            let replayed = match at_step {
                 Some(i) if !consumed[i] => {
                     let e = &plan.journal.entries[i];
                     Replayed::Diverged(format!("{}({})", e.tool, e.args))
                 }
                 _ => Replayed::Live,
             };
+            return (replayed, None);
         };
         consumed[index] = true;
-        match &plan.journal.entries[index].state {
+        let journaled = &plan.journal.entries[index];
+        let replayed = match &journaled.state {
             CallState::Applied(result) => Replayed::Result(result.clone()),
             CallState::Decided { id, decision } => {
                 Replayed::Decision(id.clone(), decision.clone(), None)
@@ -372,7 +404,8 @@ impl Shared {
             },
             // Started but never finished: the host died during it. It is the one call made again.
             CallState::Executing => Replayed::Live,
-        }
+        };
+        (replayed, Some(journaled.ordinal))
     }
 
     /// Journals the call as suspended with `request` (what the tool asked) and stops the run for it.

@@ -132,6 +132,8 @@ class _Bridge:
             chunk = self.sock.recv(1 << 16, 0 if block else self.dontwait)
         except BlockingIOError:
             return  # already read by a send that waited for the host
+        except OSError as exc:  # a reset: the host hung up before its answer
+            raise BridgeError("the host closed the tool bridge (%s)" % exc) from None
         if not chunk:
             raise BridgeError("the host closed the tool bridge")
         self.buf += chunk

@@ -199,10 +199,12 @@ mod tests {
         let a = ToolArgs {
             args: vec![],
             kwargs: serde_json::from_value(json!({"a": 1, "b": {"y": 2, "x": 1}})).unwrap(),
+            call_id: Some("run.0".into()),
         };
         let b = ToolArgs {
             args: vec![],
             kwargs: serde_json::from_value(json!({"b": {"x": 1, "y": 2}, "a": 1})).unwrap(),
+            call_id: None,
         };
         assert_eq!(canonical_args(&a), canonical_args(&b));
     }

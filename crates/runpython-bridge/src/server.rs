@@ -131,6 +131,14 @@ impl Bridge {
         self
     }
 
+    /// Names the run this bridge serves: each call's [`ToolArgs::call_id`] is then
+    /// `<run_id>.<ordinal>`, the ordinal the journal keeps for it (a call a resumed run makes again
+    /// keeps its ordinal, hence its id).
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.shared.run_id = Some(run_id.into());
+        self
+    }
+
     /// Persists the journal through `sink` around every call (durable runs).
     pub fn with_sink(mut self, sink: Arc<dyn JournalSink>) -> Self {
         self.shared.sink = Some(sink);
@@ -343,7 +351,11 @@ async fn serve_connection(
                 id,
                 ordinal,
                 tool,
-                ToolArgs { args, kwargs },
+                ToolArgs {
+                    args,
+                    kwargs,
+                    call_id: None,
+                },
             );
             in_flight.push(async move {
                 let (id, reply) = call.await;

@@ -23,6 +23,12 @@ pub struct ToolArgs {
     /// Keyword arguments, in the order written.
     #[serde(default)]
     pub kwargs: Map<String, Value>,
+    /// This call's idempotency key, `<run id>.<ordinal>`, filled by a bridge that knows its run
+    /// ([`crate::Bridge::with_run_id`]): the same for the same call when a resumed run makes it again,
+    /// so a tool with side effects can tell a repeated call from a new one. Not part of the arguments
+    /// (never serialized, not in the journal's hash).
+    #[serde(skip)]
+    pub call_id: Option<String>,
 }
 
 impl ToolArgs {

@@ -553,3 +553,97 @@ async fn bind_does_not_wait_on_a_silent_connection_to_serve_the_child() {
     still_serving(&mut serving).await;
     serving.abort();
 }
+
+/// A bridge for run `r1` whose `key(n)` tool answers its call id, or never answers while `stall`
+/// is set; `plan` replays an earlier attempt.
+fn keyed_pair(
+    stall: &Arc<std::sync::atomic::AtomicBool>,
+    plan: Option<runpython_bridge::ReplayPlan>,
+) -> (
+    JoinHandle<Stop>,
+    String,
+    Client,
+    Arc<std::sync::Mutex<runpython_bridge::Journal>>,
+) {
+    let mut tools = ToolSet::new();
+    let stalling = Arc::clone(stall);
+    tools
+        .insert(tool_fn("key", "", None, move |args| {
+            let stalls = stalling.load(Ordering::SeqCst);
+            async move {
+                if stalls {
+                    std::future::pending::<()>().await;
+                }
+                Ok(json!(args.call_id))
+            }
+        }))
+        .unwrap();
+    let (host, child) = socket_pair().unwrap();
+    let mut bridge = Bridge::new(host, tools, BridgeConfig::default())
+        .unwrap()
+        .with_run_id("r1");
+    if let Some(plan) = plan {
+        bridge = bridge.with_replay(plan);
+    }
+    let token = bridge.client_spec_fd(4)["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let journal = bridge.journal();
+    (
+        tokio::spawn(bridge.serve()),
+        token,
+        Client::from_fd(child),
+        journal,
+    )
+}
+
+#[tokio::test]
+async fn call_ids_are_the_run_and_the_ordinal_and_a_call_made_again_keeps_its_id() {
+    let stall = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (serving, token, mut client, journal) = keyed_pair(&stall, None);
+    client.hello(&token).await;
+    client.call(1, "key", json!({"n": 1})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.0");
+    // The host "dies" during the second call: it is journaled as started, never finished.
+    stall.store(true, Ordering::SeqCst);
+    client.call(2, "key", json!({"n": 2})).await;
+    tokio::time::sleep(SETTLE).await;
+    serving.abort();
+    let journal = journal.lock().unwrap().clone();
+    assert_eq!(journal.entries.len(), 2, "{journal:?}");
+
+    // The resumed attempt makes the unfinished call first: it runs again under its old id; a call the
+    // journal does not have gets an id no journaled call has; the finished one is answered from the
+    // journal.
+    stall.store(false, Ordering::SeqCst);
+    let plan = runpython_bridge::ReplayPlan {
+        journal,
+        decisions: Default::default(),
+    };
+    let (serving, token, mut client, journal) = keyed_pair(&stall, Some(plan));
+    client.hello(&token).await;
+    client.call(1, "key", json!({"n": 2})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.1");
+    client.call(2, "key", json!({"n": 3})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.2");
+    client.call(3, "key", json!({"n": 1})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.0");
+    serving.abort();
+    // The new journal keeps each call under the ordinal of its id, for the next resume.
+    let ordinals: Vec<(u32, String)> = journal
+        .lock()
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| (e.ordinal, e.args.clone()))
+        .collect();
+    assert_eq!(
+        ordinals,
+        [
+            (0, r#"{"args":[],"kwargs":{"n":1}}"#.to_owned()),
+            (1, r#"{"args":[],"kwargs":{"n":2}}"#.to_owned()),
+            (2, r#"{"args":[],"kwargs":{"n":3}}"#.to_owned()),
+        ]
+    );
+}

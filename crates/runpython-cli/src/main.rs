@@ -32,7 +32,9 @@ mod human;
 mod lines;
 mod mcp;
 mod repl;
+mod runs;
 mod serve;
+mod store_commands;
 mod tool_flags;
 
 use std::io::{IsTerminal, Read, Write};
@@ -42,12 +44,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use human::{escape_controls, for_terminal, print_human, StatusLine};
+use human::{for_terminal, print_human, StatusLine};
 use runpython_core::{
-    default_local_url, Envelope, Event, McpServer, PoolConfig, RunPython, RunPythonBuilder,
-    RunRequest, Status, Store, Tier, ToolFormat,
+    error_report, Envelope, Event, McpServer, PoolConfig, RunPython, RunPythonBuilder, RunRequest,
+    Status, Tier, ToolFormat,
 };
 use serde_json::Value;
+use store_commands::{artifacts, gc, ArtifactsCommand, StoreArgs};
 
 /// Run LLM-authored Python safely and get a compact JSON envelope back.
 #[derive(Debug, Parser)]
@@ -83,6 +86,14 @@ enum Command {
     },
     /// Remove expired runs and the blobs no run references.
     Gc(StoreArgs),
+    /// List the runs that can be resumed: suspended ones, and durable ones whose host stopped.
+    Runs {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// What this host gives runs: what the kernel allows, the isolation layers a run gets, where the
     /// caches and the store live, whether uv is found.
     Doctor(DoctorArgs),
@@ -95,47 +106,6 @@ struct DoctorArgs {
     json: bool,
     #[command(flatten)]
     engine: EngineArgs,
-}
-
-#[derive(Debug, Subcommand)]
-enum ArtifactsCommand {
-    /// List artifacts, of one run or of all kept runs.
-    List {
-        /// Only this run's artifacts.
-        #[arg(long = "run", value_name = "RUN_ID")]
-        run_id: Option<String>,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Write an artifact's bytes to stdout.
-    Get {
-        /// The artifact id (from the envelope or `artifacts list`).
-        id: String,
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-}
-
-#[derive(Debug, Args)]
-struct StoreArgs {
-    /// Where runs are kept: file:///DIR, memory://, s3://BUCKET/PREFIX (default: a directory under the
-    /// user's data dir).
-    #[arg(long, value_name = "URL")]
-    store: Option<String>,
-}
-
-impl StoreArgs {
-    fn open(&self) -> anyhow::Result<Store> {
-        let url = match &self.store {
-            Some(url) => url.clone(),
-            None => default_local_url()
-                .context("cannot find the default store directory; pass --store URL")?,
-        };
-        Store::open(&url).with_context(|| format!("cannot open the store {url}"))
-    }
 }
 
 #[derive(Debug, Args)]
@@ -191,6 +161,11 @@ struct EngineArgs {
     /// Command tools from a JSON file: an array of {"name", "command", "description", "input_schema"}.
     #[arg(long = "tools-file", value_name = "FILE")]
     tools_file: Option<PathBuf>,
+    /// Journal every tool call in the store, so that a run whose host stops can be found
+    /// (`runpython runs`) and resumed (`runpython resume`) without making finished calls again
+    /// (--approval implies it).
+    #[arg(long)]
+    durable: bool,
     /// A human-approval tool under NAME (e.g. request_approval): calling it suspends the run until
     /// `runpython resume RUN_ID --decision JSON` (repeatable).
     #[arg(long = "approval", value_name = "NAME")]
@@ -220,7 +195,7 @@ struct EngineArgs {
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
-    #[arg(long, conflicts_with_all = ["store", "persistent", "memo", "approvals"])]
+    #[arg(long, conflicts_with_all = ["store", "persistent", "memo", "approvals", "durable"])]
     no_store: bool,
     /// Keep the run until deleted instead of for 24 hours.
     #[arg(long)]
@@ -323,12 +298,14 @@ fn main() -> ExitCode {
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
             Command::Doctor(args) => doctor(args).await,
+            Command::Runs { json, store } => runs::list(json, store.open()?).await,
         }
     });
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            say_err!("runpython: {e:#}");
+            // Each cause once: store errors carry theirs in their own text already.
+            say_err!("runpython: {}", error_report(e.as_ref()));
             ExitCode::from(2)
         }
     }
@@ -385,6 +362,14 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     let text = for_terminal(&text, std::io::stderr().is_terminal());
                     let _ = std::io::stderr().lock().write_all(text.as_bytes());
                 }
+                Event::Resumable { run_id } => {
+                    let store = python.store().map_or("", |s| s.url());
+                    say_err!(
+                        "runpython: durable run {run_id}; if this host stops, `runpython runs` lists it \
+                         and `{}` (with this run's tool flags) continues it",
+                        runs::resume_command(&run_id, store, false)
+                    );
+                }
                 _ => {}
             }
         }
@@ -393,11 +378,16 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     finish(&envelope, args.json)
 }
 
+/// Prints the envelope; the exit status is the code's (a store that failed after the code ran is
+/// named in the envelope, `kept: false`, and in human mode on stderr).
 fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         say!("{}", serde_json::to_string(envelope)?);
     } else {
         print_human(envelope);
+        if let Some(error) = envelope.store_error.as_deref().filter(|_| !envelope.kept) {
+            say_err!("runpython: the code ran, but the run was not kept: {error}");
+        }
     }
     Ok(if envelope.status == Status::Success {
         ExitCode::SUCCESS
@@ -464,14 +454,22 @@ impl EngineArgs {
                 }
                 // An explicit store must work; the default one is a convenience and may be unavailable,
                 // unless an approval tool needs it.
-                Err(e) if self.store.store.is_some() || !self.approvals.is_empty() => {
+                Err(e)
+                    if self.store.store.is_some() || !self.approvals.is_empty() || self.durable =>
+                {
                     return Err(e)
                 }
-                Err(e) => say_err!("runpython: not keeping this run: {e:#}"),
+                Err(e) => say_err!(
+                    "runpython: not keeping this run: {}",
+                    error_report(e.as_ref())
+                ),
             }
         }
         for name in &self.approvals {
             builder = builder.approval(name);
+        }
+        if self.durable {
+            builder = builder.durable(true);
         }
         if self.memo {
             builder = builder.memoize(self.memo_ttl);
@@ -615,83 +613,12 @@ async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
     finish(&envelope, args.json)
 }
 
-async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        ArtifactsCommand::List {
-            run_id,
-            json,
-            store,
-        } => {
-            let store = store.open()?;
-            let listed = store
-                .list_artifacts(run_id.as_deref())
-                .await
-                .context("cannot list artifacts")?;
-            for key in &listed.unreadable {
-                say_err!(
-                    "warning: skipped the run manifest {key}: it cannot be read (corrupt, or written \
-                     by a newer runpython)"
-                );
-            }
-            if json {
-                say!("{}", serde_json::to_string(&listed.items)?);
-            } else {
-                let mut out = std::io::stdout().lock();
-                for item in &listed.items {
-                    let a = &item.artifact;
-                    let kind = serde_json::to_value(a.kind)?;
-                    writeln!(
-                        out,
-                        "{}  {}  {:<12} {:>10}  {}",
-                        escape_controls(&item.run_id),
-                        a.id,
-                        kind.as_str().unwrap_or(""),
-                        a.bytes,
-                        escape_controls(&a.name)
-                    )?;
-                }
-            }
-        }
-        ArtifactsCommand::Get { id, store } => {
-            let store = store.open()?;
-            let bytes = store
-                .get_run_artifact(&id)
-                .await
-                .with_context(|| format!("cannot read artifact {id}"))?;
-            let mut out = std::io::stdout().lock();
-            out.write_all(&bytes)?;
-            out.flush()?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let report = args.engine.build().await?.doctor().await;
     if args.json {
         say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         human::print_doctor(&report);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
-    let store = store.open()?;
-    let report = store
-        .gc(std::time::SystemTime::now())
-        .await
-        .context("gc failed")?;
-    say!(
-        "removed {} expired runs, {} unreferenced blobs ({} bytes), {} staging leftovers, {} expired memo entries",
-        report.expired_runs.len(),
-        report.deleted_blobs,
-        report.freed_bytes,
-        report.deleted_staging,
-        report.expired_memos
-    );
-    for key in &report.unreadable {
-        say_err!("runpython: gc left an unreadable record in place: {key}");
     }
     Ok(ExitCode::SUCCESS)
 }

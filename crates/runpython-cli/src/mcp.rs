@@ -303,7 +303,7 @@ impl Server {
         };
         Ok(match outcome {
             Ok(value) => success(value, runs_code),
-            Err(e) => failure(e.code(), &e.to_string()),
+            Err(e) => failure(e.code(), &runpython_core::error_report(&e)),
         })
     }
 

@@ -339,14 +339,11 @@ fn a_host_killed_mid_call_is_resumed_and_only_that_call_runs_again() {
     }
     host.kill().unwrap(); // SIGKILL: the host dies between `executing` and `applied`
     host.wait().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(2500)); // the orphaned tool finishes
-                                                                // The run id is in the store's checkpoints: the one run there.
-    let checkpoints = dir.path().join("v1/checkpoints");
-    let run_id = std::fs::read_dir(&checkpoints)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .find(|n| !n.contains('#'))
-        .unwrap();
+    // The run is found through the listing: the one run there, interrupted.
+    let listed = envelope(&runpython(&["runs", "--json", "--store", &store]));
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["state"], "running");
+    let run_id = listed[0]["run_id"].as_str().unwrap().to_owned();
     let mut resume = vec!["resume", &run_id, "--json"];
     resume.extend(engine);
     let e = envelope(&runpython(&resume));
@@ -361,6 +358,11 @@ fn a_host_killed_mid_call_is_resumed_and_only_that_call_runs_again() {
         calls.matches("slow-start").count(),
         2,
         "the unfinished call ran again: {calls}"
+    );
+    assert_eq!(
+        calls.matches("slow-end").count(),
+        1,
+        "the first attempt's tool died with its host: {calls}"
     );
     let mut finish = vec!["resume", &run_id, "--decision", "\"ok\"", "--json"];
     finish.extend(engine);

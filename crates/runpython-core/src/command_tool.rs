@@ -7,6 +7,9 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::Error;
+/// The environment variable that carries a call's idempotency key ([`ToolArgs::call_id`]) to the
+/// command.
+pub const CALL_ID_ENV: &str = "RUNPYTHON_CALL_ID";
 
 /// Largest JSON result a command may print (the bridge frame must carry it back).
 const MAX_STDOUT: u64 = 16 << 20;
@@ -23,10 +26,14 @@ const MAX_STDERR: u64 = 1 << 20;
 /// arrive in `kwargs`). The command line itself is never shown to the code or the model (it may hold
 /// host paths and tokens), not even in errors.
 ///
-/// Each call runs in a process group of its own, with a parent-death signal: when the call ends (or
-/// is dropped because the run ended), everything the command started is killed, and a host that dies
-/// takes its commands with it. How many run at once for one run is bounded by the bridge's
-/// `max_concurrent_calls`.
+/// Each call runs in a process group of its own under a small supervisor: when the call ends (or is
+/// dropped because the run ended), everything the command started is killed, and a host that dies,
+/// even by SIGKILL, takes the whole group with it (see `tool_supervisor.rs`). How many run at once
+/// for one run is bounded by the bridge's `max_concurrent_calls`.
+///
+/// The command's environment has [`CALL_ID_ENV`] (`RUNPYTHON_CALL_ID`) set to the call's idempotency
+/// key when the run has one: the same when a resumed run makes the call again (its host died during
+/// it), so a command with side effects can skip a call it already made.
 #[derive(Debug, Clone)]
 pub struct CommandTool {
     name: String,
@@ -105,16 +112,11 @@ impl Tool for CommandTool {
                 .stderr(Stdio::piped())
                 .process_group(0)
                 .kill_on_drop(true);
-            // SAFETY: prctl with integer arguments, between fork and exec.
-            unsafe {
-                cmd.pre_exec(|| {
-                    // A host killed with SIGKILL takes the command with it.
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
+            if let Some(call_id) = &args.call_id {
+                cmd.env(CALL_ID_ENV, call_id);
             }
+            // A host killed with SIGKILL takes the command and everything it started with it.
+            crate::tool_supervisor::supervise(&mut cmd);
             let mut child = cmd.spawn().map_err(|e| {
                 ToolError::new(
                     "ToolError",

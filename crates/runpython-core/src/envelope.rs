@@ -71,6 +71,22 @@ pub struct Envelope {
     /// The value as Python shows it, when the request asked for it (a REPL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_repr: Option<String>,
+    /// `false` when the store failed to keep the run after the code ran (its record, checkpoint or
+    /// memo entry): the envelope is still the code's outcome, `store_error` says what failed, and
+    /// nothing of the run may be in the store. Absent (true) otherwise, runs not kept at all included.
+    #[serde(default = "kept_default", skip_serializing_if = "is_kept")]
+    pub kept: bool,
+    /// The store's error when `kept` is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
+}
+
+fn kept_default() -> bool {
+    true
+}
+
+fn is_kept(kept: &bool) -> bool {
+    *kept
 }
 
 /// Which isolation layers were in force for a run (the envelope's `isolation`).
@@ -255,6 +271,8 @@ impl Envelope {
             cell: None,
             restored: false,
             return_repr: None,
+            kept: true,
+            store_error: None,
         }
     }
 
@@ -345,5 +363,20 @@ mod tests {
         assert_eq!(v["isolation"]["landlock"], "abi-7");
         let back: Envelope = serde_json::from_value(v).unwrap();
         assert_eq!(back.isolation, e.isolation);
+    }
+
+    #[test]
+    fn a_run_the_store_failed_to_keep_says_so_and_reads_back() {
+        let mut e = Envelope::empty("r1".into());
+        e.kept = false;
+        e.store_error = Some("put `v1/runs/r1` failed".into());
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["kept"], false);
+        assert_eq!(v["store_error"], "put `v1/runs/r1` failed");
+        assert_eq!(serde_json::from_value::<Envelope>(v).unwrap(), e);
+        let kept: Envelope =
+            serde_json::from_value(serde_json::to_value(Envelope::empty("r2".into())).unwrap())
+                .unwrap();
+        assert!(kept.kept && kept.store_error.is_none());
     }
 }

@@ -62,6 +62,10 @@ pub enum Error {
     /// The sandbox requires an isolation layer this machine does not provide.
     #[error("isolation required but unavailable: {0}; run where the kernel allows it, or stop requiring it")]
     IsolationUnavailable(String),
+    /// The failure of an identical run this one waited for instead of running (concurrent memoized
+    /// runs of one key are coalesced): that run's error, shared by every run that waited.
+    #[error(transparent)]
+    Coalesced(std::sync::Arc<Error>),
     /// A bug in runpython.
     #[error("internal error: {0}")]
     Internal(String),
@@ -88,6 +92,7 @@ impl Error {
             Self::Mcp { .. } => "mcp_server",
             Self::Cancelled => "cancelled",
             Self::IsolationUnavailable(_) => "isolation_unavailable",
+            Self::Coalesced(shared) => shared.code(),
             Self::Internal(_) => "internal",
         }
     }

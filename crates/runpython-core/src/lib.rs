@@ -42,9 +42,10 @@ mod resume;
 mod sandbox;
 mod session;
 mod tool_spec;
+mod tool_supervisor;
 
 pub use child::PoolConfig;
-pub use command_tool::CommandTool;
+pub use command_tool::{CommandTool, CALL_ID_ENV};
 pub use doctor::Doctor;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
 pub use envelope::{
@@ -53,8 +54,9 @@ pub use envelope::{
 };
 pub use error::Error;
 #[cfg(feature = "mcp")]
-pub use mcp_tools::McpServer;
+pub use mcp_tools::{McpServer, CALL_ID_META};
 pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
+pub use resume::{resumable_runs, ResumableRun, ResumableState};
 pub use sandbox::{KernelReport, Sandbox};
 pub use session::SessionConfig;
 pub use tool_spec::{
@@ -69,6 +71,6 @@ pub use runpython_deps::{
 };
 /// The store, its records and its backends (`object_store` re-exported for [`Store::with_backend`]).
 pub use runpython_store::{
-    default_local_url, object_store, Artifact, ArtifactKind, CollectLimits, Listing, Store,
-    StoreOptions, Tier,
+    default_local_url, error_report, object_store, Artifact, ArtifactKind, CollectLimits, Listing,
+    Store, StoreOptions, Tier,
 };

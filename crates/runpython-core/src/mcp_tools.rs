@@ -17,6 +17,10 @@ use serde_json::Value;
 
 use crate::error::Error;
 
+/// The `_meta` key of a `tools/call` request that carries the call's idempotency key
+/// ([`ToolArgs::call_id`]): the same when a resumed run makes the call again.
+pub const CALL_ID_META: &str = "runpython/call_id";
+
 /// How long a server has to start, answer `initialize` and list its tools.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -147,7 +151,14 @@ impl Tool for McpTool {
                     ),
                 ));
             }
-            let params = CallToolRequestParams::new(this.name.clone()).with_arguments(args.kwargs);
+            let mut params = CallToolRequestParams::new(this.name.clone());
+            if let Some(call_id) = args.call_id {
+                // The idempotency key of the call, for a server with side effects to de-duplicate.
+                let mut meta = rmcp::model::RequestMetaObject::new();
+                meta.0.insert(CALL_ID_META.into(), Value::String(call_id));
+                params.meta = Some(meta);
+            }
+            let params = params.with_arguments(args.kwargs);
             let result = this.client.call_tool(params).await.map_err(|e| {
                 ToolError::new(
                     "ToolError",

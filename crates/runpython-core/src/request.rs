@@ -53,6 +53,12 @@ pub enum Event {
     Stderr(String),
     /// A step of preparing the run's dependencies (before the code starts).
     Dependencies(DepsProgress),
+    /// The run is durable: its checkpoint is in the store under `run_id`, so if its host stops it can
+    /// be found ([`crate::resumable_runs`], `runpython runs`) and resumed. Sent before the code starts.
+    Resumable {
+        /// The run's id.
+        run_id: String,
+    },
     /// The code called the host tool `name` (sent as the call starts; calls answered from a resumed
     /// run's journal are not announced).
     ToolCall {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use runpython_bridge::{
     BoxFuture, CallState, Journal, JournalSink, ReplayPlan, Tool, ToolArgs, ToolError,
 };
-use runpython_store::Store;
+use runpython_store::{Listing, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -263,6 +263,75 @@ pub(crate) async fn load_for_resume(
         }
     }
     Ok((checkpoint.request()?, ReplayPlan { journal, decisions }))
+}
+
+/// A run that has not finished and can be resumed, as [`resumable_runs`] finds it in a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResumableRun {
+    /// The run's id: what [`crate::RunPython::resume`] and `runpython resume` take.
+    pub run_id: String,
+    /// Where it stands.
+    pub state: ResumableState,
+    /// When its checkpoint was last written: a durable run writes it around every tool call, so a
+    /// `Running` run whose checkpoint is old has most likely lost its host.
+    pub updated_at: std::time::SystemTime,
+}
+
+/// Where a [`ResumableRun`] stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResumableState {
+    /// Waiting for decisions on these suspensions (`s<ordinal>`); resume it with them.
+    Suspended {
+        /// The suspension ids.
+        waiting_on: Vec<String>,
+    },
+    /// Started and not finished: a host is running it, or its host stopped (killed, crashed) during
+    /// the run, which is then *interrupted*. Resuming it replays the calls that finished and makes
+    /// again only the one that was in flight. The store cannot tell the two apart: resume it once no
+    /// host runs it any more.
+    Running,
+}
+
+impl ResumableState {
+    /// `"suspended"` or `"running"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Suspended { .. } => "suspended",
+            Self::Running => "running",
+        }
+    }
+}
+
+/// Every run in `store` that can be resumed: suspended ones and those whose host stopped before they
+/// finished, least recently updated first. Finished runs are left out; a checkpoint that cannot be
+/// read is skipped and named in [`Listing::unreadable`].
+pub async fn resumable_runs(store: &Store) -> Result<Listing<ResumableRun>, Error> {
+    let mut listing = Listing {
+        items: Vec::new(),
+        unreadable: Vec::new(),
+    };
+    for checkpoint in store.list_checkpoints().await? {
+        let state = match CheckpointV1::decode(&checkpoint.run_id, &checkpoint.bytes) {
+            Ok(record) => record.state,
+            Err(_) => {
+                listing.unreadable.push(checkpoint.run_id);
+                continue;
+            }
+        };
+        let state = match state {
+            RunState::Suspended(waiting_on) => ResumableState::Suspended { waiting_on },
+            RunState::Running => ResumableState::Running,
+            RunState::Finished => continue,
+        };
+        listing.items.push(ResumableRun {
+            run_id: checkpoint.run_id,
+            state,
+            updated_at: checkpoint.updated_at,
+        });
+    }
+    Ok(listing)
 }
 
 /// The suspensions `run_id` waits on, from its checkpoint (none for a run whose host died mid-run);

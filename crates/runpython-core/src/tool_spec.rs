@@ -434,6 +434,8 @@ fn envelope_schema() -> Value {
             "suspension": nullable_object,
             "return_preview": {"description": "A bounded summary of a large return value, or null."},
             "isolation": nullable_object,
+            "kept": {"type": "boolean", "description": "false when the store failed to keep the run after the code ran (absent otherwise)."},
+            "store_error": {"type": "string", "description": "The store's error when kept is false."},
         },
         "required": ["status", "return_value", "stdout", "stderr", "error", "artifacts", "run_id"],
     })

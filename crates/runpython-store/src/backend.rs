@@ -11,7 +11,11 @@ use crate::error::{Error, Result};
 /// How a [`Store`](crate::Store) talks to its backend and keeps its cache.
 ///
 /// The request limits apply to network backends (S3): every operation either succeeds or fails within
-/// roughly `retry_timeout + request_timeout`, never hangs.
+/// `retry_timeout + request_timeout` at most, never hangs. Retries start only within one request
+/// timeout of the first attempt, so a request that timed out is not made again: against a store that
+/// accepts connections and never answers, an operation fails after one request timeout (30 s by
+/// default). An S3 URL's `timeout=`, `connect_timeout=` (and any other client option object_store
+/// knows) override these, e.g. `s3://bucket/runs?timeout=5s`.
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Bytes of memoized envelopes kept in memory in front of the store.
@@ -27,7 +31,7 @@ pub struct StoreOptions {
     pub connect_timeout: Duration,
     /// Retries of a failed request.
     pub max_retries: usize,
-    /// No retry starts after this much time since the first attempt.
+    /// No retry starts after this much time since the first attempt (capped at the request timeout).
     pub retry_timeout: Duration,
 }
 
@@ -117,7 +121,7 @@ fn open_s3(
     options: &StoreOptions,
 ) -> Result<(Arc<dyn ObjectStore>, String)> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, RetryConfig};
 
     let configure = |source| Error::Configure {
         url: shown.clone(),
@@ -130,23 +134,33 @@ fn open_s3(
             reason: "no bucket: write s3://bucket or s3://bucket/prefix".into(),
         });
     }
-    // Environment first (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    // AWS_ALLOW_HTTP, ...), then the URL's query options, which win.
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-    let mut client = ClientOptions::new()
+    // object_store's `with_client_options` replaces every client option at once, so the defaults go
+    // in first and the environment (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_ALLOW_HTTP,
+    // ...) and then the URL's query options (`timeout=2s`, `connect_timeout=1s`, `allow_http=true`,
+    // ...) are applied over them, each key overriding the one before.
+    let defaults = ClientOptions::new()
         .with_timeout(options.request_timeout)
         .with_connect_timeout(options.connect_timeout);
-    if let Ok(v) = std::env::var("AWS_ALLOW_HTTP") {
-        client = client.with_allow_http(v.eq_ignore_ascii_case("true") || v == "1");
-    }
-    for (k, v) in parsed.query_pairs() {
-        if k == "allow_http" || k == "aws_allow_http" {
-            client = client.with_allow_http(v.eq_ignore_ascii_case("true") || v == "1");
-            continue;
+    let mut builder = AmazonS3Builder::new().with_client_options(defaults);
+    let from_env = std::env::vars().filter(|(k, _)| k.starts_with("AWS_"));
+    for (k, v) in from_env {
+        if let Ok(key) = k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+            builder = builder.with_config(key, normalized(&key, v));
         }
-        let key: AmazonS3ConfigKey = k.parse().map_err(configure)?;
-        builder = builder.with_config(key, v.into_owned());
     }
+    builder = builder.with_bucket_name(bucket);
+    for (k, v) in parsed.query_pairs() {
+        let key: AmazonS3ConfigKey = k.parse().map_err(configure)?;
+        builder = builder.with_config(key, normalized(&key, v.into_owned()));
+    }
+    // A request that timed out is not tried again (it would only time out again, silently
+    // multiplying the wait): retries start only within one request timeout of the first attempt,
+    // so quick failures (refused, 503) are retried and a store that never answers fails an
+    // operation after one request timeout.
+    let request_timeout = builder
+        .get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::Timeout))
+        .and_then(|v| humantime::parse_duration(&v).ok())
+        .unwrap_or(options.request_timeout);
     let retry = RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),
@@ -154,13 +168,9 @@ fn open_s3(
             base: 2.0,
         },
         max_retries: options.max_retries,
-        retry_timeout: options.retry_timeout,
+        retry_timeout: options.retry_timeout.min(request_timeout),
     };
-    let s3 = builder
-        .with_client_options(client)
-        .with_retry(retry)
-        .build()
-        .map_err(configure)?;
+    let s3 = builder.with_retry(retry).build().map_err(configure)?;
     let prefix = parsed.path().trim_matches('/');
     let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
         Arc::new(s3)
@@ -172,6 +182,17 @@ fn open_s3(
         Arc::new(object_store::prefix::PrefixStore::new(s3, prefix))
     };
     Ok((store, shown))
+}
+
+/// `allow_http=1` as object_store reads it (`true`).
+#[cfg(feature = "s3")]
+fn normalized(key: &object_store::aws::AmazonS3ConfigKey, value: String) -> String {
+    use object_store::aws::AmazonS3ConfigKey;
+    use object_store::ClientConfigKey;
+    match key {
+        AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp) if value == "1" => "true".into(),
+        _ => value,
+    }
 }
 
 #[cfg(not(feature = "s3"))]

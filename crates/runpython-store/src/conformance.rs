@@ -96,6 +96,7 @@ pub async fn run_all(store: &Store) -> Check {
         memoized_computes_once_for_concurrent_callers,
         memoized_results_not_kept_are_computed_again,
         memoized_errors_are_shared_and_not_cached,
+        checkpoints_are_listed_with_their_run_and_time,
     );
     Ok(())
 }
@@ -547,4 +548,44 @@ pub async fn memoized_errors_are_shared_and_not_cached(store: &Store) -> Check {
         .await
         .map_err(|e| format!("memoized after error: {e}"))?;
     ensure(!m.cached, || "error was cached".into())
+}
+
+/// Checkpoints are found by listing, with their run id, bytes and time of the last write; a deleted
+/// run's checkpoint is gone from the listing.
+pub async fn checkpoints_are_listed_with_their_run_and_time(store: &Store) -> Check {
+    let run_id = unique("ckpt");
+    let before = SystemTime::now() - Duration::from_secs(60);
+    store
+        .put_checkpoint(&run_id, b"first".to_vec())
+        .await
+        .map_err(fail("put_checkpoint"))?;
+    store
+        .put_checkpoint(&run_id, b"second".to_vec())
+        .await
+        .map_err(fail("put_checkpoint again"))?;
+    let listed = store
+        .list_checkpoints()
+        .await
+        .map_err(fail("list_checkpoints"))?;
+    let found: Vec<_> = listed.iter().filter(|c| c.run_id == run_id).collect();
+    ensure(found.len() == 1, || {
+        format!("{} listings of checkpoint {run_id}", found.len())
+    })?;
+    ensure(&found[0].bytes[..] == b"second", || {
+        "the listing has an old checkpoint".into()
+    })?;
+    ensure(found[0].updated_at > before, || {
+        format!("updated_at {:?} is not recent", found[0].updated_at)
+    })?;
+    store
+        .delete_run(&run_id)
+        .await
+        .map_err(fail("delete_run"))?;
+    let listed = store
+        .list_checkpoints()
+        .await
+        .map_err(fail("list_checkpoints after delete"))?;
+    ensure(listed.iter().all(|c| c.run_id != run_id), || {
+        "a deleted run's checkpoint is still listed".into()
+    })
 }

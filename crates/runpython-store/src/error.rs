@@ -37,7 +37,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The backend rejected its configuration (bad option name or value).
-    #[error("cannot configure store `{url}`: {source}")]
+    #[error("cannot configure store `{url}`: {}", error_report(.source.as_ref()))]
     Configure {
         /// The URL as given.
         url: String,
@@ -45,7 +45,7 @@ pub enum Error {
         source: Box<object_store::Error>,
     },
     /// A read, write, list or delete failed in the backend (I/O, network, permissions, timeout).
-    #[error("{op} `{key}` in store `{store}` failed: {source}; check that the store is reachable and writable")]
+    #[error("{op} `{key}` in store `{store}` failed: {}; check that the store is reachable and writable", error_report(.source.as_ref()))]
     Backend {
         /// The operation (`put`, `get`, `list`, `delete`, `copy`).
         op: &'static str,
@@ -120,4 +120,46 @@ pub enum Error {
         /// postcard's message.
         reason: String,
     },
+}
+
+/// An error and each of its causes that its text does not already hold, joined by `: `, on one line.
+///
+/// object_store's errors repeat their causes in their own text (`Generic S3 error: Error performing
+/// PUT ... - HTTP error: error sending request`), and printing the chain as well repeats them again;
+/// the innermost cause (`operation timed out`) is often the one only the chain has. This keeps each
+/// once. The store's own messages are made with it, and so is what the CLI prints.
+pub fn error_report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let said = e.to_string();
+        if !said.is_empty() && !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer: {0}")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("middle")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn a_report_says_each_cause_once() {
+        let e = Outer(Middle(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "operation timed out",
+        )));
+        assert_eq!(error_report(&e), "outer: middle: operation timed out");
+    }
 }

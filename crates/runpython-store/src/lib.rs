@@ -63,6 +63,7 @@ mod memo_cache;
 mod preview;
 mod record;
 mod redact;
+mod resumable;
 mod store;
 
 /// The `object_store` this crate is built on, for [`Store::with_backend`]: build a backend with the
@@ -75,9 +76,10 @@ pub use collect::{
     collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile,
     SkippedFile,
 };
-pub use error::Error;
+pub use error::{error_report, Error};
 pub use gc::GcReport;
 pub use layout::LAYOUT_VERSION;
 pub use memo::{memo_key, Computed, MemoKey, Memoized};
 pub use redact::{Redactor, MIN_SECRET_LEN};
+pub use resumable::StoredCheckpoint;
 pub use store::{Listing, RunManifest, RunRecord, Store, Tier};

@@ -90,6 +90,9 @@ pub struct Memoized {
     pub json: Arc<str>,
     /// True when this call did not compute it (memory or store hit, or another caller's computation).
     pub cached: bool,
+    /// `Some(the store's error)` when a result to memoize could not be written: it is returned all
+    /// the same (whoever computed it must not lose it), and not memoized.
+    pub not_kept: Option<Arc<str>>,
 }
 
 impl Store {
@@ -125,6 +128,7 @@ impl Store {
             json: json.into(),
             expires_at,
             keep: true,
+            not_kept: None,
         })
     }
 
@@ -156,6 +160,7 @@ impl Store {
             json: m.envelope_json.into(),
             expires_at,
             keep: true,
+            not_kept: None,
         }))
     }
 
@@ -169,8 +174,9 @@ impl Store {
     /// says [`Computed::keep`].
     ///
     /// Concurrent calls with the same key run `compute` once; the others wait and receive its result
-    /// (with `cached: true`). The error is shared the same way, hence the `Arc`. A failure to write
-    /// the memo entry is an error too: the store is broken, and the caller should say so.
+    /// (with `cached: true`). The error is shared the same way, hence the `Arc`. A failure to read the
+    /// store first is an error (nothing was computed); a failure to write the memo entry after
+    /// `compute` ran is not: the result comes back with [`Memoized::not_kept`] naming it.
     pub async fn memoized<F, Fut, E>(
         &self,
         key: &MemoKey,
@@ -186,6 +192,7 @@ impl Store {
             return Ok(Memoized {
                 json: hit.json,
                 cached: true,
+                not_kept: None,
             });
         }
         let computed_here = AtomicBool::new(false);
@@ -198,15 +205,21 @@ impl Store {
                 }
                 computed_here.store(true, Ordering::Relaxed);
                 let computed = compute().await?;
-                if computed.keep {
-                    Ok(self.write_memo(key, &computed.json, ttl).await?)
+                let not_kept = if computed.keep {
+                    match self.write_memo(key, &computed.json, ttl).await {
+                        Ok(entry) => return Ok(entry),
+                        // The computation ran: its result is not lost for want of a memo entry.
+                        Err(e) => Some(e.to_string().into()),
+                    }
                 } else {
-                    Ok::<_, E>(CachedMemo {
-                        json: computed.json.into(),
-                        expires_at: None,
-                        keep: false,
-                    })
-                }
+                    None
+                };
+                Ok::<_, E>(CachedMemo {
+                    json: computed.json.into(),
+                    expires_at: None,
+                    keep: false,
+                    not_kept,
+                })
             })
             .await?;
         if !entry.keep {
@@ -215,6 +228,7 @@ impl Store {
         Ok(Memoized {
             json: entry.json,
             cached: !computed_here.load(Ordering::Relaxed),
+            not_kept: entry.not_kept,
         })
     }
 

@@ -13,6 +13,8 @@ pub(crate) struct CachedMemo {
     pub(crate) expires_at: Option<SystemTime>,
     /// False for a result handed to the callers waiting on its computation but not memoized.
     pub(crate) keep: bool,
+    /// Why a result to memoize was not: the store's error writing it.
+    pub(crate) not_kept: Option<Arc<str>>,
 }
 
 pub(crate) type MemoCache = moka::future::Cache<String, CachedMemo>;

@@ -153,7 +153,7 @@ impl std::fmt::Debug for Store {
 }
 
 /// Concurrent requests when writing or reading many objects.
-const FAN_OUT: usize = 8;
+pub(crate) const FAN_OUT: usize = 8;
 
 impl Store {
     /// Opens the store at `url` with default options: `file:///abs/path` (created if missing),
@@ -412,40 +412,6 @@ impl Store {
                 source: Box::new(source),
             })
             .boxed())
-    }
-
-    // ---- checkpoints ----
-
-    /// Keeps the checkpoint of a resumable run (the caller's own versioned record), replacing any
-    /// earlier one atomically.
-    pub async fn put_checkpoint(&self, run_id: &str, bytes: impl Into<Bytes>) -> Result<()> {
-        let key = layout::checkpoint(run_id)?;
-        self.write(&key, bytes.into()).await
-    }
-
-    /// The checkpoint of `run_id`, or `None` when the run has none.
-    pub async fn get_checkpoint(&self, run_id: &str) -> Result<Option<Bytes>> {
-        let key = layout::checkpoint(run_id)?;
-        self.read(&key).await
-    }
-
-    // ---- sessions ----
-
-    /// Keeps a session's record (the caller's own versioned bytes), replacing any earlier one atomically.
-    pub async fn put_session(&self, id: &str, bytes: impl Into<Bytes>) -> Result<()> {
-        let key = layout::session(id)?;
-        self.write(&key, bytes.into()).await
-    }
-
-    /// The record of session `id`, or `None` when it has none.
-    pub async fn get_session(&self, id: &str) -> Result<Option<Bytes>> {
-        let key = layout::session(id)?;
-        self.read(&key).await
-    }
-
-    /// Forgets session `id` (absent is fine).
-    pub async fn delete_session(&self, id: &str) -> Result<()> {
-        self.remove(&layout::session(id)?).await
     }
 
     // ---- runs ----

@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import socket
+import time
 import tempfile
 import threading
 import unittest
@@ -413,6 +414,17 @@ class Errors(Connected):
         def script(host):
             expect_hello(host)
             host.recv()
+            host.sock.close()
+
+        host = self.serve(script)
+        with self.assertRaises(self.client.BridgeError) as caught:
+            self.namespace["double"](1)
+        self.assertIn("closed", str(caught.exception))
+        host.join()
+
+    def test_a_host_that_resets_the_connection_raises_bridge_error(self):
+        def script(host):
+            time.sleep(0.2)  # the hello and the call arrive and are left unread: closing resets
             host.sock.close()
 
         host = self.serve(script)

@@ -226,16 +226,27 @@ impl RunPython {
             None => tools,
         };
         let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
+        // A resumed run journals like the run it continues, so a host that stops during it leaves
+        // it resumable again.
         let durable = match &self.inner.keep {
-            Some(keep) if self.inner.durable => Some(
-                crate::resume::durable_sink(&keep.store, run_id, request, replay.is_some()).await?,
-            ),
+            Some(keep) if self.inner.durable || replay.is_some() => {
+                let sink =
+                    crate::resume::durable_sink(&keep.store, run_id, request, replay.is_some())
+                        .await?;
+                if let Some(events) = &events {
+                    let _ = events.try_send(Event::Resumable {
+                        run_id: run_id.to_owned(),
+                    });
+                }
+                Some(sink)
+            }
             _ => None,
         };
         let (bridge_spec, bridge_future, bridge_stats, journal) = if tools.is_empty() {
             (Value::Null, None, None, None)
         } else {
-            let mut bridge = Bridge::new(bridge_end, tools, self.inner.bridge.clone())?;
+            let mut bridge =
+                Bridge::new(bridge_end, tools, self.inner.bridge.clone())?.with_run_id(run_id);
             if let Some(plan) = replay {
                 bridge = bridge.with_replay(plan);
             }

@@ -176,14 +176,16 @@ impl RunPython {
                 })
             })
             .await
-            .map_err(|shared| {
-                Arc::try_unwrap(shared).unwrap_or_else(|e| Error::Internal(e.to_string()))
-            })?;
+            // The error of the one computation, shared with every caller that waited for it.
+            .map_err(|shared| Arc::try_unwrap(shared).unwrap_or_else(Error::Coalesced))?;
         let mut envelope: Envelope = serde_json::from_str(&memo.json)
             .map_err(|e| Error::Internal(format!("a memo entry is not an envelope: {e}")))?;
         if memo.cached {
             envelope.cached = true;
             envelope.duration_ms = elapsed_ms(started);
+        }
+        if let Some(error) = memo.not_kept {
+            not_kept(&mut envelope, &error);
         }
         Ok(envelope)
     }
@@ -249,8 +251,13 @@ impl RunPython {
             uploads,
         } = attempt;
         let (mut stdout_captured, mut stderr_captured) = (stdout_captured, stderr_captured);
-        let streamed =
-            OutputUpload::finish(uploads, &mut stdout_captured, &mut stderr_captured).await?;
+        // A store that failed while taking the output is named in the envelope below, and nothing
+        // more is written to it.
+        let (streamed, upload_failed) =
+            match OutputUpload::finish(uploads, &mut stdout_captured, &mut stderr_captured).await {
+                Ok(streamed) => (streamed, None),
+                Err(e) => (Vec::new(), Some(e)),
+            };
         let files = files.map(|(files, mut stored)| {
             stored.extend(streamed);
             (files, stored)
@@ -271,36 +278,33 @@ impl RunPython {
             started,
         )?;
         crate::nested::report_calls(self.inner.nesting.as_ref(), bridge_stats.as_deref());
+        if let Some(keep) = &self.inner.keep {
+            // The code ran: a store that fails from here on is named in the envelope, never an
+            // `Err` that would throw away what the code did.
+            let kept = match upload_failed {
+                Some(e) => Err(e),
+                None => {
+                    self.keep_attempt(
+                        keep,
+                        request,
+                        &mut envelope,
+                        journal,
+                        resumed,
+                        script_blob,
+                        files,
+                        &prepared,
+                    )
+                    .await
+                }
+            };
+            if let Err(e) = kept {
+                not_kept(&mut envelope, &crate::error_report(&e));
+            }
+        }
         let memoizable = envelope.status == Status::Success
+            && envelope.kept
             && !resumed
             && bridge_stats.as_ref().is_none_or(|s| s.impure_calls() == 0);
-        if let Some(keep) = &self.inner.keep {
-            crate::resume::after_attempt(
-                &keep.store,
-                &envelope.run_id.clone(),
-                request,
-                &envelope,
-                journal,
-                self.inner.durable || resumed,
-            )
-            .await?;
-        }
-        if let Some(blob) = script_blob {
-            // put_run finds it written (or writes it, if this failed).
-            let _ = blob.await;
-        }
-        if let (Some(keep), Some(files)) = (&self.inner.keep, files) {
-            persist::keep_run(
-                keep,
-                request,
-                &mut envelope,
-                files,
-                &prepared.interpreter,
-                prepared.env.as_ref(),
-                &self.inner.env_passthrough,
-            )
-            .await?;
-        }
         if envelope.return_preview.is_some() {
             // The full value went to the store (when there is one); the envelope carries the preview.
             envelope.return_value = Value::Null;
@@ -314,4 +318,60 @@ impl RunPython {
         );
         Ok((envelope, memoizable))
     }
+
+    /// Keeps what an attempt leaves: its checkpoint (suspended, durable or resumed runs), the script
+    /// (already on its way) and the run's record. Stops at the first write that fails, without trying
+    /// it again: against a store that does not answer, each try would cost a request timeout.
+    #[allow(clippy::too_many_arguments)]
+    async fn keep_attempt(
+        &self,
+        keep: &Keeping,
+        request: &RunRequest,
+        envelope: &mut Envelope,
+        journal: Option<runpython_bridge::Journal>,
+        resumed: bool,
+        script_blob: Option<tokio::task::JoinHandle<Result<String, runpython_store::Error>>>,
+        files: Option<(
+            runpython_store::CollectedFiles,
+            Vec<runpython_store::Artifact>,
+        )>,
+        prepared: &Prepared,
+    ) -> Result<(), Error> {
+        crate::resume::after_attempt(
+            &keep.store,
+            &envelope.run_id.clone(),
+            request,
+            envelope,
+            journal,
+            self.inner.durable || resumed,
+        )
+        .await?;
+        if let Some(blob) = script_blob {
+            blob.await
+                .map_err(|e| Error::Internal(format!("keeping the script panicked: {e}")))??;
+        }
+        if let Some(files) = files {
+            persist::keep_run(
+                keep,
+                request,
+                envelope,
+                files,
+                &prepared.interpreter,
+                prepared.env.as_ref(),
+                &self.inner.env_passthrough,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Marks `envelope` as not kept, with the store's `error` (its head: the envelope stays small).
+pub(super) fn not_kept(envelope: &mut Envelope, error: &str) {
+    const MAX_CHARS: usize = 1000;
+    envelope.kept = false;
+    envelope.store_error = Some(match error.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{}…", &error[..cut]),
+        None => error.to_owned(),
+    });
 }

@@ -239,6 +239,17 @@ impl RunPython {
         Ok(envelope)
     }
 
+    /// The runs in this engine's store that can be resumed: suspended, or interrupted when their host
+    /// stopped (see [`crate::resumable_runs`]).
+    pub async fn resumable_runs(
+        &self,
+    ) -> Result<runpython_store::Listing<crate::ResumableRun>, Error> {
+        let store = self
+            .store()
+            .ok_or_else(|| Error::Config("no store configured: runs are not kept".into()))?;
+        crate::resume::resumable_runs(store).await
+    }
+
     /// The suspensions `run_id` waits on, from its checkpoint (none for a run whose host died mid-run);
     /// an error for a finished run.
     pub async fn pending_suspensions(&self, run_id: &str) -> Result<Vec<String>, Error> {

@@ -239,7 +239,16 @@ impl RunPython {
                 decisions: HashMap::new(),
             };
             let raw = match self
-                .run_live_cell(e, live, &request, Some(plan), None, None, true)
+                .run_live_cell(
+                    e,
+                    live,
+                    &request,
+                    &cell.run_id,
+                    Some(plan),
+                    None,
+                    None,
+                    true,
+                )
                 .await?
             {
                 Ok((raw, _)) => raw,
@@ -319,6 +328,7 @@ impl RunPython {
         e: &mut Entry,
         live: &mut Live,
         request: &RunRequest,
+        run_id: &str,
         replay: Option<ReplayPlan>,
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
@@ -409,6 +419,7 @@ impl RunPython {
                 events: if quiet { None } else { events },
                 cancel,
                 full,
+                run_id: run_id.to_owned(),
             })
             .await?;
         OutputUpload::set_cut(&mut uploads, raw.cut);
@@ -429,8 +440,11 @@ impl RunPython {
             .live
             .take()
             .ok_or_else(|| Error::Internal("a session cell without an interpreter".into()))?;
+        let run_id = new_run_id();
         let ran = self
-            .run_live_cell(e, &mut live, request, replay, events, cancel, false)
+            .run_live_cell(
+                e, &mut live, request, &run_id, replay, events, cancel, false,
+            )
             .await;
         let (mut raw, uploads) = match ran {
             Ok(Ok(ran)) => ran,
@@ -445,8 +459,11 @@ impl RunPython {
                 return Err(err);
             }
         };
-        let streamed = OutputUpload::finish(uploads, &mut raw.stdout, &mut raw.stderr).await?;
-        let run_id = new_run_id();
+        let (streamed, upload_failed) =
+            match OutputUpload::finish(uploads, &mut raw.stdout, &mut raw.stderr).await {
+                Ok(streamed) => (streamed, None),
+                Err(err) => (Vec::new(), Some(err)),
+            };
         let completed = matches!(raw.ending, Ending::Answered) && raw.lost.is_none();
         let suspended: Vec<String> = match (&raw.ending, &raw.journal) {
             (Ending::Bridge(runpython_bridge::Stop::Suspended(_)), Some(journal)) => journal
@@ -499,43 +516,25 @@ impl RunPython {
                 e.lost = Some(why.clone());
             }
         }
-        // Durable sessions: every completed cell (and a suspended one) is recorded with its journal.
-        if let (Some(keep), Some(journal)) = (
-            &self.inner.keep,
-            raw.journal.as_ref().cloned().or_else(|| {
-                (completed || !suspended.is_empty()).then(runpython_bridge::Journal::default)
-            }),
-        ) {
-            if completed || !suspended.is_empty() {
-                let mut record = e.record.take().unwrap_or_default();
-                record.cells.push(CellRecord::new(
-                    request,
-                    &journal,
-                    &run_id,
-                    suspended.clone(),
-                )?);
-                record.dependencies = e.deps.clone();
-                record.save(&keep.store, &e.id).await?;
-                if !suspended.is_empty() {
-                    crate::resume::put_session_cell(&keep.store, &run_id, &e.id).await?;
-                }
-                e.record = Some(record);
-            }
-        }
+        // The code ran: a store that fails from here on is named in the envelope (`kept: false`),
+        // never an `Err` that would throw the cell's outcome and the live session away.
         if let Some(keep) = &self.inner.keep {
-            if raw.lost.is_none() || !suspended.is_empty() {
-                let files = live.changed_files(keep.collect.clone()).await?;
-                let interpreter = self.interpreter().await?.clone();
-                crate::persist::keep_run(
-                    keep,
-                    request,
-                    &mut envelope,
-                    (files, streamed),
-                    &interpreter,
-                    None,
-                    &self.inner.env_passthrough,
-                )
-                .await?;
+            let kept = match upload_failed {
+                Some(err) => Err(err),
+                None => {
+                    let cell = KeptCell {
+                        journal: raw.journal.as_ref(),
+                        record: completed || !suspended.is_empty(),
+                        files: raw.lost.is_none() || !suspended.is_empty(),
+                        suspended,
+                        streamed,
+                    };
+                    self.keep_cell(keep, e, &mut live, request, &mut envelope, cell)
+                        .await
+                }
+            };
+            if let Err(err) = kept {
+                super::execute::not_kept(&mut envelope, &crate::error_report(&err));
             }
         }
         if raw.lost.is_none() {
@@ -552,6 +551,53 @@ impl RunPython {
             self.inner.limits.max_output_chars,
         );
         Ok(envelope)
+    }
+
+    /// Keeps a cell: its record in the session's (durable sessions: a completed or suspended cell,
+    /// with its journal) and the run itself. Stops at the first write that fails. The record in
+    /// memory has the cell either way, so the next cell's save writes it.
+    async fn keep_cell(
+        &self,
+        keep: &crate::persist::Keeping,
+        e: &mut Entry,
+        live: &mut Live,
+        request: &RunRequest,
+        envelope: &mut Envelope,
+        cell: KeptCell<'_>,
+    ) -> Result<(), Error> {
+        let run_id = envelope.run_id.clone();
+        if cell.record {
+            let journal = cell.journal.cloned().unwrap_or_default();
+            let mut record = e.record.take().unwrap_or_default();
+            record.cells.push(CellRecord::new(
+                request,
+                &journal,
+                &run_id,
+                cell.suspended.clone(),
+            )?);
+            record.dependencies = e.deps.clone();
+            let saved = record.save(&keep.store, &e.id).await;
+            e.record = Some(record);
+            saved?;
+            if !cell.suspended.is_empty() {
+                crate::resume::put_session_cell(&keep.store, &run_id, &e.id).await?;
+            }
+        }
+        if cell.files {
+            let files = live.changed_files(keep.collect.clone()).await?;
+            let interpreter = self.interpreter().await?.clone();
+            crate::persist::keep_run(
+                keep,
+                request,
+                envelope,
+                (files, cell.streamed),
+                &interpreter,
+                None,
+                &self.inner.env_passthrough,
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     /// Resumes a session's suspended cell `run_id`: the session is rebuilt from its record (the cells
@@ -629,4 +675,15 @@ fn lost_envelope(id: &str, why: &str, started: Instant) -> Envelope {
     envelope.session_id = Some(id.to_owned());
     envelope.duration_ms = elapsed_ms(started);
     envelope
+}
+
+/// What of a cell is kept, besides its envelope.
+struct KeptCell<'a> {
+    journal: Option<&'a runpython_bridge::Journal>,
+    /// Record it in the session's record (it completed or suspended).
+    record: bool,
+    /// Keep it as a run (its files and output).
+    files: bool,
+    suspended: Vec<String>,
+    streamed: Vec<runpython_store::Artifact>,
 }

@@ -14,8 +14,8 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
 use super::sys::{
-    cloexec_from, close_from, cvt, read_exact_fd, send_fd, set_pdeathsig, set_rlimit, write_all_fd,
-    zero_host_args, AtStep, Step, StepError,
+    cloexec_from, close_from, cvt, exit_like, read_exact_fd, send_fd, set_pdeathsig, set_rlimit,
+    write_all_fd, zero_host_args, AtStep, Step, StepError,
 };
 use super::userns::{drop_ids, forbid_nested_user_namespaces};
 use super::{cgroup, landlock, mounts, seccomp, Plan};
@@ -467,21 +467,7 @@ fn supervise(init: libc::pid_t, page: &SharedStatus) -> ! {
                 status
             }
         };
-        if libc::WIFSIGNALED(status) {
-            let sig = libc::WTERMSIG(status);
-            libc::signal(sig, libc::SIG_DFL);
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, sig);
-            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            libc::kill(libc::getpid(), sig);
-            libc::_exit(128 + sig);
-        }
-        libc::_exit(if libc::WIFEXITED(status) {
-            libc::WEXITSTATUS(status)
-        } else {
-            1
-        })
+        exit_like(status)
     }
 }
 

@@ -85,7 +85,10 @@ pub(crate) use cgroup::RunCgroup;
 pub(crate) use init::enter;
 pub(crate) use netns::refill as refill_netns;
 pub use probe::KernelReport;
-pub(crate) use sys::{dup_high, recv_fd, send_with_fds, seqpacket_pair, StepError};
+pub(crate) use sys::{
+    close_from, dup_high, exit_like, recv_fd, send_with_fds, seqpacket_pair, set_pdeathsig,
+    StepError,
+};
 pub(crate) use userns::{is_run_uid, kill_all_of_uid};
 pub(crate) use view::{SCRATCH, SCRATCH_DIRS};
 

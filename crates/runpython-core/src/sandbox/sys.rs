@@ -538,6 +538,30 @@ pub(crate) fn zero_host_args((start, end): (usize, usize)) {
     unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) }
 }
 
+/// Leaves the calling process the way a child with wait `status` left: the same exit code, or killed
+/// by the same signal. For a process that stands between the host and what it started, so the host
+/// sees the status it would have seen without it. Async-signal-safe.
+pub(crate) fn exit_like(status: libc::c_int) -> ! {
+    // SAFETY: signal, sigprocmask, kill and _exit on this process only.
+    unsafe {
+        if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::kill(libc::getpid(), sig);
+            libc::_exit(128 + sig);
+        }
+        libc::_exit(if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            1
+        })
+    }
+}
+
 /// Closes every descriptor from `first` up. Async-signal-safe.
 pub(crate) fn close_from(first: u32) {
     // SAFETY: close_range on the rest of the table; the fallback closes one by one.

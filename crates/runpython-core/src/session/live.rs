@@ -82,6 +82,8 @@ pub(crate) struct CellSpec<'a> {
     pub cancel: Option<oneshot::Receiver<()>>,
     /// Where stdout and stderr go whole, when cells are kept.
     pub full: [Option<FullStream>; 2],
+    /// The cell's run id: its tool calls' idempotency keys are `<run id>.<ordinal>`.
+    pub run_id: String,
 }
 
 impl Live {
@@ -150,7 +152,8 @@ impl Live {
             (None, None)
         } else {
             let (host, child) = runpython_bridge::socket_pair()?;
-            let mut bridge = Bridge::new(host, spec.tools, spec.bridge.clone())?;
+            let mut bridge = Bridge::new(host, spec.tools, spec.bridge.clone())?
+                .with_run_id(spec.run_id.clone());
             if let Some(plan) = spec.replay {
                 bridge = bridge.with_replay(plan);
             }
