@@ -3,15 +3,64 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
-use pythonize::{depythonize, pythonize};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple};
 use serde_json::Value;
 
 use crate::errors::config;
 
-/// A JSON value as a Python object (dicts keep their order).
+/// A JSON value as a Python object (dicts keep their order; integers of any size stay exact: JSON
+/// numbers are kept as their text in this workspace, serde_json's `arbitrary_precision`).
 pub(crate) fn to_py(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
-    Ok(pythonize(py, value)?.unbind())
+    Ok(match value {
+        Value::Null => py.None(),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any().unbind(),
+        Value::Number(n) => number_to_py(py, n)?,
+        Value::String(s) => PyString::new(py, s).into_any().unbind(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(to_py(py, item)?)?;
+            }
+            list.into_any().unbind()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (key, item) in map {
+                dict.set_item(key, to_py(py, item)?)?;
+            }
+            dict.into_any().unbind()
+        }
+    })
+}
+
+/// Past this many digits Python's `int(str)` refuses (its default `int_max_str_digits` is 4300), and
+/// the number goes through `decimal`, which has no such limit.
+const INT_STR_DIGITS: usize = 4000;
+
+fn number_to_py(py: Python<'_>, n: &serde_json::Number) -> PyResult<Py<PyAny>> {
+    if let Some(i) = n.as_i64() {
+        return Ok(i.into_pyobject(py)?.into_any().unbind());
+    }
+    if let Some(u) = n.as_u64() {
+        return Ok(u.into_pyobject(py)?.into_any().unbind());
+    }
+    let text = n.to_string();
+    let integer = text
+        .strip_prefix('-')
+        .unwrap_or(&text)
+        .bytes()
+        .all(|b| b.is_ascii_digit());
+    if !integer {
+        return Ok(PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN))
+            .into_any()
+            .unbind());
+    }
+    let int = py.get_type::<PyInt>();
+    if text.len() <= INT_STR_DIGITS {
+        return Ok(int.call1((text,))?.unbind());
+    }
+    let decimal = py.import("decimal")?.getattr("Decimal")?.call1((text,))?;
+    Ok(int.call1((decimal,))?.unbind())
 }
 
 /// Any serializable value as a Python object.
@@ -19,13 +68,103 @@ pub(crate) fn serialize_to_py<T: serde::Serialize>(
     py: Python<'_>,
     value: &T,
 ) -> PyResult<Py<PyAny>> {
-    Ok(pythonize(py, value)?.unbind())
+    let value = serde_json::to_value(value)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    to_py(py, &value)
 }
 
-/// A Python object as JSON, or why it is not JSON: dicts with string keys, lists and tuples, str,
-/// int, float, bool and None.
+/// How deep a value may nest before it is refused (a cycle, or a structure no JSON reader takes).
+const MAX_DEPTH: usize = 512;
+
+/// A Python object as JSON, or why it is not JSON: dicts with string keys, lists, tuples and sets,
+/// str, int (any size), finite float, bool and None.
 pub(crate) fn to_json(object: &Bound<'_, PyAny>) -> Result<Value, String> {
-    depythonize::<Value>(object).map_err(|e| e.to_string())
+    to_json_at(object, 0)
+}
+
+fn to_json_at(object: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("it nests more than {MAX_DEPTH} levels deep"));
+    }
+    let failed = |e: PyErr| e.to_string();
+    if object.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = object.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if object.is_instance_of::<PyInt>() {
+        if let Ok(i) = object.extract::<i64>() {
+            return Ok(Value::from(i));
+        }
+        if let Ok(u) = object.extract::<u64>() {
+            return Ok(Value::from(u));
+        }
+        // Through `decimal`: str() of an int refuses past 4300 digits.
+        let decimal = object
+            .py()
+            .import("decimal")
+            .and_then(|m| m.getattr("Decimal"))
+            .and_then(|d| d.call1((object,)))
+            .and_then(|d| d.str())
+            .map_err(failed)?;
+        return decimal
+            .to_str()
+            .map_err(failed)?
+            .parse::<serde_json::Number>()
+            .map(Value::Number)
+            .map_err(|e| e.to_string());
+    }
+    if let Ok(f) = object.cast::<PyFloat>() {
+        let v = f.value();
+        return serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| format!("{v} is not a JSON number"));
+    }
+    if let Ok(s) = object.cast::<PyString>() {
+        return Ok(Value::String(s.to_string_lossy().into_owned()));
+    }
+    if let Ok(list) = object.cast::<PyList>() {
+        return list
+            .iter()
+            .map(|item| to_json_at(&item, depth + 1))
+            .collect::<Result<_, _>>()
+            .map(Value::Array);
+    }
+    if let Ok(tuple) = object.cast::<PyTuple>() {
+        return tuple
+            .iter()
+            .map(|item| to_json_at(&item, depth + 1))
+            .collect::<Result<_, _>>()
+            .map(Value::Array);
+    }
+    if object.is_instance_of::<PySet>() || object.is_instance_of::<PyFrozenSet>() {
+        // A set is a list in JSON (in its iteration order), as `json` callers usually want.
+        return object
+            .try_iter()
+            .map_err(failed)?
+            .map(|item| to_json_at(&item.map_err(failed)?, depth + 1))
+            .collect::<Result<_, _>>()
+            .map(Value::Array);
+    }
+    if let Ok(dict) = object.cast::<PyDict>() {
+        let mut map = serde_json::Map::with_capacity(dict.len());
+        for (key, item) in dict.iter() {
+            let Ok(key) = key.cast::<PyString>() else {
+                return Err(format!(
+                    "the dict key {} is a {}, not a string",
+                    short_repr(&key),
+                    type_name(&key)
+                ));
+            };
+            map.insert(
+                key.to_string_lossy().into_owned(),
+                to_json_at(&item, depth + 1)?,
+            );
+        }
+        return Ok(Value::Object(map));
+    }
+    Err(format!("a {} is not a JSON value", type_name(object)))
 }
 
 /// The Python type name of an object, for messages.

@@ -41,8 +41,9 @@ pub(crate) enum EventData {
 
 /// One event of a run: `kind` is `"stdout"` or `"stderr"` (with `text`), `"dependencies"` (with
 /// `data["step"]`: `cached`, `waiting`, `resolving`, `downloading`, `installing`, `done`),
-/// `"tool_call"` (`data`: `id`, `name`, `arguments`) or `"tool_result"` (`data`: `id`, `name`, `ok`,
-/// `result` or `error`, `duration_ms`). Tool events are reported for Python callables.
+/// `"tool_call"` (`data`: `id`, `name`, `arguments`), `"tool_result"` (`data`: `id`, `name`, `ok`,
+/// `result` or `error`, `duration_ms`) or `"resumable"` (`data["run_id"]`: a durable run's id, sent
+/// before its code starts). Tool events are reported for Python callables.
 #[pyclass(frozen, module = "runpython", name = "Event")]
 pub(crate) struct PyEvent {
     kind: &'static str,
@@ -71,6 +72,13 @@ impl From<EventData> for PyEvent {
                     data: Some(data),
                 }
             }
+            EventData::Core(Event::Resumable { run_id }) => Self {
+                kind: "resumable",
+                text: Some(format!(
+                    "durable run {run_id}: if this host stops, resume it by this id"
+                )),
+                data: Some(json!({"run_id": run_id})),
+            },
             EventData::Core(other) => Self {
                 kind: "other",
                 text: Some(format!("{other:?}")),
@@ -222,6 +230,9 @@ impl Shared {
                 biased;
                 () = self.cancel_notify.notified() => {}
                 event = core.next_event() => match event {
+                    // Tool calls are reported by the package itself, with their arguments and
+                    // results (for Python callables).
+                    Some(Event::ToolCall { .. }) => {}
                     Some(event) => return Some(EventData::Core(event)),
                     None => state.core_done = true,
                 },

@@ -25,7 +25,7 @@ def rp() -> RunPython:
 def test_tool_spec_in_each_providers_shape(rp: RunPython, format: str, key: str) -> None:
     spec = rp.tool_spec(format)  # type: ignore[arg-type]
     tools = [t["function"] if format == "openai" else t for t in spec]
-    assert [t["name"] for t in tools] == ["run_python", "get_run_artifact", "resume"]
+    assert [t["name"] for t in tools] == ["run_python", "get_run_artifact", "close_session"]
     assert "def weather(city: str) -> Any:" in tools[0]["description"]
     assert tools[0][key]["required"] == ["code"]
 

@@ -92,5 +92,5 @@ def test_a_thousand_runs_leak_no_memory_and_no_descriptors() -> None:
     _, rss_end, fds_end = samples[-1]
     assert rss_end - rss_after_warm_up <= RSS_SLACK_KIB, samples
     assert max(fds for _, _, fds in samples) <= fds_after_warm_up, samples
-    assert fds_end == fds_after_warm_up, samples
+    assert fds_end <= fds_after_warm_up, samples  # one the warm-up held may have closed since
     assert max(netns_seen) <= READY_NETNS, netns_seen
