@@ -347,3 +347,22 @@ async fn a_cells_environment_is_its_own_and_its_cut_output_is_kept_whole_and_mas
     assert!(whole.starts_with(&"x".repeat(5000)), "kept whole");
     assert!(whole.ends_with("middle [REDACTED:DB_SECRET]\n"), "masked");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_whose_environment_cannot_be_set_is_refused_and_the_session_keeps_its_state() {
+    let python = builder().build().unwrap();
+    let s = python.session();
+    s.run("x = 'kept'").await.unwrap();
+    for (name, value) in [("A=B", "v"), ("", "v"), ("OK", "nul\0inside")] {
+        let refused = s
+            .run(runpython_core::RunRequest::new("1").env(name, value))
+            .await;
+        assert!(
+            matches!(refused, Err(runpython_core::Error::InvalidInput(_))),
+            "{name:?}={value:?}: {refused:?}"
+        );
+    }
+    let e = s.run("x").await.unwrap();
+    assert_eq!(e.return_value, json!("kept"), "{:?}", e.error);
+    assert_eq!(e.cell, Some(2), "a refused cell is not a cell");
+}

@@ -1,15 +1,27 @@
 //! Values between Python and JSON, and the checked conversions of keyword arguments.
+//!
+//! JSON values are converted by hand rather than through serde (pythonize): the workspace builds
+//! serde_json with `arbitrary_precision`, under which a number serializes to other formats as a
+//! private one-key map, and integers of any size must stay exact both ways (`2 ** 100` is a Python
+//! int on either side, never a float or a string).
 
 use std::time::Duration;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PySet, PyString, PyTuple};
-use serde_json::Value;
+use serde_json::{Map, Number, Value};
 
-use crate::errors::config;
+use crate::errors::{config, internal};
 
-/// A JSON value as a Python object (dicts keep their order; integers of any size stay exact: JSON
-/// numbers are kept as their text in this workspace, serde_json's `arbitrary_precision`).
+/// Containers nested deeper than this are refused (and a container holding itself is caught by it).
+const MAX_DEPTH: usize = 512;
+
+/// Past this many digits `int(str)` and `str(int)` hit CPython's digit limit (4300 by default), so
+/// longer integers go through `decimal`, which has none.
+const INT_TEXT_DIGITS: usize = 4000;
+
+/// A JSON value as a Python object (dicts keep their order; integers of any size are exact).
 pub(crate) fn to_py(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
     Ok(match value {
         Value::Null => py.None(),
@@ -33,11 +45,7 @@ pub(crate) fn to_py(py: Python<'_>, value: &Value) -> PyResult<Py<PyAny>> {
     })
 }
 
-/// Past this many digits Python's `int(str)` refuses (its default `int_max_str_digits` is 4300), and
-/// the number goes through `decimal`, which has no such limit.
-const INT_STR_DIGITS: usize = 4000;
-
-fn number_to_py(py: Python<'_>, n: &serde_json::Number) -> PyResult<Py<PyAny>> {
+fn number_to_py(py: Python<'_>, n: &Number) -> PyResult<Py<PyAny>> {
     if let Some(i) = n.as_i64() {
         return Ok(i.into_pyobject(py)?.into_any().unbind());
     }
@@ -45,48 +53,42 @@ fn number_to_py(py: Python<'_>, n: &serde_json::Number) -> PyResult<Py<PyAny>> {
         return Ok(u.into_pyobject(py)?.into_any().unbind());
     }
     let text = n.to_string();
-    let integer = text
-        .strip_prefix('-')
-        .unwrap_or(&text)
-        .bytes()
-        .all(|b| b.is_ascii_digit());
-    if !integer {
-        return Ok(PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN))
-            .into_any()
-            .unbind());
+    if text.contains(['.', 'e', 'E']) {
+        let f = n
+            .as_f64()
+            .ok_or_else(|| PyValueError::new_err(format!("the number {text} is not a float")))?;
+        return Ok(PyFloat::new(py, f).into_any().unbind());
     }
-    let int = py.get_type::<PyInt>();
-    if text.len() <= INT_STR_DIGITS {
-        return Ok(int.call1((text,))?.unbind());
+    let builtins = py.import("builtins")?;
+    if text.len() <= INT_TEXT_DIGITS {
+        return Ok(builtins.getattr("int")?.call1((text,))?.unbind());
     }
     let decimal = py.import("decimal")?.getattr("Decimal")?.call1((text,))?;
-    Ok(int.call1((decimal,))?.unbind())
+    Ok(builtins.getattr("int")?.call1((decimal,))?.unbind())
 }
 
-/// Any serializable value as a Python object.
+/// Any serializable value as a Python object, through its JSON value.
 pub(crate) fn serialize_to_py<T: serde::Serialize>(
     py: Python<'_>,
     value: &T,
 ) -> PyResult<Py<PyAny>> {
     let value = serde_json::to_value(value)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        .map_err(|e| internal(format!("a value did not serialize: {e}")))?;
     to_py(py, &value)
 }
 
-/// How deep a value may nest before it is refused (a cycle, or a structure no JSON reader takes).
-const MAX_DEPTH: usize = 512;
-
-/// A Python object as JSON, or why it is not JSON: dicts with string keys, lists, tuples and sets,
-/// str, int (any size), finite float, bool and None.
+/// A Python object as JSON, or why it is not JSON: dicts (and other mappings) with str keys, lists,
+/// tuples and sets, str, int (any size), finite float, bool and None.
 pub(crate) fn to_json(object: &Bound<'_, PyAny>) -> Result<Value, String> {
-    to_json_at(object, 0)
+    json_of(object, 0)
 }
 
-fn to_json_at(object: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
+fn json_of(object: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> {
     if depth > MAX_DEPTH {
-        return Err(format!("it nests more than {MAX_DEPTH} levels deep"));
+        return Err(format!(
+            "it nests deeper than {MAX_DEPTH} levels (or contains itself)"
+        ));
     }
-    let failed = |e: PyErr| e.to_string();
     if object.is_none() {
         return Ok(Value::Null);
     }
@@ -94,77 +96,72 @@ fn to_json_at(object: &Bound<'_, PyAny>, depth: usize) -> Result<Value, String> 
         return Ok(Value::Bool(b.is_true()));
     }
     if object.is_instance_of::<PyInt>() {
-        if let Ok(i) = object.extract::<i64>() {
-            return Ok(Value::from(i));
-        }
-        if let Ok(u) = object.extract::<u64>() {
-            return Ok(Value::from(u));
-        }
-        // Through `decimal`: str() of an int refuses past 4300 digits.
-        let decimal = object
-            .py()
-            .import("decimal")
-            .and_then(|m| m.getattr("Decimal"))
-            .and_then(|d| d.call1((object,)))
-            .and_then(|d| d.str())
-            .map_err(failed)?;
-        return decimal
-            .to_str()
-            .map_err(failed)?
-            .parse::<serde_json::Number>()
-            .map(Value::Number)
-            .map_err(|e| e.to_string());
+        return int_json(object);
     }
     if let Ok(f) = object.cast::<PyFloat>() {
-        let v = f.value();
-        return serde_json::Number::from_f64(v)
+        let f = f.value();
+        return Number::from_f64(f)
             .map(Value::Number)
-            .ok_or_else(|| format!("{v} is not a JSON number"));
+            .ok_or_else(|| format!("the float {f} has no JSON form"));
     }
     if let Ok(s) = object.cast::<PyString>() {
-        return Ok(Value::String(s.to_string_lossy().into_owned()));
+        return s
+            .to_str()
+            .map(|s| Value::String(s.to_owned()))
+            .map_err(|e| format!("a str that is not valid Unicode: {e}"));
     }
-    if let Ok(list) = object.cast::<PyList>() {
-        return list
-            .iter()
-            .map(|item| to_json_at(&item, depth + 1))
-            .collect::<Result<_, _>>()
-            .map(Value::Array);
+    let items = |iter: Bound<'_, pyo3::types::PyIterator>| -> Result<Value, String> {
+        let mut out = Vec::new();
+        for item in iter {
+            out.push(json_of(&item.map_err(|e| e.to_string())?, depth + 1)?);
+        }
+        Ok(Value::Array(out))
+    };
+    if object.is_instance_of::<PyList>()
+        || object.is_instance_of::<PyTuple>()
+        || object.is_instance_of::<PySet>()
+        || object.is_instance_of::<PyFrozenSet>()
+    {
+        return items(object.try_iter().map_err(|e| e.to_string())?);
     }
-    if let Ok(tuple) = object.cast::<PyTuple>() {
-        return tuple
-            .iter()
-            .map(|item| to_json_at(&item, depth + 1))
-            .collect::<Result<_, _>>()
-            .map(Value::Array);
-    }
-    if object.is_instance_of::<PySet>() || object.is_instance_of::<PyFrozenSet>() {
-        // A set is a list in JSON (in its iteration order), as `json` callers usually want.
-        return object
-            .try_iter()
-            .map_err(failed)?
-            .map(|item| to_json_at(&item.map_err(failed)?, depth + 1))
-            .collect::<Result<_, _>>()
-            .map(Value::Array);
-    }
-    if let Ok(dict) = object.cast::<PyDict>() {
-        let mut map = serde_json::Map::with_capacity(dict.len());
+    if let Some(dict) = mapping(object) {
+        let mut out = Map::new();
         for (key, item) in dict.iter() {
-            let Ok(key) = key.cast::<PyString>() else {
+            let Ok(key) = key.cast::<PyString>().map(|k| k.to_string()) else {
                 return Err(format!(
-                    "the dict key {} is a {}, not a string",
-                    short_repr(&key),
-                    type_name(&key)
+                    "its dict keys must be str, got {} {}",
+                    type_name(&key),
+                    short_repr(&key)
                 ));
             };
-            map.insert(
-                key.to_string_lossy().into_owned(),
-                to_json_at(&item, depth + 1)?,
-            );
+            out.insert(key, json_of(&item, depth + 1)?);
         }
-        return Ok(Value::Object(map));
+        return Ok(Value::Object(out));
     }
-    Err(format!("a {} is not a JSON value", type_name(object)))
+    Err(format!("{} is not a JSON type", type_name(object)))
+}
+
+/// An int as an exact JSON number, whatever its size.
+fn int_json(object: &Bound<'_, PyAny>) -> Result<Value, String> {
+    if let Ok(i) = object.extract::<i64>() {
+        return Ok(Value::from(i));
+    }
+    if let Ok(u) = object.extract::<u64>() {
+        return Ok(Value::from(u));
+    }
+    // Big: its decimal text (through `decimal` past the digit limit), read back as a JSON number.
+    let text = object
+        .str()
+        .or_else(|_| {
+            let py = object.py();
+            py.import("decimal")?
+                .getattr("Decimal")?
+                .call1((object,))?
+                .str()
+        })
+        .map_err(|e| format!("an int without a decimal form: {e}"))?;
+    serde_json::from_str::<Value>(&text.to_string_lossy())
+        .map_err(|e| format!("an int that is not a JSON number: {e}"))
 }
 
 /// The Python type name of an object, for messages.

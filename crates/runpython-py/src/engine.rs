@@ -2,12 +2,14 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use runpython_core::{
-    PoolConfig, RunPython, RunPythonBuilder, RunRequest, Sandbox, Store, Tier, ToolFormat,
+    PoolConfig, RunPython, RunPythonBuilder, RunRequest, Sandbox, SessionConfig, Store, Tier,
+    ToolFormat,
 };
 use serde_json::Value;
 
@@ -18,7 +20,9 @@ use crate::convert::{
 use crate::envelope::PyEnvelope;
 use crate::errors::{config, invalid, py_err};
 use crate::handle::{PyRunHandle, Shared};
-use crate::runtime::{block_on, deferred, runtime, RunContext};
+use crate::request::{request, RequestArgs};
+use crate::runtime::{block_on, deferred, runtime, InRuntime, RunContext};
+use crate::session::PySession;
 use crate::tools::PyTool;
 use pyo3_async_runtimes::tokio::future_into_py;
 
@@ -28,8 +32,10 @@ const DEFAULT_MEMO_TTL: Duration = Duration::from_secs(3600);
 /// Runs LLM-authored Python in a sandboxed CPython subprocess and returns an `Envelope`.
 #[pyclass(frozen, module = "runpython", name = "RunPython")]
 pub(crate) struct PyRunPython {
-    engine: RunPython,
-    tool_names: Vec<String>,
+    engine: InRuntime<RunPython>,
+    /// The Python callables' tool names: their calls are reported by the tools themselves (with
+    /// arguments and results), so a started run's handle drops the core's bare announcement of them.
+    tool_names: Arc<[String]>,
     store_url: Option<String>,
 }
 
@@ -64,6 +70,7 @@ impl PyRunPython {
         allow_nested = None,
         pool = None,
         sandbox = None,
+        sessions = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -93,6 +100,7 @@ impl PyRunPython {
         allow_nested: Option<&Bound<'_, PyAny>>,
         pool: Option<&Bound<'_, PyAny>>,
         sandbox: Option<&Bound<'_, PyAny>>,
+        sessions: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut b = RunPython::builder();
         if let Some(v) = given(timeout) {
@@ -202,6 +210,9 @@ impl PyRunPython {
         if let Some(v) = given(pool) {
             b = b.pool(parse_pool(&v)?);
         }
+        if let Some(v) = given(sessions) {
+            b = b.sessions(parse_sessions(&v)?);
+        }
         let mut sandbox_config = Sandbox::default();
         if let Some(v) = given(sandbox) {
             sandbox_config = parse_sandbox(&v)?;
@@ -211,8 +222,8 @@ impl PyRunPython {
         }
         b = b.sandbox(sandbox_config);
         Ok(Self {
-            engine: build(b)?,
-            tool_names,
+            engine: InRuntime::new(build(b)?),
+            tool_names: tool_names.into(),
             store_url,
         })
     }
@@ -220,7 +231,10 @@ impl PyRunPython {
     /// Runs `code` to its end and returns the envelope. What the code does (raise, time out, exit)
     /// is the envelope's status, never an exception. The GIL is released while the run goes on;
     /// `async def` tools run on a private event loop thread.
-    #[pyo3(signature = (code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true))]
+    #[pyo3(signature = (
+        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None
+    ))]
+    #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn run(
         &self,
         py: Python<'_>,
@@ -229,8 +243,9 @@ impl PyRunPython {
         dependencies: Option<&Bound<'_, PyAny>>,
         input_artifacts: Option<&Bound<'_, PyAny>>,
         memo: bool,
+        env: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyEnvelope> {
-        let request = request(code, inputs, dependencies, input_artifacts, memo)?;
+        let request = run_request(code, inputs, dependencies, input_artifacts, memo, env)?;
         let context = RunContext::private(py)?;
         let engine = self.engine.clone();
         block_on(py, context.scope(async move { engine.run(request).await }))?
@@ -240,7 +255,10 @@ impl PyRunPython {
 
     /// `run` for asyncio: awaits the envelope without holding a thread; `async def` tools run on the
     /// caller's event loop. Cancelling the awaiting task stops the run.
-    #[pyo3(signature = (code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true))]
+    #[pyo3(signature = (
+        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None
+    ))]
+    #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn arun<'py>(
         &self,
         py: Python<'py>,
@@ -249,8 +267,9 @@ impl PyRunPython {
         dependencies: Option<&Bound<'py, PyAny>>,
         input_artifacts: Option<&Bound<'py, PyAny>>,
         memo: bool,
+        env: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let request = request(code, inputs, dependencies, input_artifacts, memo)?;
+        let request = run_request(code, inputs, dependencies, input_artifacts, memo, env)?;
         let engine = self.engine.clone();
         deferred(py, move |py| {
             let context = RunContext::here(py, None)?;
@@ -266,7 +285,10 @@ impl PyRunPython {
 
     /// Starts `code` and returns a handle: iterate it (`for` or `async for`) for events, `wait()` or
     /// `await` it for the envelope, `cancel()` it to stop the run.
-    #[pyo3(signature = (code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true))]
+    #[pyo3(signature = (
+        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None
+    ))]
+    #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn start(
         &self,
         py: Python<'_>,
@@ -275,13 +297,34 @@ impl PyRunPython {
         dependencies: Option<&Bound<'_, PyAny>>,
         input_artifacts: Option<&Bound<'_, PyAny>>,
         memo: bool,
+        env: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRunHandle> {
-        let request = request(code, inputs, dependencies, input_artifacts, memo)?;
+        let request = run_request(code, inputs, dependencies, input_artifacts, memo, env)?;
         let (events, tool_events) = tokio::sync::mpsc::unbounded_channel();
         let context = RunContext::here(py, Some(events))?;
         let _entered = runtime().enter();
         let core = self.engine.start_in(request, move |run| context.scope(run));
-        Ok(PyRunHandle::new(Shared::new(core, tool_events)))
+        Ok(PyRunHandle::new(Shared::new(
+            core,
+            tool_events,
+            Arc::clone(&self.tool_names),
+        )))
+    }
+
+    /// A session: cells run in one long-lived sandboxed interpreter that keeps their state. `id`
+    /// (1-128 letters, digits, `-`, `_`, `.`, `:`) names one: the same id on an engine sharing this
+    /// one's store restores it; without `id`, a new session with a fresh id.
+    #[pyo3(signature = (id = None))]
+    fn session(&self, id: Option<String>) -> PyResult<PySession> {
+        let session = match id {
+            Some(id) => self.engine.session_with_id(id).map_err(py_err)?,
+            None => self.engine.session(),
+        };
+        Ok(PySession::new(
+            RunPython::clone(&self.engine),
+            session,
+            Arc::clone(&self.tool_names),
+        ))
     }
 
     /// Continues a suspended run with a decision per suspension id (`envelope.suspension["id"]`).
@@ -425,6 +468,27 @@ impl PyRunPython {
     }
 }
 
+/// A request from the arguments `run`, `arun` and `start` share.
+fn run_request(
+    code: &Bound<'_, PyAny>,
+    inputs: Option<&Bound<'_, PyAny>>,
+    dependencies: Option<&Bound<'_, PyAny>>,
+    input_artifacts: Option<&Bound<'_, PyAny>>,
+    memo: bool,
+    env: Option<&Bound<'_, PyAny>>,
+) -> PyResult<RunRequest> {
+    let request = request(
+        code,
+        RequestArgs {
+            inputs,
+            dependencies,
+            input_artifacts,
+            env,
+        },
+    )?;
+    Ok(if memo { request } else { request.no_memo() })
+}
+
 /// Absent and None mean "the engine's default" alike.
 fn given<'py>(value: Option<&Bound<'py, PyAny>>) -> Option<Bound<'py, PyAny>> {
     value.filter(|v| !v.is_none()).cloned()
@@ -436,77 +500,6 @@ fn build(builder: RunPythonBuilder) -> PyResult<RunPython> {
         runpython_core::Error::Config(message) => config(message),
         other => config(other.to_string()),
     })
-}
-
-/// A request from `run`'s arguments. Inputs must be JSON values (dict, list, str, int, float, bool,
-/// None); names are checked by the engine.
-fn request(
-    code: &Bound<'_, PyAny>,
-    inputs: Option<&Bound<'_, PyAny>>,
-    dependencies: Option<&Bound<'_, PyAny>>,
-    input_artifacts: Option<&Bound<'_, PyAny>>,
-    memo: bool,
-) -> PyResult<RunRequest> {
-    let py = code.py();
-    let code: String = code.extract().map_err(|_| {
-        invalid(format!(
-            "code must be a str of Python source, got {}",
-            type_name(code)
-        ))
-    })?;
-    let mut request = RunRequest::new(code);
-    if let Some(inputs) = inputs.filter(|v| !v.is_none()) {
-        let inputs = mapping(inputs).ok_or_else(|| {
-            invalid(format!(
-                "inputs must be a dict of name to JSON value, got {}",
-                type_name(inputs)
-            ))
-        })?;
-        for (name, value) in inputs.iter() {
-            let name: String = name.extract().map_err(|_| {
-                invalid(format!(
-                    "input names must be str, got {}",
-                    short_repr(&name)
-                ))
-            })?;
-            let json = to_json(&value).map_err(|e| {
-                invalid(format!(
-                    "input {name:?} is a {} that is not a JSON value ({e}); pass dicts, lists, str, \
-                     int, float, bool or None",
-                    type_name(&value)
-                ))
-            })?;
-            request = request.input(name, json);
-        }
-    }
-    // The argument checks speak of configuration; here the request is at fault.
-    let as_invalid = |e: PyErr| invalid(e.value(py).to_string());
-    if let Some(deps) = dependencies.filter(|v| !v.is_none()) {
-        for spec in strings("dependencies", deps).map_err(as_invalid)? {
-            request = request.dependency(spec);
-        }
-    }
-    if let Some(artifacts) = input_artifacts.filter(|v| !v.is_none()) {
-        for (name, id) in dict("input_artifacts", artifacts)
-            .map_err(as_invalid)?
-            .iter()
-        {
-            match (name.extract::<String>(), id.extract::<String>()) {
-                (Ok(name), Ok(id)) => request = request.input_artifact(name, id),
-                _ => {
-                    return Err(invalid(format!(
-                        "input_artifacts must map str names to str artifact ids, got {}: {}",
-                        short_repr(&name),
-                        short_repr(&id)
-                    )))
-                }
-            }
-        }
-    }
-    if !memo {
-        request = request.no_memo();
-    }
-    Ok(request)
 }
 
 fn decisions_map(decisions: &Bound<'_, PyAny>) -> PyResult<HashMap<String, Value>> {
@@ -589,6 +582,31 @@ fn parse_pool(value: &Bound<'_, PyAny>) -> PyResult<PoolConfig> {
         }
     }
     Ok(pool)
+}
+
+fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig> {
+    let settings = dict("sessions", value).map_err(|_| {
+        config(format!(
+            "sessions must be a dict of settings (max_live, idle), got {} {}",
+            type_name(value),
+            short_repr(value)
+        ))
+    })?;
+    let mut sessions = SessionConfig::default();
+    for (key, v) in settings.iter() {
+        let key: String = key.extract()?;
+        let name = format!("sessions[{key:?}]");
+        match key.as_str() {
+            "max_live" => sessions.max_live = count(&name, &v)?,
+            "idle" => sessions.idle = seconds(&name, &v)?,
+            _ => {
+                return Err(config(format!(
+                    "sessions has no setting {key:?}; the settings are max_live, idle"
+                )))
+            }
+        }
+    }
+    Ok(sessions)
 }
 
 const SANDBOX_KEYS: &str = "namespaces, landlock, rlimits, seccomp, drop_privileges, require, \

@@ -123,7 +123,40 @@ impl PyEnvelope {
             .map(|v| serialize_to_py(py, v))
             .transpose()
     }
-    /// The envelope as a dict of JSON values (the v1 field names).
+    /// The session a cell ran in; `None` for a run of its own.
+    #[getter]
+    fn session_id(&self) -> Option<&str> {
+        self.inner.session_id.as_deref()
+    }
+    /// The cell's number in its session, from 1; `None` for a run of its own.
+    #[getter]
+    fn cell(&self) -> Option<u64> {
+        self.inner.cell
+    }
+    /// True when the session was rebuilt from the store (its cells replayed) before this cell ran.
+    #[getter]
+    fn restored(&self) -> bool {
+        self.inner.restored
+    }
+    /// The value as a REPL prints it, when the cell asked for it (`repr=True`).
+    #[getter]
+    fn return_repr(&self) -> Option<&str> {
+        self.inner.return_repr.as_deref()
+    }
+    /// False when the store failed to keep the run after the code ran (`store_error` says how): the
+    /// envelope is still what the code did, but the run may be missing from the store.
+    #[getter]
+    fn kept(&self) -> bool {
+        self.inner.kept
+    }
+    /// The store's error when `kept` is false.
+    #[getter]
+    fn store_error(&self) -> Option<&str> {
+        self.inner.store_error.as_deref()
+    }
+    /// The envelope as a dict of JSON values (the v1 field names; `session_id`, `cell`, `restored`,
+    /// `return_repr`, `kept` and `store_error` only where the contract has them: a session's cell, a
+    /// restored session, a value asked for as its repr, a store that failed).
     fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         serialize_to_py(py, &self.inner)
     }
@@ -147,6 +180,12 @@ impl PyEnvelope {
                 ", return_value={}",
                 shorten(&self.inner.return_value.to_string())
             ));
+        }
+        if let (Some(id), Some(cell)) = (&self.inner.session_id, self.inner.cell) {
+            text.push_str(&format!(", session_id={}, cell={cell}", py_repr(id)));
+        }
+        if !self.inner.kept {
+            text.push_str(", kept=False");
         }
         text.push_str(&format!(
             ", run_id={}, duration_ms={})",

@@ -1,8 +1,9 @@
 //! A run in progress (`RunPython.start`): its events, iterated with `for` or `async for`, cancellation,
 //! and the envelope (`wait()` or `await handle`).
 //!
-//! Events merge the core's stream (stdout, stderr, dependency progress) with the calls of Python
-//! tools, which the tools report through the run's context. Dropping the handle stops the run.
+//! Events merge the core's stream (stdout, stderr, dependency progress, a durable run's id, calls of
+//! tools that are not Python callables) with the calls of Python tools, which the tools report
+//! through the run's context with their arguments and results. Dropping the handle stops the run.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,9 +42,11 @@ pub(crate) enum EventData {
 
 /// One event of a run: `kind` is `"stdout"` or `"stderr"` (with `text`), `"dependencies"` (with
 /// `data["step"]`: `cached`, `waiting`, `resolving`, `downloading`, `installing`, `done`),
-/// `"tool_call"` (`data`: `id`, `name`, `arguments`), `"tool_result"` (`data`: `id`, `name`, `ok`,
-/// `result` or `error`, `duration_ms`) or `"resumable"` (`data["run_id"]`: a durable run's id, sent
-/// before its code starts). Tool events are reported for Python callables.
+/// `"resumable"` (a durable run's `data["run_id"]`, before the code starts: `resume` it if this host
+/// stops), `"tool_call"` (`data`: `id`, `name`, `arguments`; only `name` for tools that are not
+/// Python callables, such as approvals and nested `run_python`) or `"tool_result"` (`data`: `id`,
+/// `name`, `ok`, `result` or `error`, `duration_ms`; Python callables only). `"other"` is an event
+/// of a newer core this package does not know yet (its debug form in `text`).
 #[pyclass(frozen, module = "runpython", name = "Event")]
 pub(crate) struct PyEvent {
     kind: &'static str,
@@ -74,10 +77,13 @@ impl From<EventData> for PyEvent {
             }
             EventData::Core(Event::Resumable { run_id }) => Self {
                 kind: "resumable",
-                text: Some(format!(
-                    "durable run {run_id}: if this host stops, resume it by this id"
-                )),
+                text: Some(format!("durable run {run_id}")),
                 data: Some(json!({"run_id": run_id})),
+            },
+            EventData::Core(Event::ToolCall { name }) => Self {
+                kind: "tool_call",
+                text: None,
+                data: Some(json!({"name": name})),
             },
             EventData::Core(other) => Self {
                 kind: "other",
@@ -183,6 +189,8 @@ impl PyEvent {
 
 struct State {
     core: Option<RunHandle>,
+    /// Python tools: the core's bare announcement of their calls is dropped (they report their own).
+    python_tools: Arc<[String]>,
     tool_events: UnboundedReceiver<EventData>,
     core_done: bool,
     tools_done: bool,
@@ -196,10 +204,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(core: RunHandle, tool_events: UnboundedReceiver<EventData>) -> Arc<Self> {
+    pub fn new(
+        core: RunHandle,
+        tool_events: UnboundedReceiver<EventData>,
+        python_tools: Arc<[String]>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 core: Some(core),
+                python_tools,
                 tool_events,
                 core_done: false,
                 tools_done: false,
@@ -230,9 +243,7 @@ impl Shared {
                 biased;
                 () = self.cancel_notify.notified() => {}
                 event = core.next_event() => match event {
-                    // Tool calls are reported by the package itself, with their arguments and
-                    // results (for Python callables).
-                    Some(Event::ToolCall { .. }) => {}
+                    Some(Event::ToolCall { name }) if state.python_tools.contains(&name) => {}
                     Some(event) => return Some(EventData::Core(event)),
                     None => state.core_done = true,
                 },

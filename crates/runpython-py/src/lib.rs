@@ -3,8 +3,8 @@
 //!
 //! It wraps runpython-core's public API and nothing else: a `RunPython` built from keyword
 //! arguments, sync and asyncio entry points (`run`/`arun`, `start` with a handle that iterates events
-//! either way, `resume`, `handle_tool_call`), the envelope as objects with attribute access, and
-//! Python callables as bridge tools (`tools::PyTool`). It depends on runpython-core only (like the
+//! either way, `resume`, `handle_tool_call`), sessions (`session.rs`: state kept across cells), the
+//! envelope as objects with attribute access, and Python callables as bridge tools (`tools::PyTool`). It depends on runpython-core only (like the
 //! CLI, it is a thin layer); it never spawns anything itself.
 //!
 //! Threads and the GIL: one Tokio runtime per process (pyo3-async-runtimes'), on which every run
@@ -31,7 +31,9 @@ mod engine;
 mod envelope;
 mod errors;
 mod handle;
+mod request;
 mod runtime;
+mod session;
 mod tools;
 
 use pyo3::prelude::*;
@@ -48,6 +50,7 @@ fn _runpython(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<envelope::PyErrorInfo>()?;
     m.add_class::<envelope::PyArtifact>()?;
     m.add_class::<handle::PyRunHandle>()?;
+    m.add_class::<session::PySession>()?;
     m.add_class::<handle::PyEvent>()?;
     Ok(())
 }

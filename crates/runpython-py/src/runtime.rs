@@ -2,6 +2,8 @@
 //! read (which event loop runs `async def` tools, where tool events go).
 
 use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::sync::mpsc::{sync_channel, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +21,33 @@ const SIGNAL_POLL: Duration = Duration::from_millis(50);
 /// The process's runtime (pyo3-async-runtimes': multi-threaded, built on first use).
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// A value of the core's dropped with the runtime entered. Python frees objects on whatever thread
+/// drops the last reference, usually one that never entered the runtime, and the core's cleanup on
+/// drop may spawn blocking tasks (a session's or a pooled interpreter's run directory is removed off
+/// the critical path), which needs a runtime.
+pub(crate) struct InRuntime<T>(ManuallyDrop<T>);
+
+impl<T> InRuntime<T> {
+    pub fn new(value: T) -> Self {
+        Self(ManuallyDrop::new(value))
+    }
+}
+
+impl<T> Deref for InRuntime<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> Drop for InRuntime<T> {
+    fn drop(&mut self) {
+        let _entered = runtime().enter();
+        // SAFETY: dropped exactly once, here, and never used again: `self` is being dropped.
+        unsafe { ManuallyDrop::drop(&mut self.0) }
+    }
 }
 
 /// Aborts the task when dropped: a sync caller interrupted by a signal drops the run, which kills it.

@@ -7,6 +7,11 @@
 //! a thread; when the run ends first (timeout, cancellation) its task is cancelled. An exception
 //! becomes a [`ToolError`] named after its class, which the code sees raised with that name and
 //! message; `runpython.Suspend(request)` suspends the run instead.
+//!
+//! A call's idempotency key (`ToolArgs::call_id`, `<run id>.<ordinal>`) reaches the callable through a
+//! context variable, `runpython.current_call_id()`, set in the call's own copy of the caller's context:
+//! no signature gains a meaning it did not have (a parameter named `call_id` stays the model's), it
+//! is the same for plain and `async def` tools, and helpers the tool calls can read it too.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -116,9 +121,9 @@ impl Tool for PyTool {
             }
             let started = Instant::now();
             let result = if is_async {
-                call_async(invoker, context, args.kwargs).await
+                call_async(invoker, context, args.kwargs, args.call_id).await
             } else {
-                call_sync(invoker, context, args.kwargs).await
+                call_sync(invoker, context, args.kwargs, args.call_id).await
             };
             if let Some(events) = &events {
                 let _ = events.send(EventData::ToolResult {
@@ -162,6 +167,7 @@ async fn call_sync(
     invoker: Arc<Py<PyAny>>,
     context: Option<Arc<RunContext>>,
     kwargs: Map<String, Value>,
+    call_id: Option<String>,
 ) -> CallResult {
     let joined = tokio::task::spawn_blocking(move || {
         Python::try_attach(|py| {
@@ -170,7 +176,7 @@ async fn call_sync(
                 let kwargs = to_py(py, &Value::Object(kwargs))?;
                 invoker
                     .bind(py)
-                    .call_method1("call", (kwargs, event_loop, ctx))
+                    .call_method1("call", (kwargs, event_loop, ctx, call_id))
             };
             match run() {
                 Ok(value) => result_to_json(invoker.bind(py), &value),
@@ -192,6 +198,7 @@ async fn call_async(
     invoker: Arc<Py<PyAny>>,
     context: Option<Arc<RunContext>>,
     kwargs: Map<String, Value>,
+    call_id: Option<String>,
 ) -> CallResult {
     let (tx, rx) = oneshot::channel();
     let submitted = tokio::task::spawn_blocking(move || {
@@ -208,7 +215,7 @@ async fn call_async(
                 )?;
                 Ok(invoker
                     .bind(py)
-                    .call_method1("submit", (kwargs, event_loop, ctx, done))?
+                    .call_method1("submit", (kwargs, event_loop, ctx, call_id, done))?
                     .unbind())
             };
             run().map_err(|e| tool_error(py, &e))

@@ -38,6 +38,7 @@ def test_for_loop_streams_output_as_it_happens_then_tool_events(rp: RunPython) -
     assert [t for k, t, _ in seen if k == "stdout"] == ["0\n", "1\n", "2\n"]
     assert seen[0][2] < seen[2][2] - 0.3  # the first line came before the run ended
     call, result = seen[3][1], seen[4][1]
+    assert isinstance(call, dict) and isinstance(result, dict)
     assert call["name"] == "done" and call["arguments"] == {"n": 2}
     assert result["id"] == call["id"] and result["ok"] and result["result"] == "done 2"
     envelope = handle.wait()
@@ -48,7 +49,7 @@ def test_for_loop_streams_output_as_it_happens_then_tool_events(rp: RunPython) -
 def test_async_for_streams_events_and_await_gives_the_envelope(rp: RunPython) -> None:
     async def main() -> tuple[list[str], object]:
         handle = rp.start("print('a')\nimport sys\nprint('b', file=sys.stderr)\nadone(1)")
-        kinds = [event.kind async for event in handle]
+        kinds: list[str] = [event.kind async for event in handle]
         envelope = await handle
         return kinds, envelope.return_value
 

@@ -17,7 +17,7 @@ use crate::child::code_dir;
 use crate::envelope::{Envelope, ErrorInfo, Status};
 use crate::error::Error;
 use crate::outcome::Ending;
-use crate::request::{check_input_names, new_run_id, Event, RunRequest};
+use crate::request::{check_env, check_input_names, new_run_id, Event, RunRequest};
 use crate::session::{
     check_session_id, new_session_id, CellRecord, CellSpec, Entry, Live, SessionRecord,
 };
@@ -155,6 +155,7 @@ impl RunPython {
         let started = Instant::now();
         check_session_id(id)?;
         check_input_names(&request)?;
+        check_env(&request)?; // before the cell reaches the live interpreter, which it would end
         let entry = self.inner.sessions.entry(id);
         let mut e = entry.lock().await;
         e.last_used = Instant::now();

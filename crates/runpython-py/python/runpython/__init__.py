@@ -10,8 +10,15 @@
     envelope = rp.run("lookup('Paris')['temp_c'] * 2")
     envelope.return_value  # 42
 
+Sessions keep state across cells in one sandboxed interpreter:
+
+    with rp.session() as s:
+        s.run("rows = [1, 2, 3]")
+        s.run("sum(rows)").return_value  # 6
+
 The engine is Rust (`runpython._runpython`); this package re-exports it with the pure-Python parts:
-`tool` (naming a callable, declaring it pure) and `Suspend` (a tool asking for a human decision).
+`tool` (naming a callable, declaring it pure), `Suspend` (a tool asking for a human decision) and
+`current_call_id` (inside a tool: the call's idempotency key).
 """
 
 from runpython._runpython import (
@@ -28,10 +35,11 @@ from runpython._runpython import (
     RunPython,
     RunPythonError,
     SandboxError,
+    Session,
     StoreError,
     __version__,
 )
-from runpython._tools import Suspend, Tool, tool
+from runpython._tools import Suspend, Tool, current_call_id, tool
 
 __all__ = [
     "Artifact",
@@ -47,9 +55,11 @@ __all__ = [
     "RunPython",
     "RunPythonError",
     "SandboxError",
+    "Session",
     "StoreError",
     "Suspend",
     "Tool",
     "__version__",
+    "current_call_id",
     "tool",
 ]

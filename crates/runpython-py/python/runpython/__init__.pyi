@@ -2,6 +2,7 @@
 
 import datetime
 import os
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from typing import Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, final, overload
 
@@ -19,10 +20,12 @@ __all__ = [
     "RunPython",
     "RunPythonError",
     "SandboxError",
+    "Session",
     "StoreError",
     "Suspend",
     "Tool",
     "__version__",
+    "current_call_id",
     "tool",
 ]
 
@@ -128,7 +131,25 @@ class Envelope:
     def suspension(self) -> dict[str, Any] | None: ...
     @property
     def isolation(self) -> dict[str, Any] | None: ...
-    def to_dict(self) -> dict[str, Any]: ...
+    @property
+    def session_id(self) -> str | None:
+        """The session a cell ran in; None for a run of its own."""
+    @property
+    def cell(self) -> int | None:
+        """The cell's number in its session, from 1; None for a run of its own."""
+    @property
+    def restored(self) -> bool:
+        """True when the session was rebuilt from the store (its cells replayed) before this cell ran."""
+    @property
+    def return_repr(self) -> str | None:
+        """The value as a REPL prints it, when the cell asked for it (`repr=True`)."""
+    @property
+    def kept(self) -> bool:
+        """False when the store failed to keep the run after the code ran; `store_error` says how."""
+    @property
+    def store_error(self) -> str | None: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The v1 JSON as a dict; the session fields, `kept` and `store_error` only where they apply."""
     def to_json(self, indent: int | None = None) -> str: ...
 
 @final
@@ -136,7 +157,9 @@ class Event:
     """One event of a started run."""
 
     @property
-    def kind(self) -> Literal["stdout", "stderr", "dependencies", "tool_call", "tool_result", "resumable", "other"]: ...
+    def kind(
+        self,
+    ) -> Literal["stdout", "stderr", "dependencies", "resumable", "tool_call", "tool_result", "other"]: ...
     @property
     def text(self) -> str | None: ...
     @property
@@ -159,6 +182,10 @@ class _PoolSettings(TypedDict, total=False):
     idle: _Seconds
     warm_imports: list[str]
     prestart: bool
+
+class _SessionSettings(TypedDict, total=False):
+    max_live: int
+    idle: _Seconds
 
 class _SandboxSettings(TypedDict, total=False):
     namespaces: bool
@@ -203,6 +230,10 @@ def tool(
     function: None = None, /, *, name: str | None = None, description: str | None = None, pure: bool = False
 ) -> Callable[[Callable[_P, _R]], Tool[_P, _R]]: ...
 
+def current_call_id() -> str | None:
+    """Inside a tool (and whatever it calls): the call's idempotency key, `<run id>.<ordinal>`, the same
+    when a resumed run or a restored session makes the call again. None outside a tool call."""
+
 class Suspend(Exception):
     """Raised by a tool to suspend the run until someone decides; resume() supplies the decision,
     which the call then returns."""
@@ -243,6 +274,7 @@ class RunPython:
         allow_nested: int | None = None,
         pool: bool | int | _PoolSettings | None = None,
         sandbox: bool | _SandboxSettings | None = None,
+        sessions: _SessionSettings | None = None,
     ) -> RunPython: ...
     def run(
         self,
@@ -252,10 +284,13 @@ class RunPython:
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> Envelope:
         """Runs `code` to its end with the GIL released and returns the envelope; what the code does
         (raise, time out, exit) is its status, never an exception. `async def` tools run on a private
-        event loop thread (this call blocks the caller's loop, if any); plain ones on worker threads."""
+        event loop thread (this call blocks the caller's loop, if any); plain ones on worker threads.
+        `env` sets environment variables for this run only (str to str; masked wherever the run is
+        kept, never stored)."""
 
     def arun(
         self,
@@ -265,6 +300,7 @@ class RunPython:
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> Coroutine[Any, Any, Envelope]:
         """`run` for asyncio: a coroutine that holds no thread while it waits; `async def` tools run on
         the caller's event loop. Cancelling the awaiting task stops the run and kills its processes."""
@@ -277,9 +313,14 @@ class RunPython:
         dependencies: Sequence[str] | None = None,
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
+        env: Mapping[str, str] | None = None,
     ) -> RunHandle:
         """Starts `code`: iterate the handle (`for` / `async for`) for stdout, stderr, dependency and
         tool-call events, `wait()` or `await` it for the envelope, `cancel()` it to stop the run."""
+
+    def session(self, id: str | None = None) -> Session:
+        """A session: cells run in one long-lived sandboxed interpreter that keeps their state. `id`
+        names one (the same id on an engine sharing the store restores it); None: a new one."""
 
     def resume(self, run_id: str, decisions: Mapping[str, _Json]) -> Envelope:
         """Continues a suspended run: `decisions` maps suspension ids (`envelope.suspension["id"]`)
@@ -304,3 +345,67 @@ class RunPython:
     def tools(self) -> list[str]: ...
     @property
     def timeout(self) -> float: ...
+
+@final
+class Session:
+    """State kept across cells in one long-lived sandboxed interpreter (`RunPython.session()`). Use it
+    as a context manager (`with` / `async with`) to close it on exit."""
+
+    @property
+    def id(self) -> str: ...
+    def run(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, _Json] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        repr: bool = False,
+    ) -> Envelope:
+        """Runs a cell to its end; its envelope has `session_id`, `cell` and `restored`. `repr=True`
+        also returns the value as a REPL prints it (`return_repr`)."""
+
+    def arun(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, _Json] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        repr: bool = False,
+    ) -> Coroutine[Any, Any, Envelope]: ...
+    def start(
+        self,
+        code: str,
+        *,
+        inputs: Mapping[str, _Json] | None = None,
+        dependencies: Sequence[str] | None = None,
+        input_artifacts: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        repr: bool = False,
+    ) -> RunHandle: ...
+    def reset(self) -> None:
+        """Forgets the state (the interpreter is killed, the record removed); the next cell is cell 1."""
+
+    def areset(self) -> Coroutine[Any, Any, None]: ...
+    def close(self) -> None:
+        """Ends the session (like reset, and the engine forgets the id); a cell after it starts a new,
+        empty session under the same id."""
+
+    def aclose(self) -> Coroutine[Any, Any, None]: ...
+    def __enter__(self) -> Session: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> Literal[False]: ...
+    def __aenter__(self) -> Coroutine[Any, Any, Session]: ...
+    def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> Coroutine[Any, Any, Literal[False]]: ...

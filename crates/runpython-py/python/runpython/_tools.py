@@ -13,13 +13,16 @@ TypeAdapter understands) when pydantic is installed. A parameter without a hint,
 list, is passed through unchecked.
 
 The engine (Rust) calls `Invoker.call` for plain callables, on a worker thread, and `Invoker.submit` for
-coroutine functions, which schedules the call on an asyncio loop and reports the finished task.
+coroutine functions, which schedules the call on an asyncio loop and reports the finished task. Either way
+the call runs in its own copy of the caller's `contextvars` context, where `current_call_id()` is the
+call's idempotency key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextvars
 import dataclasses
 import datetime
 import decimal
@@ -45,6 +48,16 @@ _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 
 # A conversion: the checked (and converted) value, or TypeError / ValueError naming `where`.
 Convert = Callable[[Any, str], Any]
+
+
+_CALL_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("runpython_call_id", default=None)
+
+
+def current_call_id() -> str | None:
+    """The idempotency key of the tool call being served, inside a tool (and whatever it calls):
+    `<run id>.<ordinal>`, the same when a resumed run or a restored session makes the call again, so a
+    tool with side effects can tell a repeated call from a new one. None outside a tool call."""
+    return _CALL_ID.get()
 
 
 class Suspend(Exception):
@@ -265,18 +278,22 @@ class Invoker:
             raise TypeError(f"{self.name}() got an unexpected keyword argument {next(iter(kwargs))!r}")
         return args, named
 
-    def call(self, kwargs: dict[str, Any], loop: asyncio.AbstractEventLoop, context: Any) -> Any:
+    def call(self, kwargs: dict[str, Any], loop: asyncio.AbstractEventLoop, context: Any,
+             call_id: str | None) -> Any:
         """A plain callable's call, on a worker thread, inside a copy of the caller's context."""
         args, named = self.bind(kwargs)
+        context.run(_CALL_ID.set, call_id)
         result = context.run(self.function, *args, **named)
         if inspect.isawaitable(result):  # a plain callable that returned an awaitable
-            result = asyncio.run_coroutine_threadsafe(awaited(result), loop).result()
+            # Scheduled from inside the call's context, so the task awaiting it runs in a copy of it.
+            result = context.run(asyncio.run_coroutine_threadsafe, awaited(result), loop).result()
         return result
 
     def submit(self, kwargs: dict[str, Any], loop: asyncio.AbstractEventLoop, context: Any,
-               done: Callable[[asyncio.Task[Any]], object]) -> AsyncCall:
+               call_id: str | None, done: Callable[[asyncio.Task[Any]], object]) -> AsyncCall:
         """A coroutine function's call, scheduled on `loop`; `done(task)` is called when it ends."""
         args, named = self.bind(kwargs)
+        context.run(_CALL_ID.set, call_id)
         return AsyncCall(loop, context, functools.partial(self.function, *args, **named), done)
 
     def jsonable(self, value: Any) -> Any:
@@ -287,6 +304,11 @@ class Invoker:
 async def awaited(awaitable: typing.Awaitable[Any]) -> Any:
     """A coroutine awaiting `awaitable` (an asyncio task needs a coroutine)."""
     return await awaitable
+
+
+async def ready(value: Any) -> Any:
+    """A coroutine returning `value` at once (`Session.__aenter__`)."""
+    return value
 
 
 async def deferred(start: Callable[[], typing.Awaitable[Any]]) -> Any:
