@@ -346,6 +346,31 @@ async fn a_cells_environment_is_its_own_and_its_cut_output_is_kept_whole_and_mas
     let whole = String::from_utf8(whole).unwrap();
     assert!(whole.starts_with(&"x".repeat(5000)), "kept whole");
     assert!(whole.ends_with("middle [REDACTED:DB_SECRET]\n"), "masked");
+
+    // The variable was that cell's only; a value the code kept is masked in later cells' output too.
+    let e2 = s
+        .run(
+            "import os\nsecret = 'hunter2-hunter2'\nprint('x' * 5000)\nprint(os.environ.get('DB_SECRET'), secret)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(e2.status, Status::Success, "{:?}", e2.error);
+    assert!(
+        e2.stdout.ends_with("None hunter2-hunter2\n"),
+        "{}",
+        e2.stdout
+    );
+    let cut = e2.truncated.as_ref().unwrap().stdout.as_ref().unwrap();
+    let whole = python
+        .get_run_artifact(cut.artifact.as_ref().unwrap())
+        .await
+        .unwrap();
+    let whole = String::from_utf8(whole).unwrap();
+    assert!(
+        whole.ends_with("None [REDACTED:DB_SECRET]\n"),
+        "a later cell's kept output is masked: {}",
+        &whole[whole.len() - 60..]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -722,6 +722,31 @@ def _set_env(env):
             posix.environ[name.encode("utf-8", "surrogateescape")] = value.encode("utf-8", "surrogateescape")
 
 
+def _env_now(names):
+    """The current values of `names` (None where unset), as `_set_env` would read them back."""
+    os = sys.modules.get("os")
+    if os is not None:
+        return {name: os.environ.get(name) for name in names}
+    found = {}
+    for name in names:
+        value = posix.environ.get(name.encode("utf-8", "surrogateescape"))
+        found[name] = None if value is None else value.decode("utf-8", "surrogateescape")
+    return found
+
+
+def _restore_env(previous):
+    """Puts back what `_env_now` saw: a session cell's variables are that cell's only."""
+    os = sys.modules.get("os")
+    for name, value in previous.items():
+        if value is not None:
+            _set_env({name: value})
+        elif os is not None:
+            os.environ.pop(name, None)
+        else:
+            posix.unsetenv(name)
+            posix.environ.pop(name.encode("utf-8", "surrogateescape"), None)
+
+
 def _warm_up(args):
     """A pooled interpreter prepares before its run arrives: `--site DIR` adds the environment and
     `--warm a,b` imports modules the pool declares warm (a failed import is left for the run to see)."""
@@ -949,7 +974,9 @@ class _Session:
         if code_dir:
             _code_dir = code_dir.rstrip("/") + "/"
         _add_sites(request.get("site_dirs"), sites)
-        _set_env(request.get("env") or {})
+        env = request.get("env") or {}
+        previous = _env_now(env)
+        _set_env(env)
         _bind_inputs(request, namespace)
         with self.lock:
             self.running = True
@@ -973,6 +1000,10 @@ class _Session:
         except BaseException:
             pass
         _write_result(res, _result_text(status, result, summary))
+        try:
+            _restore_env(previous)  # the next cell does not see this cell's variables
+        except BaseException:
+            pass
         # This cell's bridge connection ends with it: the client lets go of descriptor 4 without closing
         # it (the next cell's connection takes that number).
         tools = sys.modules.get("runpython_tools")

@@ -401,7 +401,9 @@ impl RunPython {
         let (mut uploads, full) = if quiet {
             (Vec::new(), [None, None])
         } else {
-            self.output_uploads(request)
+            e.secrets
+                .extend(request.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            self.output_uploads(&masking(request, e))
         };
         let raw = live
             .run_cell(CellSpec {
@@ -589,7 +591,7 @@ impl RunPython {
             let interpreter = self.interpreter().await?.clone();
             crate::persist::keep_run(
                 keep,
-                request,
+                &masking(request, e),
                 envelope,
                 (files, cell.streamed),
                 &interpreter,
@@ -687,4 +689,14 @@ struct KeptCell<'a> {
     files: bool,
     suspended: Vec<String>,
     streamed: Vec<runpython_store::Artifact>,
+}
+
+/// `request` with the environment its kept output is masked with: every variable the session's cells
+/// were given (the code may have kept a value a cell read).
+fn masking(request: &RunRequest, e: &Entry) -> RunRequest {
+    let mut masked = request.clone();
+    masked
+        .env
+        .extend(e.secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+    masked
 }

@@ -53,6 +53,9 @@ pub(crate) struct Entry {
     pub deps: Vec<String>,
     /// The record kept in the store (durable sessions), as last written.
     pub record: Option<SessionRecord>,
+    /// Every per-cell environment variable given so far: a later cell's kept output is masked with
+    /// them too (the code may have kept a value it read). In memory only, never stored.
+    pub secrets: std::collections::BTreeMap<String, String>,
 }
 
 /// The sessions of one engine (shared by its clones).
@@ -99,6 +102,7 @@ impl Registry {
                 last_used: Instant::now(),
                 deps: Vec::new(),
                 record: None,
+                secrets: std::collections::BTreeMap::new(),
             }))
         }))
     }
