@@ -4,6 +4,7 @@
 
 mod attempt;
 mod builder;
+mod cell;
 mod execute;
 mod session;
 mod tools;

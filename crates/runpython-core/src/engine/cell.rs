@@ -1,0 +1,325 @@
+//! One session cell in its live interpreter: its dependencies prepared, run, recorded (durable
+//! sessions), kept and fitted into an envelope.
+
+use std::time::Instant;
+
+use runpython_bridge::{CallState, ReplayPlan};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use super::attempt::OutputUpload;
+use super::execute::{elapsed_ms, Outcome};
+use super::tools::RunTools;
+use super::RunPython;
+use crate::child::code_dir;
+use crate::envelope::{Envelope, ErrorInfo, Status};
+use crate::error::Error;
+use crate::outcome::Ending;
+use crate::request::{new_run_id, Event, RunRequest};
+use crate::session::{CellRecord, CellSpec, Entry, Live};
+
+impl RunPython {
+    /// Runs one cell in `live` (its dependencies prepared and its interpreter told to use them).
+    /// `quiet` cells (a replay) get no events. `Ok(Err(envelope))`: the cell could not start (its
+    /// dependencies), the envelope says why.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn run_live_cell(
+        &self,
+        e: &mut Entry,
+        live: &mut Live,
+        request: &RunRequest,
+        run_id: &str,
+        replay: Option<ReplayPlan>,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        quiet: bool,
+    ) -> Result<Result<(crate::session::CellRaw, Vec<OutputUpload>), Envelope>, Error> {
+        let limits = &self.inner.limits;
+        let interpreter = self.interpreter().await?.clone();
+        // The session's dependencies so far, and this cell's.
+        let mut deps_request = request.clone();
+        deps_request.dependencies = e
+            .deps
+            .iter()
+            .chain(&request.dependencies)
+            .cloned()
+            .collect();
+        let site_dirs = match self
+            .inner
+            .deps
+            .prepare(&deps_request, &interpreter, events.as_ref())
+            .await
+        {
+            Ok(Some(env)) => {
+                for spec in &env.specs {
+                    if !e.deps.contains(spec) {
+                        e.deps.push(spec.clone());
+                    }
+                }
+                env.site_dir.into_iter().collect::<Vec<_>>()
+            }
+            Ok(None) => Vec::new(),
+            Err(err) => {
+                let envelope = Envelope::failed(
+                    Status::Error,
+                    ErrorInfo::new(
+                        "DependencyError",
+                        format!("{err}; the session's state is kept"),
+                    ),
+                    new_run_id(),
+                );
+                return Ok(Err(envelope));
+            }
+        };
+        let RunTools {
+            tools,
+            nested_stats,
+            saved: _,
+        } = self.run_tools(Instant::now(), &live.scratch)?;
+        let tools = match (&events, quiet) {
+            (Some(events), false) => super::tools::announced(&tools, events)?,
+            _ => tools,
+        };
+        let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
+        let request_json = serde_json::to_vec(&serde_json::json!({
+            "type": "cell",
+            "code_dir": code_dir()?,
+            "code": &request.code,
+            "inputs": &request.inputs,
+            "env": &request.env,
+            "input_artifacts": input_artifacts,
+            "artifact_helpers": self.inner.keep.is_some(),
+            "max_return_bytes": limits.max_return_bytes,
+            "inline_return_bytes": limits.inline_return_bytes,
+            "site_dirs": site_dirs,
+            "saved_dir": live.saved_dir,
+            "repr": request.repr,
+            "bridge": Value::Null,
+        }))
+        .map_err(|e| Error::Internal(e.to_string()))?;
+        let (mut uploads, full) = if quiet {
+            (Vec::new(), [None, None])
+        } else {
+            e.secrets
+                .extend(request.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            self.output_uploads(&masking(request, e))
+        };
+        let raw = live
+            .run_cell(CellSpec {
+                request_json,
+                tools,
+                bridge: &self.inner.bridge,
+                replay,
+                sink: None,
+                nested_stats,
+                max_output_chars: limits.max_output_chars,
+                max_return_bytes: limits.max_return_bytes,
+                timeout: request
+                    .timeout
+                    .unwrap_or(limits.timeout)
+                    .min(limits.timeout),
+                events: if quiet { None } else { events },
+                cancel,
+                full,
+                run_id: run_id.to_owned(),
+            })
+            .await?;
+        OutputUpload::set_cut(&mut uploads, raw.cut);
+        Ok(Ok((raw, uploads)))
+    }
+
+    /// A live cell from request to envelope: run, recorded (durable sessions), kept, fitted.
+    pub(super) async fn cell(
+        &self,
+        e: &mut Entry,
+        request: &RunRequest,
+        replay: Option<ReplayPlan>,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+        started: Instant,
+    ) -> Result<Envelope, Error> {
+        let mut live = e
+            .live
+            .take()
+            .ok_or_else(|| Error::Internal("a session cell without an interpreter".into()))?;
+        let run_id = new_run_id();
+        let ran = self
+            .run_live_cell(
+                e, &mut live, request, &run_id, replay, events, cancel, false,
+            )
+            .await;
+        let (mut raw, uploads) = match ran {
+            Ok(Ok(ran)) => ran,
+            Ok(Err(mut envelope)) => {
+                e.live = Some(live);
+                envelope.session_id = Some(e.id.clone());
+                envelope.duration_ms = elapsed_ms(started);
+                return Ok(envelope);
+            }
+            Err(err) => {
+                e.live = Some(live);
+                return Err(err);
+            }
+        };
+        let (streamed, upload_failed) =
+            match OutputUpload::finish(uploads, &mut raw.stdout, &mut raw.stderr).await {
+                Ok(streamed) => (streamed, None),
+                Err(err) => (Vec::new(), Some(err)),
+            };
+        let completed = matches!(raw.ending, Ending::Answered) && raw.lost.is_none();
+        let suspended: Vec<String> = match (&raw.ending, &raw.journal) {
+            (Ending::Bridge(runpython_bridge::Stop::Suspended(_)), Some(journal)) => journal
+                .suspensions()
+                .filter_map(|entry| match &entry.state {
+                    CallState::Suspended { id, .. } => Some(id.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let timeout = request
+            .timeout
+            .unwrap_or(self.inner.limits.timeout)
+            .min(self.inner.limits.timeout);
+        let mut envelope = self.envelope_of(
+            run_id.clone(),
+            Outcome {
+                ending: raw.ending,
+                answer: &raw.answer,
+                stdout: &raw.stdout,
+                stderr: &raw.stderr,
+                isolation: live.isolation.clone(),
+                oom_killed: raw.oom_killed,
+                bridge_stats: raw.bridge_stats.as_deref(),
+            },
+            timeout,
+            started,
+        )?;
+        e.cells += 1;
+        envelope.session_id = Some(e.id.clone());
+        envelope.cell = Some(e.cells);
+        if envelope.status == Status::Timeout && raw.lost.is_none() {
+            if let Some(err) = &mut envelope.error {
+                err.message.push_str(
+                    " (the cell was interrupted with KeyboardInterrupt; the session keeps its state)",
+                );
+            }
+        }
+        if let Some(why) = &raw.lost {
+            if envelope.status != Status::Suspended {
+                let note = format!("{why}; the session's state is lost");
+                match &mut envelope.error {
+                    Some(err) => err.message = format!("{}. {note}", err.message),
+                    None => {
+                        envelope.status = Status::Error;
+                        envelope.error = Some(ErrorInfo::new("SessionLost", note));
+                    }
+                }
+                e.lost = Some(why.clone());
+            }
+        }
+        // The code ran: a store that fails from here on is named in the envelope (`kept: false`),
+        // never an `Err` that would throw the cell's outcome and the live session away.
+        if let Some(keep) = &self.inner.keep {
+            let kept = match upload_failed {
+                Some(err) => Err(err),
+                None => {
+                    let cell = KeptCell {
+                        journal: raw.journal.as_ref(),
+                        record: completed || !suspended.is_empty(),
+                        files: raw.lost.is_none() || !suspended.is_empty(),
+                        suspended,
+                        streamed,
+                    };
+                    self.keep_cell(keep, e, &mut live, request, &mut envelope, cell)
+                        .await
+                }
+            };
+            if let Err(err) = kept {
+                super::execute::not_kept(&mut envelope, &crate::error_report(&err));
+            }
+        }
+        if raw.lost.is_none() {
+            e.live = Some(live);
+        }
+        if envelope.return_preview.is_some() {
+            envelope.return_value = Value::Null;
+        }
+        crate::budget::fit(
+            &mut envelope,
+            self.inner.limits.envelope_budget,
+            &raw.stdout,
+            &raw.stderr,
+            self.inner.limits.max_output_chars,
+        );
+        Ok(envelope)
+    }
+
+    /// Keeps a cell: its record in the session's (durable sessions: a completed or suspended cell,
+    /// with its journal) and the run itself. Stops at the first write that fails. The record in
+    /// memory has the cell either way, so the next cell's save writes it.
+    async fn keep_cell(
+        &self,
+        keep: &crate::persist::Keeping,
+        e: &mut Entry,
+        live: &mut Live,
+        request: &RunRequest,
+        envelope: &mut Envelope,
+        cell: KeptCell<'_>,
+    ) -> Result<(), Error> {
+        let run_id = envelope.run_id.clone();
+        if cell.record {
+            let journal = cell.journal.cloned().unwrap_or_default();
+            let mut record = e.record.take().unwrap_or_default();
+            record.cells.push(CellRecord::new(
+                request,
+                &journal,
+                &run_id,
+                cell.suspended.clone(),
+            )?);
+            record.dependencies = e.deps.clone();
+            let saved = record.save(&keep.store, &e.id).await;
+            e.record = Some(record);
+            saved?;
+            if !cell.suspended.is_empty() {
+                crate::resume::put_session_cell(&keep.store, &run_id, &e.id).await?;
+            }
+        }
+        if cell.files {
+            let files = live.changed_files(keep.collect.clone()).await?;
+            let interpreter = self.interpreter().await?.clone();
+            crate::persist::keep_run(
+                keep,
+                &masking(request, e),
+                envelope,
+                (files, cell.streamed),
+                &interpreter,
+                None,
+                &self.inner.env_passthrough,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// What of a cell is kept, besides its envelope.
+struct KeptCell<'a> {
+    journal: Option<&'a runpython_bridge::Journal>,
+    /// Record it in the session's record (it completed or suspended).
+    record: bool,
+    /// Keep it as a run (its files and output).
+    files: bool,
+    suspended: Vec<String>,
+    streamed: Vec<runpython_store::Artifact>,
+}
+
+/// `request` with the environment its kept output is masked with: every variable the session's cells
+/// were given (the code may have kept a value a cell read).
+fn masking(request: &RunRequest, e: &Entry) -> RunRequest {
+    let mut masked = request.clone();
+    masked
+        .env
+        .extend(e.secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+    masked
+}
