@@ -105,9 +105,18 @@ pub struct Isolation {
     /// served at once (which also bounds the run's host command-tool processes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge: Option<BridgeReport>,
+    /// How the run's interpreter started: `"fresh"` (an interpreter of its own, started for the run
+    /// or ahead of it by the pool) or `"template"` (forked from a warm template, taking every layer
+    /// above for itself before the code ran).
+    #[serde(default = "fresh")]
+    pub start: String,
     /// Requested layers that were not available, each with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
+}
+
+fn fresh() -> String {
+    "fresh".into()
 }
 
 /// The bounds of a run's tool bridge.

@@ -42,7 +42,7 @@ mod sandbox;
 mod session;
 mod tool_spec;
 
-pub use child::PoolConfig;
+pub use child::{PoolConfig, TemplateStatus};
 pub use command_tool::CommandTool;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
 pub use envelope::{

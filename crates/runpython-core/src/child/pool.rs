@@ -32,6 +32,13 @@ pub struct PoolConfig {
     /// cold: every run then goes through the pool (`RUNPYTHON_POOL_PRESTART=1`; CI runs the hostile
     /// suite this way to prove pooled runs are isolated like cold ones).
     pub prestart: bool,
+    /// Fork one-shot runs from a warm template per environment (an interpreter that imported the
+    /// runner, the environment and `warm_imports` once) instead of giving each run an interpreter of
+    /// its own: a run then costs a fork and its own sandbox's setup. Each run still gets every layer
+    /// for itself (PID, mount, network and user namespaces, scratch, uid, cgroup, limits, Landlock,
+    /// seccomp); `isolation.start` says `"template"`. Where the kernel or the configuration rules
+    /// templates out, runs take the fresh path. Default off, unless `RUNPYTHON_TEMPLATES=1`.
+    pub templates: bool,
 }
 
 impl Default for PoolConfig {
@@ -44,6 +51,7 @@ impl Default for PoolConfig {
             idle: Duration::from_secs(120),
             warm_imports: Vec::new(),
             prestart: env_vars::parsed::<u8>(env_vars::POOL_PRESTART) == Some(1),
+            templates: env_vars::templates().0,
         }
     }
 }
@@ -140,7 +148,7 @@ impl Pool {
         let mut ready = self.ready.lock().ok()?;
         let slots = ready.get_mut(key)?;
         while let Some(mut slot) = slots.pop() {
-            let alive = matches!(slot.spawned.child.try_wait(), Ok(None));
+            let alive = slot.spawned.process.is_alive();
             if alive && slot.born.elapsed() < self.config.idle {
                 return Some(slot);
             }

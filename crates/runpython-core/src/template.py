@@ -1,0 +1,551 @@
+"""runpython's template: a warm interpreter that one-shot runs are forked from, each into its own sandbox.
+
+Stdlib only. The host starts the template (T) like any interpreter of a run, in a base sandbox (the
+allowlisted filesystem view, no network unless runs have it, a cgroup of its own), but as root of its own
+user namespace and without Landlock, seccomp or limits: it needs the capabilities to make each run's
+namespaces, and it never runs user code. T imports the runner, the environment and the warm modules,
+stops library thread pools, and waits for commands on its control socket (its stdin, a SOCK_SEQPACKET
+socket: one message is one command, with its descriptors attached):
+
+    {"op": "fork", ...} + the run's descriptors  ->  {"ok": true, "pid": G} + a pidfd of G,
+                                                     or {"error": "..."}
+    {"op": "stat"}                               ->  {"rss": bytes, "threads": n, "forked": n}
+
+A fork makes two processes:
+
+- G, PID 1 of a fresh PID namespace (T unshares `CLONE_NEWPID` for its next child only). G joins the run's
+  cgroup, starts H, reaps what the run orphans, and when H ends kills the rest of the namespace and writes
+  H's wait status (4 bytes) to the status pipe. G is not dumpable and keeps T's uid: the code, another uid
+  without capabilities, can neither read nor signal it.
+- H, the run's interpreter. Before any code runs it takes everything of its own (`_setup`): mount, IPC, UTS
+  and network namespaces (an empty network namespace T made ahead of time, or a new one), a fresh tmpfs
+  scratch at `/runpython` with its `/tmp` and `/dev/shm`, a `/proc` of its PID namespace, the run's uid (a
+  root host's templates can give each run its own) inside a user namespace of its own where nested user
+  namespaces are forbidden, no capability, its limits, `no_new_privs`, Landlock (the host's ruleset plus
+  rules on the run's own directories), the host's seccomp program, and only its own five descriptors.
+  It hands the host its scratch's descriptor with a ready message (`R`), or names the step that failed
+  (`E`), on the hand-off socket, then continues in the runner's one-shot path and never returns into T.
+
+What a fork shares with its siblings and T, and why that is acceptable, is written in ARCHITECTURE.md
+("Runs forked from a template"); what it re-seeds is in `_reseed`.
+"""
+
+import posix
+import sys
+
+import runpython_runner as runner
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_BIND = 0x1000
+MS_REC = 0x4000
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# The same numbers on every architecture (the generic system call table).
+SYS_CLOSE_RANGE = 436
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_RULE_PATH_BENEATH = 1
+SIGKILL = 9
+# Empty network namespaces T keeps made for runs (made while no command waits).
+READY_NETNS = 4
+# Descriptors a run keeps: stdin, stdout, stderr, the result pipe, the bridge.
+RUN_FDS = ("stdin", "stdout", "stderr", "result", "bridge")
+
+
+class StepFailed(Exception):
+    """A setup step failed with an errno; `step` is the host's name for it (its `Step` in `sys.rs`)."""
+
+    def __init__(self, step, errno):
+        super().__init__("%s failed: errno %d" % (step, errno))
+        self.step = step
+        self.errno = errno
+
+
+class Sys:
+    """The system calls a template and its runs make, through ctypes on libc, set up once in T."""
+
+    def __init__(self):
+        import ctypes
+
+        self.ct = ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.libc = libc
+        libc.syscall.restype = ctypes.c_long
+        libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+        libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+        libc.unshare.argtypes = (ctypes.c_int,)
+        libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
+        libc.sethostname.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+
+        class CapHeader(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class CapData(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        self.CapHeader, self.CapData, self.SockFprog = CapHeader, CapData, SockFprog
+
+    def check(self, rc, step):
+        if rc < 0:
+            raise StepFailed(step, self.ct.get_errno())
+        return rc
+
+    def syscall(self, number, *args):
+        c_long = self.ct.c_long
+        return self.libc.syscall(c_long(number), *(c_long(a) for a in args))
+
+    def prctl(self, option, arg, step):
+        return self.check(self.libc.prctl(option, arg, 0, 0, 0), step)
+
+    def unshare(self, flags, step="unshare"):
+        return self.check(self.libc.unshare(flags), step)
+
+    def setns(self, fd, kind, step):
+        return self.check(self.libc.setns(fd, kind), step)
+
+    def mount(self, source, target, fstype, flags, data, step):
+        return self.check(self.libc.mount(source, target, fstype, flags, data), step)
+
+    def close_from(self, first):
+        """Closes every descriptor from `first` up."""
+        if self.syscall(SYS_CLOSE_RANGE, first, 0xFFFFFFFF, 0) < 0:
+            posix.closerange(first, 1 << 20)
+
+    def drop_capabilities(self):
+        """Empties every capability set of the calling thread (ambient, effective, permitted, inheritable)."""
+        self.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, "drop_capabilities")
+        header = self.CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+        data = (self.CapData * 2)()
+        self.check(self.libc.capset(self.ct.byref(header), data), "drop_capabilities")
+
+    def landlock(self, ruleset, rules):
+        """Adds `rules` ([path, access bits]) on directories of the run to the host's `ruleset`, then
+        restricts the calling thread with it (`no_new_privs` is set already)."""
+        ct = self.ct
+        for path, access in rules:
+            try:
+                fd = posix.open(path, posix.O_PATH | posix.O_CLOEXEC)
+            except OSError:
+                continue  # a directory this run does not have
+            attr = ct.create_string_buffer(access.to_bytes(8, sys.byteorder) + fd.to_bytes(4, sys.byteorder, signed=True), 12)
+            rc = self.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH, ct.addressof(attr), 0)
+            posix.close(fd)
+            self.check(rc, "landlock_rule")
+        self.check(self.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict")
+
+    def seccomp(self, program):
+        """Installs a classic BPF program (`struct sock_filter`s, 8 bytes each, as the host compiled it)."""
+        ct = self.ct
+        buf = ct.create_string_buffer(program, len(program))
+        fprog = self.SockFprog(len(program) // 8, ct.addressof(buf))
+        self.check(self.libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ct.addressof(fprog), 0, 0), "seccomp")
+
+
+def _write(path, data, step):
+    try:
+        fd = posix.open(path, posix.O_WRONLY | posix.O_CLOEXEC)
+        try:
+            posix.write(fd, data)
+        finally:
+            posix.close(fd)
+    except OSError as exc:
+        raise StepFailed(step, exc.errno or 5) from None
+
+
+class Fds:
+    """A command's descriptors by name (a name may repeat: the run's cgroups)."""
+
+    def __init__(self, names, fds):
+        self.pairs = list(zip(names, fds))
+
+    def one(self, name):
+        for n, fd in self.pairs:
+            if n == name:
+                return fd
+        return None
+
+    def all(self, name):
+        return [fd for n, fd in self.pairs if n == name]
+
+    def close(self):
+        for _, fd in self.pairs:
+            try:
+                posix.close(fd)
+            except OSError:
+                pass
+
+
+class Template:
+    """T: forks runs on command; makes network namespaces for them while no command waits."""
+
+    def __init__(self, want_netns):
+        import signal
+        import socket
+
+        self.sys = Sys()
+        self.socket = socket
+        # Descriptors 0-4 stay taken (a run's own arrive above them); stderr is the host's log of T.
+        null = posix.open("/dev/null", posix.O_RDWR)
+        for target in (runner.RESULT_FD, runner.BRIDGE_FD):
+            if target != null:
+                posix.dup2(null, target, inheritable=False)
+        fd = posix.dup(0)  # above 4 now
+        posix.set_inheritable(fd, False)
+        self.ctl = socket.socket(fileno=fd)
+        self.ctl.setblocking(True)
+        for target in (0, 1):
+            posix.dup2(null, target, inheritable=False)
+        if null > runner.BRIDGE_FD:
+            posix.close(null)
+        # T never waits for its children (each run's init): the kernel reaps them.
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        self.pid_ns = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
+        self.own_net = posix.open("/proc/thread-self/ns/net", posix.O_RDONLY | posix.O_CLOEXEC)
+        self.want_netns = want_netns
+        self.netns = []
+        self.forked = 0
+
+    def quiesce(self):
+        """Stops library thread pools (OpenBLAS and the like stop theirs in fork handlers: one fork does
+        it) and returns the threads left besides this one, by name: a process with threads cannot be
+        forked safely (a lock another thread holds stays held in the child)."""
+        import gc
+
+        pid = posix.fork()
+        if pid == 0:
+            posix._exit(0)
+        gc.collect()
+        # Objects alive now are never collected in a run: its collections leave their pages shared.
+        gc.freeze()
+        # This thread as /proc numbers it (its PID namespace may not be the one /proc shows).
+        own = posix.readlink("/proc/thread-self").rsplit("/", 1)[-1]
+        others = []
+        for tid in posix.listdir("/proc/self/task"):
+            if tid != own:
+                try:
+                    with open("/proc/self/task/%s/comm" % tid) as f:
+                        others.append(f.read().strip())
+                except OSError:
+                    others.append(tid)
+        return others
+
+    def send(self, message, fds=()):
+        data = runner.json_dumps(message).encode("utf-8")
+        if fds:
+            self.socket.send_fds(self.ctl, [data], list(fds))
+        else:
+            self.ctl.send(data)
+
+    def serve(self):
+        import select
+
+        poller = select.poll()
+        poller.register(self.ctl, select.POLLIN)
+        while True:
+            if self.want_netns and len(self.netns) < READY_NETNS and not poller.poll(0):
+                self.make_netns()
+                continue
+            try:
+                message, fds, _, _ = self.socket.recv_fds(self.ctl, 1 << 16, 16)
+            except InterruptedError:
+                continue
+            if not message:
+                break  # the host is gone or done with this template
+            try:
+                command = runner.json_loads(message.decode("utf-8"))
+                op = command.get("op")
+            except (ValueError, UnicodeDecodeError):
+                command, op = None, None
+            if op == "fork":
+                reply, out = self.fork(command, Fds(command.get("fds") or [], fds))
+            elif op == "stat":
+                for fd in fds:
+                    posix.close(fd)
+                reply, out = self.stat(), []
+            else:
+                for fd in fds:
+                    posix.close(fd)
+                reply, out = {"error": "unknown command %r" % (op,)}, []
+            try:
+                self.send(reply, out)
+            finally:
+                for fd in out:
+                    posix.close(fd)
+        posix._exit(0)
+
+    def make_netns(self):
+        """One more empty network namespace for a run, made on this thread, which then returns to T's."""
+        s = self.sys
+        try:
+            s.unshare(CLONE_NEWNET)
+        except StepFailed:
+            self.want_netns = False  # the runs make their own
+            return
+        try:
+            fd = posix.open("/proc/thread-self/ns/net", posix.O_RDONLY | posix.O_CLOEXEC)
+        finally:
+            # T's own network namespace again, or T must not go on (its runs' would be this one).
+            if s.libc.setns(self.own_net, CLONE_NEWNET) != 0:
+                posix._exit(70)
+        self.netns.append(fd)
+
+    def stat(self):
+        rss = 0
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+        return {"rss": rss, "threads": len(posix.listdir("/proc/self/task")), "forked": self.forked}
+
+    def fork(self, command, fds):
+        s = self.sys
+        netns = self.netns.pop() if command.get("net") and self.netns else None
+        try:
+            # A fresh PID namespace for the next child only: it becomes that namespace's PID 1.
+            s.setns(self.pid_ns, CLONE_NEWPID, "fork_run")
+            s.unshare(CLONE_NEWPID, "fork_run")
+            pid = posix.fork()
+        except (StepFailed, OSError) as exc:
+            fds.close()
+            if netns is not None:
+                posix.close(netns)
+            return {"error": "forking the run: %s" % (exc,)}, []
+        if pid == 0:
+            # The control socket's object must never close its number, which the run reuses.
+            self.ctl.detach()
+            _init(s, command, fds, netns)  # never returns
+        # T's next children (a probe fork, none else) are in its own PID namespace again.
+        s.libc.setns(self.pid_ns, CLONE_NEWPID)
+        fds.close()
+        if netns is not None:
+            posix.close(netns)
+        self.forked += 1
+        try:
+            return {"ok": True, "pid": pid}, [posix.pidfd_open(pid)]
+        except OSError:
+            return {"ok": True, "pid": pid}, []  # gone already: the hand-off socket tells the host
+
+
+def _init(s, command, fds, netns):
+    """G: PID 1 of the run's PID namespace. Never returns."""
+    try:
+        import signal
+
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
+        # It is a copy of T: nothing of the run may read its memory or its /proc files.
+        s.prctl(PR_SET_DUMPABLE, 0, "dumpable")
+        # Out of T's process group: a signal the code sends its own group reaches this run only.
+        posix.setsid()
+        for procs in fds.all("cgroup"):
+            try:
+                posix.write(procs, b"0")
+            except OSError as exc:
+                raise StepFailed("join_cgroup", exc.errno or 5) from None
+        interpreter = posix.fork()
+    except BaseException as exc:
+        _report(fds.one("handoff"), exc)
+        posix._exit(125)
+    if interpreter == 0:
+        _interpreter(s, command, fds, netns)  # never returns
+    status_fd = fds.one("status")
+    try:
+        # G keeps only the status pipe.
+        s.close_from(status_fd + 1)
+        posix.closerange(0, status_fd)
+        status = 0
+        while True:
+            try:
+                pid, status = posix.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            if pid == interpreter:
+                break
+        # From PID 1, -1 is every other process of this namespace and nothing outside it.
+        try:
+            posix.kill(-1, SIGKILL)
+        except OSError:
+            pass
+        posix.write(status_fd, status.to_bytes(4, sys.byteorder, signed=True))
+    finally:
+        posix._exit(0)
+
+
+def _report(handoff, exc):
+    """Tells the host which setup step failed (`E` + JSON on the hand-off socket)."""
+    if isinstance(exc, StepFailed):
+        step, errno = exc.step, exc.errno
+    elif isinstance(exc, OSError):
+        step, errno = "forked_setup", exc.errno or 5
+    else:
+        step, errno = "forked_setup", 5
+    message = "%s: %s" % (type(exc).__name__, exc)
+    try:
+        posix.write(handoff, b"E" + runner.json_dumps({"step": step, "errno": errno, "message": message[:500]}).encode())
+    except (OSError, TypeError):
+        pass
+
+
+def _interpreter(s, command, fds, netns):
+    """H: takes the run's sandbox, hands the host its scratch, then runs the code. Never returns."""
+    handoff = fds.one("handoff")
+    try:
+        scratch = _setup(s, command, fds, netns)
+        import socket
+
+        sock = socket.socket(fileno=handoff)
+        try:
+            socket.send_fds(sock, [b"R"], [scratch])
+        finally:
+            sock.detach()
+        # The run's five descriptors, and nothing else of T's (its control socket included).
+        for target, name in enumerate(RUN_FDS):
+            posix.dup2(fds.one(name), target, inheritable=target < runner.RESULT_FD)
+        s.close_from(len(RUN_FDS))
+        _reseed()
+    except BaseException as exc:
+        _report(handoff, exc)
+        posix._exit(125)
+    try:
+        runner.forked_main()
+    finally:
+        posix._exit(0)
+
+
+def _setup(s, command, fds, netns):
+    """Everything H takes before the code runs, in order; returns the scratch's descriptor."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
+    flags = CLONE_NEWNS | int(command.get("unshare") or 0)
+    if command.get("net") and netns is None:
+        flags |= CLONE_NEWNET
+    s.unshare(flags)
+    if netns is not None:
+        s.setns(netns, CLONE_NEWNET, "join_netns")
+    if flags & CLONE_NEWUTS:
+        s.check(s.libc.sethostname(b"runpython", 9), "hostname")
+    scratch = _mount_scratch(s, command["scratch"], int(command.get("owner") or 0))
+    uid = command.get("uid")
+    if uid is not None:
+        # A root host's template maps the run uids: this run's own, without a capability left.
+        try:
+            posix.setgroups([])
+            posix.setresgid(uid, uid, uid)
+            posix.setresuid(uid, uid, uid)
+        except OSError as exc:
+            raise StepFailed("drop_ids", exc.errno or 5) from None
+        # A credential change makes the process undumpable, which would make its /proc files root's.
+        s.prctl(PR_SET_DUMPABLE, 1, "dumpable")
+    if command.get("userns"):
+        own = posix.getuid()
+        own_gid = posix.getgid()
+        s.unshare(CLONE_NEWUSER)
+        inside = int(command.get("inside") or 1000)
+        _write("/proc/self/setgroups", b"deny", "write_setgroups")
+        _write("/proc/self/uid_map", b"%d %d 1" % (inside, own), "write_uid_map")
+        _write("/proc/self/gid_map", b"%d %d 1" % (inside, own_gid), "write_gid_map")
+        if command.get("forbid_nested"):
+            _write("/proc/sys/user/max_user_namespaces", b"0", "forbid_nested_userns")
+    s.drop_capabilities()
+    # Credential changes clear the parent-death signal.
+    s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if command.get("nproc") is not None:
+            n = int(command["nproc"])
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+        for which, soft, hard in command.get("rlimits") or ():
+            resource.setrlimit(which, (soft, hard))
+    except (OSError, ValueError) as exc:
+        raise StepFailed("rlimit", getattr(exc, "errno", None) or 22) from None
+    s.prctl(PR_SET_NO_NEW_PRIVS, 1, "no_new_privs")
+    if command.get("landlock") is not None:
+        s.landlock(fds.one("landlock"), command["landlock"])
+    if command.get("seccomp"):
+        s.seccomp(bytes.fromhex(command["seccomp"]))
+    return scratch
+
+
+def _mount_scratch(s, spec, owner):
+    """The run's scratch: a fresh tmpfs at `spec["path"]` with its directories (owned by the run), its
+    `tmp` on `/tmp` and `shm` on `/dev/shm`; and a `/proc` of the run's PID namespace. The working
+    directory becomes its `work`. Returns an `O_PATH` descriptor of it."""
+    path = spec["path"]
+    root = path.encode()
+    data = b"mode=0700,size=%d,uid=%d,gid=%d" % (max(int(spec["size"]), 4096), owner, owner)
+    s.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, data, "mount_tmpfs")
+    for name, mode in spec["dirs"]:
+        sub = path + "/" + name
+        try:
+            posix.mkdir(sub, 0o700)
+            posix.chmod(sub, mode)
+            if owner:
+                posix.chown(sub, owner, owner)
+        except OSError as exc:
+            raise StepFailed("make_mount_point", exc.errno or 5) from None
+    for name, target in (("tmp", b"/tmp"), ("shm", b"/dev/shm")):
+        s.mount(root + b"/" + name.encode(), target, None, MS_BIND | MS_REC, None, "bind_mount")
+    # The run's PID namespace's /proc (this process is in it), over T's.
+    s.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None, "mount_proc")
+    try:
+        fd = posix.open(path, posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
+        posix.chdir(path + "/work")
+    except OSError as exc:
+        raise StepFailed("chdir", exc.errno or 5) from None
+    return fd
+
+
+def _reseed():
+    """What a fork would otherwise share with its siblings: the state of random number generators.
+    `random` re-seeds itself in a forked child (its `register_at_fork` hook) and again here; numpy's
+    global generator (the legacy `numpy.random.*` functions) does not, so it is re-seeded from the OS
+    when numpy is loaded. `os.urandom`, `secrets` and `uuid4` read the kernel at each call."""
+    rnd = sys.modules.get("random")
+    if rnd is not None:
+        rnd.seed()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except Exception:
+            pass
+
+
+def serve(args):
+    """T's main: warm up, quiesce, say ready (or why not), then serve forks until the host lets go."""
+    runner._warm_up(args)
+    want_netns = False
+    for flag, value in zip(args[::2], args[1::2]):
+        if flag == "--netns":
+            want_netns = value == "1"
+    template = Template(want_netns)
+    threads = template.quiesce()
+    if threads:
+        template.send({"error": "threads remain after the warm imports (%s): a process with threads cannot be forked safely" % ", ".join(threads)})
+        posix._exit(1)
+    template.send({"ready": True, **template.stat()})
+    template.serve()
