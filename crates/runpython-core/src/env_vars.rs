@@ -11,8 +11,9 @@ pub(crate) const POOL_SIZE: &str = "RUNPYTHON_POOL_SIZE";
 pub(crate) const POOL_PRESTART: &str = "RUNPYTHON_POOL_PRESTART";
 
 /// `1`: one-shot runs are forked from a warm template per environment (the default
-/// [`crate::PoolConfig::templates`]); `require`: that, and a run that cannot be forked is an error
-/// instead of taking the fresh path (CI runs the hostile suites this way). `0` or unset: off.
+/// [`crate::PoolConfig::templates`]); `require`: that, and a run whose configuration allows a
+/// template but that cannot be forked from one is an error instead of taking the fresh path (CI runs
+/// the hostile suites this way). `0` or unset: off.
 pub(crate) const TEMPLATES: &str = "RUNPYTHON_TEMPLATES";
 
 /// What `RUNPYTHON_TEMPLATES` asks for: (templates on, required).

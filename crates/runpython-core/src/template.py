@@ -7,27 +7,29 @@ namespaces, and it never runs user code. T imports the runner, the environment a
 stops library thread pools, and waits for commands on its control socket (its stdin, a SOCK_SEQPACKET
 socket: one message is one command, with its descriptors attached):
 
-    {"op": "fork", ...} + the run's descriptors  ->  {"ok": true, "pid": G} + a pidfd of G,
-                                                     or {"error": "..."}
-    {"op": "stat"}                               ->  {"rss": bytes, "threads": n, "forked": n}
+    {"op": "fork", ...} + the run's status pipe, Landlock ruleset, cgroups
+        ->  {"ok": true, "pid": G} + a pidfd of G and the host's end of the run's socket,
+            or {"error": "..."}
+    {"op": "stat"}  ->  {"rss": bytes, "threads": n, "forked": n}
 
-A fork makes two processes:
+A fork makes two processes, ahead of the run they will serve (the host keeps a few ready):
 
 - G, PID 1 of a fresh PID namespace (T unshares `CLONE_NEWPID` for its next child only). G joins the run's
   cgroup, starts H, reaps what the run orphans, and when H ends kills the rest of the namespace and writes
   H's wait status (4 bytes) to the status pipe. G is not dumpable and keeps T's uid: the code, another uid
   without capabilities, can neither read nor signal it.
-- H, the run's interpreter. Before any code runs it takes everything of its own (`_setup`): mount, IPC, UTS
-  and network namespaces (an empty network namespace T made ahead of time, or a new one), a fresh tmpfs
-  scratch at `/runpython` with its `/tmp` and `/dev/shm`, a `/proc` of its PID namespace, the run's uid (a
-  root host's templates can give each run its own) inside a user namespace of its own where nested user
-  namespaces are forbidden, no capability, its limits, `no_new_privs`, Landlock (the host's ruleset plus
-  rules on the run's own directories), the host's seccomp program, and only its own five descriptors.
-  It hands the host its scratch's descriptor with a ready message (`R`), or names the step that failed
-  (`E`), on the hand-off socket, then continues in the runner's one-shot path and never returns into T.
+- H, the run's interpreter. It takes everything of its own (`_setup`): mount, network, IPC and UTS
+  namespaces, a fresh tmpfs scratch at `/runpython` with its `/tmp` and `/dev/shm`, a `/proc` of its PID
+  namespace, the run's uid (a root host's templates give each run its own) inside a user namespace of its
+  own where nested user namespaces are forbidden, no capability, its limits, `no_new_privs`, Landlock (the
+  host's ruleset plus rules on the run's own directories) and the host's seccomp program; re-seeds what
+  a fork would share (`_reseed`). It then tells the host on the run's socket: ready (`R` with its
+  scratch's descriptor), or the step that failed (`E`). When its run comes, the host sends it the run's
+  five descriptors (`G`: stdin, stdout, stderr, the result pipe, the bridge); H keeps those and nothing
+  else, and continues in the runner's one-shot path. It never returns into T.
 
 What a fork shares with its siblings and T, and why that is acceptable, is written in ARCHITECTURE.md
-("Runs forked from a template"); what it re-seeds is in `_reseed`.
+("Runs forked from a template").
 """
 
 import posix
@@ -60,8 +62,6 @@ SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_RULE_PATH_BENEATH = 1
 SIGKILL = 9
-# Empty network namespaces T keeps made for runs (made while no command waits).
-READY_NETNS = 4
 # Descriptors a run keeps: stdin, stdout, stderr, the result pipe, the bridge.
 RUN_FDS = ("stdin", "stdout", "stderr", "result", "bridge")
 
@@ -193,9 +193,10 @@ class Fds:
 
 
 class Template:
-    """T: forks runs on command; makes network namespaces for them while no command waits."""
+    """T: forks runs on command."""
 
-    def __init__(self, want_netns):
+    def __init__(self):
+        import resource  # noqa: F401  (for the runs: each sets its limits with it)
         import signal
         import socket
 
@@ -217,9 +218,6 @@ class Template:
         # T never waits for its children (each run's init): the kernel reaps them.
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         self.pid_ns = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
-        self.own_net = posix.open("/proc/thread-self/ns/net", posix.O_RDONLY | posix.O_CLOEXEC)
-        self.want_netns = want_netns
-        self.netns = []
         self.forked = 0
 
     def quiesce(self):
@@ -254,14 +252,7 @@ class Template:
             self.ctl.send(data)
 
     def serve(self):
-        import select
-
-        poller = select.poll()
-        poller.register(self.ctl, select.POLLIN)
         while True:
-            if self.want_netns and len(self.netns) < READY_NETNS and not poller.poll(0):
-                self.make_netns()
-                continue
             try:
                 message, fds, _, _ = self.socket.recv_fds(self.ctl, 1 << 16, 16)
             except InterruptedError:
@@ -290,22 +281,6 @@ class Template:
                     posix.close(fd)
         posix._exit(0)
 
-    def make_netns(self):
-        """One more empty network namespace for a run, made on this thread, which then returns to T's."""
-        s = self.sys
-        try:
-            s.unshare(CLONE_NEWNET)
-        except StepFailed:
-            self.want_netns = False  # the runs make their own
-            return
-        try:
-            fd = posix.open("/proc/thread-self/ns/net", posix.O_RDONLY | posix.O_CLOEXEC)
-        finally:
-            # T's own network namespace again, or T must not go on (its runs' would be this one).
-            if s.libc.setns(self.own_net, CLONE_NEWNET) != 0:
-                posix._exit(70)
-        self.netns.append(fd)
-
     def stat(self):
         rss = 0
         with open("/proc/self/status") as f:
@@ -316,7 +291,8 @@ class Template:
 
     def fork(self, command, fds):
         s = self.sys
-        netns = self.netns.pop() if command.get("net") and self.netns else None
+        socket = self.socket
+        host_end, run_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # A fresh PID namespace for the next child only: it becomes that namespace's PID 1.
             s.setns(self.pid_ns, CLONE_NEWPID, "fork_run")
@@ -324,28 +300,41 @@ class Template:
             pid = posix.fork()
         except (StepFailed, OSError) as exc:
             fds.close()
-            if netns is not None:
-                posix.close(netns)
+            host_end.close()
+            run_end.close()
             return {"error": "forking the run: %s" % (exc,)}, []
         if pid == 0:
-            # The control socket's object must never close its number, which the run reuses.
+            # Socket objects must never close their numbers, which the run reuses.
             self.ctl.detach()
-            _init(s, command, fds, netns)  # never returns
+            host_end.detach()
+            _init(s, command, fds, run_end.detach())  # never returns
         # T's next children (a probe fork, none else) are in its own PID namespace again.
         s.libc.setns(self.pid_ns, CLONE_NEWPID)
         fds.close()
-        if netns is not None:
-            posix.close(netns)
+        run_end.close()
         self.forked += 1
+        out = [host_end.detach()]
         try:
-            return {"ok": True, "pid": pid}, [posix.pidfd_open(pid)]
+            out.insert(0, posix.pidfd_open(pid))
         except OSError:
-            return {"ok": True, "pid": pid}, []  # gone already: the hand-off socket tells the host
+            pass  # gone already: the run's socket tells the host
+        return {"ok": True, "pid": pid, "pidfd": len(out) == 2}, out
 
 
-def _init(s, command, fds, netns):
+def _keep_only(s, keep):
+    """Closes every descriptor but `keep` (and stdin, stdout, stderr: T's, until the run's replace them)."""
+    low = 3
+    for fd in sorted(set(keep)):
+        if fd >= low:
+            posix.closerange(low, fd)
+            low = fd + 1
+    s.close_from(low)
+
+
+def _init(s, command, fds, run):
     """G: PID 1 of the run's PID namespace. Never returns."""
     try:
+        _keep_only(s, [run] + [fd for _, fd in fds.pairs])
         import signal
 
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -362,10 +351,10 @@ def _init(s, command, fds, netns):
                 raise StepFailed("join_cgroup", exc.errno or 5) from None
         interpreter = posix.fork()
     except BaseException as exc:
-        _report(fds.one("handoff"), exc)
+        _report(run, exc)
         posix._exit(125)
     if interpreter == 0:
-        _interpreter(s, command, fds, netns)  # never returns
+        _interpreter(s, command, fds, run)  # never returns
     status_fd = fds.one("status")
     try:
         # G keeps only the status pipe.
@@ -391,8 +380,8 @@ def _init(s, command, fds, netns):
         posix._exit(0)
 
 
-def _report(handoff, exc):
-    """Tells the host which setup step failed (`E` + JSON on the hand-off socket)."""
+def _report(run, exc):
+    """Tells the host which setup step failed (`E` + JSON on the run's socket)."""
     if isinstance(exc, StepFailed):
         step, errno = exc.step, exc.errno
     elif isinstance(exc, OSError):
@@ -401,30 +390,33 @@ def _report(handoff, exc):
         step, errno = "forked_setup", 5
     message = "%s: %s" % (type(exc).__name__, exc)
     try:
-        posix.write(handoff, b"E" + runner.json_dumps({"step": step, "errno": errno, "message": message[:500]}).encode())
+        posix.write(run, b"E" + runner.json_dumps({"step": step, "errno": errno, "message": message[:500]}).encode())
     except (OSError, TypeError):
         pass
 
 
-def _interpreter(s, command, fds, netns):
-    """H: takes the run's sandbox, hands the host its scratch, then runs the code. Never returns."""
-    handoff = fds.one("handoff")
-    try:
-        scratch = _setup(s, command, fds, netns)
-        import socket
+def _interpreter(s, command, fds, run):
+    """H: takes the run's sandbox, says it is ready, waits for its run's descriptors, then runs the code.
+    Never returns."""
+    import socket
 
-        sock = socket.socket(fileno=handoff)
-        try:
-            socket.send_fds(sock, [b"R"], [scratch])
-        finally:
-            sock.detach()
-        # The run's five descriptors, and nothing else of T's (its control socket included).
-        for target, name in enumerate(RUN_FDS):
-            posix.dup2(fds.one(name), target, inheritable=target < runner.RESULT_FD)
-        s.close_from(len(RUN_FDS))
+    sock = socket.socket(fileno=run)
+    try:
+        scratch = _setup(s, command, fds)
         _reseed()
+        socket.send_fds(sock, [b"R"], [scratch])
+        posix.close(scratch)
+        message, got, _, _ = socket.recv_fds(sock, 16, len(RUN_FDS) + 1)
+        if message != b"G" or len(got) != len(RUN_FDS):
+            # The host let go of this run (an engine dropped, an idle one discarded).
+            posix._exit(0)
+        # The run's five descriptors, and nothing else of T's (its control socket included).
+        for target, fd in enumerate(got):
+            posix.dup2(fd, target, inheritable=target < runner.RESULT_FD)
+        s.close_from(len(RUN_FDS))
+        sock.detach()
     except BaseException as exc:
-        _report(handoff, exc)
+        _report(run, exc)
         posix._exit(125)
     try:
         runner.forked_main()
@@ -432,18 +424,16 @@ def _interpreter(s, command, fds, netns):
         posix._exit(0)
 
 
-def _setup(s, command, fds, netns):
+def _setup(s, command, fds):
     """Everything H takes before the code runs, in order; returns the scratch's descriptor."""
     import signal
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
     flags = CLONE_NEWNS | int(command.get("unshare") or 0)
-    if command.get("net") and netns is None:
+    if command.get("net"):
         flags |= CLONE_NEWNET
     s.unshare(flags)
-    if netns is not None:
-        s.setns(netns, CLONE_NEWNET, "join_netns")
     if flags & CLONE_NEWUTS:
         s.check(s.libc.sethostname(b"runpython", 9), "hostname")
     scratch = _mount_scratch(s, command["scratch"], int(command.get("owner") or 0))
@@ -471,8 +461,7 @@ def _setup(s, command, fds, netns):
     s.drop_capabilities()
     # Credential changes clear the parent-death signal.
     s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
-    import resource
-
+    resource = sys.modules["resource"]  # imported by T, not once per run
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if command.get("nproc") is not None:
@@ -496,6 +485,14 @@ def _mount_scratch(s, spec, owner):
     directory becomes its `work`. Returns an `O_PATH` descriptor of it."""
     path = spec["path"]
     root = path.encode()
+    # What the view bound under /tmp (a code directory or an environment under a HOME there) sits on
+    # the template's /tmp, which the run's own hides: held now, bound again on top of the run's.
+    held = []
+    for target, is_dir in spec.get("rebind") or ():
+        try:
+            held.append((target, is_dir, posix.open(target, posix.O_PATH | posix.O_CLOEXEC)))
+        except OSError:
+            pass
     data = b"mode=0700,size=%d,uid=%d,gid=%d" % (max(int(spec["size"]), 4096), owner, owner)
     s.mount(b"tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, data, "mount_tmpfs")
     for name, mode in spec["dirs"]:
@@ -509,6 +506,23 @@ def _mount_scratch(s, spec, owner):
             raise StepFailed("make_mount_point", exc.errno or 5) from None
     for name, target in (("tmp", b"/tmp"), ("shm", b"/dev/shm")):
         s.mount(root + b"/" + name.encode(), target, None, MS_BIND | MS_REC, None, "bind_mount")
+    for target, is_dir, fd in held:
+        try:
+            parts = target.split("/")
+            for i in range(2, len(parts)):
+                try:
+                    posix.mkdir("/".join(parts[:i]), 0o755)
+                except FileExistsError:
+                    pass
+            if is_dir:
+                posix.mkdir(target, 0o755)
+            else:
+                posix.close(posix.open(target, posix.O_CREAT | posix.O_WRONLY | posix.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise StepFailed("make_mount_point", exc.errno or 5) from None
+        # A copy of the template's read-only bind: read-only too.
+        s.mount(b"/proc/self/fd/%d" % fd, target.encode(), None, MS_BIND | MS_REC, None, "bind_mount")
+        posix.close(fd)
     # The run's PID namespace's /proc (this process is in it), over T's.
     s.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None, "mount_proc")
     try:
@@ -538,11 +552,7 @@ def _reseed():
 def serve(args):
     """T's main: warm up, quiesce, say ready (or why not), then serve forks until the host lets go."""
     runner._warm_up(args)
-    want_netns = False
-    for flag, value in zip(args[::2], args[1::2]):
-        if flag == "--netns":
-            want_netns = value == "1"
-    template = Template(want_netns)
+    template = Template()
     threads = template.quiesce()
     if threads:
         template.send({"error": "threads remain after the warm imports (%s): a process with threads cannot be forked safely" % ", ".join(threads)})

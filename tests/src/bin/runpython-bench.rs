@@ -107,6 +107,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 idle: Duration::from_secs(600),
                 warm_imports: warm,
                 prestart: true,
+                templates: false,
             })
             .build()
     };
@@ -138,6 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             idle: Duration::from_secs(600),
             warm_imports: Vec::new(),
             prestart: false,
+            templates: false,
         })
         .build()?;
     busy.run("1+1").await?;

@@ -1,28 +1,31 @@
 //! Templates: one warm interpreter per (interpreter, environment) of an engine, that one-shot runs are
-//! forked from. A run forked from a template pays a fork and its own sandbox's setup instead of an
-//! interpreter's start and its imports.
+//! forked from. A run forked from a template pays for a fork and its own sandbox's setup instead of an
+//! interpreter's start and its imports, and even those are paid ahead of it.
 //!
 //! The template (T) is started like any interpreter, in a base sandbox of its own
 //! ([`crate::sandbox::prepare_template`]), with the runner in template mode (`runpython_template.py`):
 //! it imports the environment and the warm modules, stops library threads, says it is ready, and waits
 //! for commands on a `SOCK_SEQPACKET` control socket (its stdin). For each run the host prepares the
 //! run's share of the sandbox ([`crate::sandbox::prepare_fork`]: cgroup, Landlock ruleset, seccomp
-//! program, uid, limits) and its pipes, and sends them with a fork command; T answers with a pidfd of
-//! the run's init (the host kills the run through it); the run's interpreter takes its sandbox and
-//! hands the host its scratch (or names the step that failed) on a hand-off socket before any code
-//! runs; the run's init writes the interpreter's wait status to a status pipe when it ends. From there
-//! the run is driven like any other ([`super::Slot`]).
+//! program, uid, limits) and sends it with a fork command; T answers with a pidfd of the run's init
+//! (the host kills the run through it) and a socket to the run's interpreter, which takes its sandbox,
+//! hands the host its scratch (or names the step that failed), and waits. That happens ahead of the
+//! run: the host keeps [`PoolConfig::size`](super::PoolConfig::size) forks ready per template (joining
+//! a memory cgroup costs an RCU grace period, ~10 ms of waiting). A run takes a ready fork and sends it
+//! its five descriptors; the fork serves that run only. The run's init writes the interpreter's wait
+//! status to a status pipe when it ends. From there the run is driven like any other ([`Slot`]).
 //!
 //! A template is replaced when it dies, when its environment changes on disk (the interpreter or the
 //! site directory), after a fork fails, and after the pool's idle time without a run; runs forked from
 //! it keep it alive until they end. Where templates cannot be used (the configuration or the kernel
 //! rules them out, or the template fails to start) runs take the fresh path, and `isolation.start`
-//! says which path a run took; with `RUNPYTHON_TEMPLATES=require` that is an error instead (CI).
+//! says which path a run took; with `RUNPYTHON_TEMPLATES=require` a run whose configuration allows a
+//! template and that could not be forked from one is an error instead (CI).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -33,8 +36,9 @@ use tokio::io::AsyncReadExt;
 
 use super::spawn::{self, RunProcess, Spawned, SpawnedParts};
 use super::{code_dir, env, run_dir, HeadTail, PoolKey, Slot, SlotSpec};
+use crate::envelope::Isolation;
 use crate::error::Error;
-use crate::sandbox::{self, Step, StepError};
+use crate::sandbox::{self, RunCgroup, Sandbox, Step, StepError};
 
 /// How long a template may take to start (its warm imports included).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -73,6 +77,8 @@ pub(crate) struct Templates {
     spec: SlotSpec,
     warm_imports: Vec<String>,
     idle: Duration,
+    /// Forks kept ready per template.
+    ready: usize,
     require: bool,
     cells: Mutex<HashMap<PoolKey, Arc<Cell>>>,
 }
@@ -98,12 +104,14 @@ impl Templates {
         spec: SlotSpec,
         warm_imports: Vec<String>,
         idle: Duration,
+        ready: usize,
         require: bool,
     ) -> Self {
         Self {
             spec,
             warm_imports,
             idle,
+            ready: ready.max(1),
             require,
             cells: Mutex::default(),
         }
@@ -123,13 +131,16 @@ impl Templates {
         timeout: Duration,
     ) -> Result<Option<Slot>, Error> {
         if let Err(why) = sandbox::template_eligible(&self.spec.sandbox) {
-            return self.unavailable(why);
+            // The configuration rules templates out (no namespaces, say): the fresh path is the
+            // one these runs have, even when templates are required.
+            tracing::debug!("runs take the fresh path: {why}");
+            return Ok(None);
         }
         for _ in 0..2 {
             let cell = self.cell(key);
             let started = cell
                 .template
-                .get_or_init(|| Template::start(&self.spec, key, &self.warm_imports))
+                .get_or_init(|| Template::start(&self.spec, key, &self.warm_imports, self.ready))
                 .await;
             let template = match started {
                 Ok(template) => Arc::clone(template),
@@ -146,7 +157,7 @@ impl Templates {
                 self.replace(key, &cell);
                 continue;
             }
-            return match template.fork(&self.spec.sandbox, timeout).await {
+            return match template.run(timeout, self.idle).await {
                 Ok(slot) => Ok(Some(slot)),
                 Err(e) => {
                     // A template whose fork failed is not trusted with the next run.
@@ -245,6 +256,12 @@ pub(crate) struct Template {
     forks: AtomicU64,
     /// T's stderr, head and tail (warm imports that print, a crash's traceback).
     log: Arc<Mutex<HeadTail>>,
+    /// Forks ready for a run, oldest first; and how many are being made; and how many it keeps.
+    ready: Mutex<std::collections::VecDeque<ReadyRun>>,
+    making: AtomicUsize,
+    target: usize,
+    /// The sandbox its runs get.
+    sandbox: Sandbox,
 }
 
 impl Template {
@@ -253,9 +270,10 @@ impl Template {
         spec: &SlotSpec,
         key: &PoolKey,
         warm: &[String],
+        target: usize,
     ) -> Result<Arc<Template>, String> {
         let started = Instant::now();
-        let result = Self::start_inner(spec, key, warm).await;
+        let result = Self::start_inner(spec, key, warm, target).await;
         match &result {
             Ok(_) => tracing::debug!(
                 "template for {} ready in {:?}",
@@ -271,12 +289,11 @@ impl Template {
         spec: &SlotSpec,
         key: &PoolKey,
         warm: &[String],
+        target: usize,
     ) -> Result<Arc<Template>, String> {
         let code_dir = code_dir().map_err(|e| e.to_string())?;
         let (python, site) = key;
         let mut args: Vec<String> = vec!["--template".into(), "1".into()];
-        let own_netns = !spec.sandbox.allow_network;
-        args.extend(["--netns".into(), if own_netns { "1" } else { "0" }.into()]);
         if let Some(site) = site {
             args.extend(["--site".into(), site.display().to_string()]);
         }
@@ -340,6 +357,10 @@ impl Template {
             failed: AtomicBool::new(false),
             forks: AtomicU64::new(0),
             log,
+            ready: Mutex::default(),
+            making: AtomicUsize::new(0),
+            target,
+            sandbox: spec.sandbox.clone(),
         });
         let ready = {
             let mut control = template.control.lock().await;
@@ -365,7 +386,11 @@ impl Template {
                 tail()
             )),
             Ok(Err(e)) => Err(format!("the template died while starting ({e}){}", tail())),
-            Ok(Ok((message, _))) if message["ready"] == json!(true) => Ok(template),
+            Ok(Ok((message, _))) if message["ready"] == json!(true) => {
+                // Runs find forks ready from the second one on (the first makes its own).
+                template.refill(spec.timeout);
+                Ok(template)
+            }
             Ok(Ok((message, _))) => Err(format!(
                 "{}{}",
                 message["error"]
@@ -450,40 +475,81 @@ impl Template {
         reply.map_err(io)
     }
 
-    /// Forks a run: its share of the sandbox prepared, its pipes made and sent with the command, its
-    /// setup awaited; the slot drives it like any other.
-    async fn fork(
-        self: &Arc<Self>,
-        config: &crate::sandbox::Sandbox,
-        timeout: Duration,
-    ) -> Result<Slot, Error> {
+    /// A run for `timeout` on a fork made ahead of it (or made now, when none is ready), sent its
+    /// pipes; replacements are made in the background.
+    async fn run(self: &Arc<Self>, timeout: Duration, idle: Duration) -> Result<Slot, Error> {
         if let Ok(mut used) = self.last_used.lock() {
             *used = Instant::now();
         }
+        let config = &self.sandbox;
+        let ready = match self.take_ready(timeout, idle) {
+            // Its replacement is made when this run ends: not now, competing with it for the CPU.
+            Some(ready) => ready,
+            None => {
+                // None ready (a burst): make one for this run, and the rest in the background.
+                let ready = self.fork(config, timeout).await?;
+                self.refill(timeout);
+                ready
+            }
+        };
+        self.hand_over(ready, timeout)
+    }
+
+    /// A ready fork for `timeout`, if one is there (older ones are dropped, which kills them).
+    fn take_ready(&self, timeout: Duration, idle: Duration) -> Option<ReadyRun> {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(run) = ready.pop_front() {
+            if run.timeout == timeout && run.born.elapsed() < idle {
+                return Some(run);
+            }
+        }
+        None
+    }
+
+    /// Makes forks for runs of `timeout` in the background until the template's target are ready or
+    /// being made (nothing outside a Tokio runtime).
+    fn refill(self: &Arc<Self>, timeout: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let target = self.target;
+        let have = self.ready.lock().map_or(target, |r| r.len());
+        let making = self.making.load(Ordering::SeqCst);
+        for _ in 0..target.saturating_sub(have + making) {
+            self.making.fetch_add(1, Ordering::SeqCst);
+            let (this, config) = (Arc::clone(self), self.sandbox.clone());
+            runtime.spawn(async move {
+                let made = this.fork(&config, timeout).await;
+                match made {
+                    Ok(run) => {
+                        if let Ok(mut ready) = this.ready.lock() {
+                            ready.push_back(run);
+                        }
+                    }
+                    Err(e) => {
+                        // The next run finds no fork ready, makes one itself and sees why.
+                        tracing::debug!("a fork made ahead of its run failed: {e}");
+                        this.failed.store(true, Ordering::SeqCst);
+                    }
+                }
+                this.making.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    }
+
+    /// Forks a run ahead of time: its share of the sandbox prepared and sent with the command, its
+    /// setup awaited.
+    async fn fork(
+        self: &Arc<Self>,
+        config: &Sandbox,
+        timeout: Duration,
+    ) -> Result<ReadyRun, Error> {
         let code_dir = code_dir()?;
         let reads: Vec<&Path> = self.key.1.as_deref().into_iter().collect();
         let plan = sandbox::prepare_fork(config, &self.key.0, code_dir, &reads, timeout)?;
-        let pipe = || {
-            crate::sandbox::pipe_pair().map_err(|e| Error::io_pathless("creating a run's pipes", e))
-        };
-        let (stdin_r, stdin_w) = pipe()?;
-        let (stdout_r, stdout_w) = pipe()?;
-        let (stderr_r, stderr_w) = pipe()?;
-        let (result_r, result_w) = pipe()?;
-        let (status_r, status_w) = pipe()?;
-        let (bridge, bridge_child) = runpython_bridge::socket_pair()?;
-        let (handoff, handoff_child) = crate::sandbox::seqpacket_pair().map_err(|e| {
-            Error::io_pathless("creating the socket the run's scratch comes through", e)
-        })?;
-        let mut named: Vec<(&str, RawFd)> = vec![
-            ("stdin", stdin_r.as_raw_fd()),
-            ("stdout", stdout_w.as_raw_fd()),
-            ("stderr", stderr_w.as_raw_fd()),
-            ("result", result_w.as_raw_fd()),
-            ("bridge", bridge_child.as_raw_fd()),
-            ("handoff", handoff_child.as_raw_fd()),
-            ("status", status_w.as_raw_fd()),
-        ];
+        let (status, status_w) = crate::sandbox::pipe_pair()
+            .map_err(|e| Error::io_pathless("creating a run's status pipe", e))?;
+        let mut named: Vec<(&str, RawFd)> = vec![("status", status_w.as_raw_fd())];
         named.extend(plan.fds());
         let mut command = plan.command.clone();
         command.insert("op".into(), json!("fork"));
@@ -492,17 +558,9 @@ impl Template {
             json!(named.iter().map(|(n, _)| *n).collect::<Vec<_>>()),
         );
         let fds: Vec<RawFd> = named.iter().map(|(_, fd)| *fd).collect();
-        let (reply, mut pidfds) = self.command(Value::Object(command), &fds).await?;
+        let (reply, mut got) = self.command(Value::Object(command), &fds).await?;
         // The run holds the only copies of its ends now.
-        drop((
-            stdin_r,
-            stdout_w,
-            stderr_w,
-            result_w,
-            status_w,
-            bridge_child,
-            handoff_child,
-        ));
+        drop(status_w);
         if let Some(error) = reply["error"].as_str() {
             self.failed.store(true, Ordering::SeqCst);
             return Err(Error::SandboxSetup {
@@ -510,18 +568,15 @@ impl Template {
                 source: std::io::Error::other(error.to_owned()),
             });
         }
+        // [pidfd of the init, when it was still there to open; the socket to the interpreter]
+        let socket = got.pop().ok_or_else(|| {
+            Error::Internal("the template answered a fork without the run's socket".into())
+        })?;
+        let init = Init(got.pop());
         self.forks.fetch_add(1, Ordering::Relaxed);
-        let status = tokio::net::unix::pipe::Receiver::from_owned_fd(status_r)
-            .map_err(|e| Error::io_pathless("reading the run's status pipe", e))?;
-        let forked = ForkedRun {
-            init: pidfds.pop(),
-            status,
-            read: [0; 4],
-            got: 0,
-            _template: Arc::clone(self),
-        };
-        // Until the run says it is ready, a failure here must kill it: `forked` does on drop.
-        let scratch = match tokio::time::timeout(SETUP_TIMEOUT, setup_result(handoff)).await {
+        let mut socket = async_fd(socket).map_err(|e| Error::io_pathless("the run's socket", e))?;
+        // A failure from here on drops `init`, which kills what was forked.
+        let scratch = match tokio::time::timeout(SETUP_TIMEOUT, setup_result(&mut socket)).await {
             Ok(result) => result?,
             Err(_) => {
                 return Err(Error::SandboxSetup {
@@ -533,11 +588,62 @@ impl Template {
                 })
             }
         };
+        Ok(ReadyRun {
+            init,
+            socket,
+            status,
+            scratch,
+            cgroup: plan.cgroup,
+            isolation: plan.report,
+            timeout,
+            born: Instant::now(),
+        })
+    }
+
+    /// Starts the run on `ready`: its pipes made and sent; the slot drives it like any other.
+    fn hand_over(self: &Arc<Self>, ready: ReadyRun, timeout: Duration) -> Result<Slot, Error> {
+        let pipe = || {
+            crate::sandbox::pipe_pair().map_err(|e| Error::io_pathless("creating a run's pipes", e))
+        };
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (result_r, result_w) = pipe()?;
+        let (bridge, bridge_child) = runpython_bridge::socket_pair()?;
+        let ReadyRun {
+            init,
+            socket,
+            status,
+            scratch,
+            cgroup,
+            isolation,
+            ..
+        } = ready;
+        // Its five descriptors in the order it places them (0-4); the socket has room for them (one
+        // small message on an otherwise unused socket), so this does not wait.
+        let fds = [
+            stdin_r.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+            result_w.as_raw_fd(),
+            bridge_child.as_raw_fd(),
+        ];
+        crate::sandbox::send_with_fds(socket.as_raw_fd(), b"G", &fds)
+            .map_err(|e| Error::io_pathless("handing a run its descriptors", e))?;
+        drop((stdin_r, stdout_w, stderr_w, result_w, bridge_child, socket));
         let io = |what: &'static str| move |e: std::io::Error| Error::io_pathless(what, e);
         Ok(Slot {
             run_dir: None,
             spawned: Spawned {
-                process: RunProcess::Forked(forked),
+                process: RunProcess::Forked(ForkedRun {
+                    init,
+                    status: tokio::net::unix::pipe::Receiver::from_owned_fd(status)
+                        .map_err(io("reading the run's status pipe"))?,
+                    read: [0; 4],
+                    got: 0,
+                    template: Arc::clone(self),
+                    timeout,
+                }),
                 stdin: Some(
                     tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)
                         .map_err(io("writing the run's request"))?,
@@ -552,28 +658,61 @@ impl Template {
                 ),
                 result: tokio::net::unix::pipe::Receiver::from_owned_fd(result_r)
                     .map_err(io("reading the result pipe"))?,
-                cgroup: plan.cgroup,
+                cgroup,
                 handoff: None,
             },
             scratch: Arc::new(scratch),
             saved_dir: Path::new(crate::sandbox::SCRATCH).join("saved"),
             bridge,
             control: None,
-            isolation: plan.report,
+            isolation,
             born: Instant::now(),
         })
     }
 }
 
-/// Waits for the run's word on the hand-off socket: ready with its scratch's descriptor, or the step
-/// that failed.
-async fn setup_result(handoff: OwnedFd) -> Result<BeneathDir, Error> {
+/// A run forked ahead of time: its init in its cgroup, its interpreter in its sandbox, waiting on
+/// `socket` for the run's descriptors. Dropped unused, it is killed.
+#[derive(Debug)]
+struct ReadyRun {
+    init: Init,
+    socket: AsyncFd<OwnedFd>,
+    status: OwnedFd,
+    scratch: BeneathDir,
+    cgroup: Option<RunCgroup>,
+    isolation: Isolation,
+    /// The run's timeout its CPU limit was set for.
+    timeout: Duration,
+    born: Instant,
+}
+
+/// The pidfd of a forked run's init: killing the init kills the run's whole PID namespace. Kills it
+/// when dropped.
+#[derive(Debug)]
+struct Init(Option<OwnedFd>);
+
+impl Init {
+    fn kill(&self) {
+        if let Some(init) = &self.0 {
+            let _ = crate::sandbox::pidfd_signal(init.as_raw_fd(), libc::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Init {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits for the run's word on its socket: ready with its scratch's descriptor, or the step that
+/// failed.
+async fn setup_result(socket: &mut AsyncFd<OwnedFd>) -> Result<BeneathDir, Error> {
     let failed = |step: Step, source: std::io::Error| Error::SandboxSetup {
         step: step.describe(),
         source,
     };
-    let mut socket = async_fd(handoff).map_err(|e| failed(Step::HandOverScratch, e))?;
-    let (message, fds) = receive_raw(&mut socket)
+    let (message, fds) = receive_raw(socket)
         .await
         .map_err(|e| failed(Step::HandOverScratch, e))?;
     match message.first() {
@@ -651,17 +790,18 @@ fn async_fd(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
-/// A run forked from a template, as the host holds it: its init's pidfd (killing the init kills the
-/// run's whole PID namespace), the pipe its init reports the interpreter's status on, and the
-/// template, kept alive while the run is.
+/// A run forked from a template, as the host holds it: its init (killing it kills the run's whole PID
+/// namespace), the pipe its init reports the interpreter's status on, and the template, kept alive
+/// while the run is.
 #[derive(Debug)]
 pub(crate) struct ForkedRun {
-    init: Option<OwnedFd>,
+    init: Init,
     status: tokio::net::unix::pipe::Receiver,
     read: [u8; 4],
     got: usize,
-    /// Held, not used: the template lives as long as its runs.
-    _template: Arc<Template>,
+    /// The template lives as long as its runs; when one ends, a fork replaces it.
+    template: Arc<Template>,
+    timeout: Duration,
 }
 
 impl ForkedRun {
@@ -684,14 +824,13 @@ impl ForkedRun {
 
     /// Kills the run (its init, and with it its PID namespace).
     pub(crate) fn kill(&self) {
-        if let Some(init) = &self.init {
-            let _ = crate::sandbox::pidfd_signal(init.as_raw_fd(), libc::SIGKILL);
-        }
+        self.init.kill();
     }
 }
 
 impl Drop for ForkedRun {
     fn drop(&mut self) {
-        self.kill();
+        self.init.kill();
+        self.template.refill(self.timeout);
     }
 }

@@ -318,6 +318,7 @@ impl RunPythonBuilder {
                         spec.clone(),
                         self.pool.warm_imports.clone(),
                         self.pool.idle,
+                        self.pool.size,
                         crate::env_vars::templates().1,
                     ))
                 }),

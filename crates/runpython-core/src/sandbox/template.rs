@@ -125,6 +125,7 @@ pub(crate) fn prepare_fork(
             "path": view::SCRATCH,
             "size": config.disk_bytes,
             "dirs": view::SCRATCH_DIRS,
+            "rebind": rebinds(&read_dirs),
         },
     });
     let Value::Object(command) = command else {
@@ -138,6 +139,27 @@ pub(crate) fn prepare_fork(
     })
 }
 
+/// The directories (and files) the code reads that lie under `/tmp` or `/dev/shm` (a cache directory
+/// under a `HOME` in `/tmp`): the view binds them read-only on top of the template's scratch, which the
+/// run's own hides, so the run binds them again on top of its own, as `[path, is_dir]`.
+fn rebinds(read_dirs: &[std::path::PathBuf]) -> Vec<Value> {
+    let mut under: Vec<&std::path::PathBuf> = read_dirs
+        .iter()
+        .filter(|p| p.starts_with("/tmp") || p.starts_with("/dev/shm"))
+        .filter(|p| p.as_os_str().len() > "/tmp".len() && p.exists())
+        .collect();
+    under.sort_by_key(|p| p.as_os_str().len());
+    let mut kept: Vec<&std::path::PathBuf> = Vec::new();
+    for path in under {
+        if !kept.iter().any(|k| path.starts_with(k)) {
+            kept.push(path);
+        }
+    }
+    kept.into_iter()
+        .map(|p| json!([p.to_string_lossy(), p.is_dir()]))
+        .collect()
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -145,6 +167,20 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_lies_under_tmp_is_bound_again_once() {
+        let dir = tempfile::Builder::new().tempdir_in("/tmp").unwrap();
+        let inner = dir.path().join("cache");
+        std::fs::create_dir(&inner).unwrap();
+        let got = rebinds(&[
+            std::path::PathBuf::from("/usr"),
+            inner.clone(),
+            dir.path().to_owned(),
+            dir.path().join("missing"),
+        ]);
+        assert_eq!(got, vec![json!([dir.path().to_string_lossy(), true])]);
+    }
 
     #[test]
     fn hex_is_two_lowercase_digits_per_byte() {
