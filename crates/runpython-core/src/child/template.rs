@@ -482,16 +482,16 @@ impl Template {
             *used = Instant::now();
         }
         let config = &self.sandbox;
-        let ready = match self.take_ready(timeout, idle) {
+        if let Some(ready) = self.take_ready(timeout, idle) {
             // Its replacement is made when this run ends: not now, competing with it for the CPU.
-            Some(ready) => ready,
-            None => {
-                // None ready (a burst): make one for this run, and the rest in the background.
-                let ready = self.fork(config, timeout).await?;
-                self.refill(timeout);
-                ready
+            match self.hand_over(ready, timeout) {
+                Ok(slot) => return Ok(slot),
+                Err(e) => tracing::debug!("a ready fork could not take its run ({e})"),
             }
-        };
+        }
+        // None ready (a burst): make one for this run, and the rest in the background.
+        let ready = self.fork(config, timeout).await?;
+        self.refill(timeout);
         self.hand_over(ready, timeout)
     }
 
@@ -499,7 +499,7 @@ impl Template {
     fn take_ready(&self, timeout: Duration, idle: Duration) -> Option<ReadyRun> {
         let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(run) = ready.pop_front() {
-            if run.timeout == timeout && run.born.elapsed() < idle {
+            if run.timeout == timeout && run.born.elapsed() < idle && run.init.alive() {
                 return Some(run);
             }
         }
@@ -692,6 +692,20 @@ struct ReadyRun {
 struct Init(Option<OwnedFd>);
 
 impl Init {
+    /// Whether the init is still there (its pidfd becomes readable when it exits).
+    fn alive(&self) -> bool {
+        let Some(init) = &self.0 else {
+            return false;
+        };
+        let mut poll = libc::pollfd {
+            fd: init.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one live descriptor, without waiting.
+        unsafe { libc::poll(&mut poll, 1, 0) == 0 }
+    }
+
     fn kill(&self) {
         if let Some(init) = &self.0 {
             let _ = crate::sandbox::pidfd_signal(init.as_raw_fd(), libc::SIGKILL);
