@@ -4,6 +4,7 @@
 
 mod code_dir;
 mod env;
+mod forked;
 mod output;
 mod pool;
 mod run_dir;

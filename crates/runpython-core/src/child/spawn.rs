@@ -52,7 +52,7 @@ pub(crate) enum RunProcess {
         guard: GroupGuard,
     },
     /// A run forked from a template.
-    Forked(super::template::ForkedRun),
+    Forked(super::forked::ForkedRun),
 }
 
 impl RunProcess {
@@ -104,17 +104,15 @@ pub(crate) struct ChildFds {
     pub control: Option<OwnedFd>,
 }
 
+/// The host's ends of a child's stdin, stdout and stderr.
+type Stdio3 = (
+    Option<tokio::net::unix::pipe::Sender>,
+    Option<tokio::net::unix::pipe::Receiver>,
+    Option<tokio::net::unix::pipe::Receiver>,
+);
+
 /// The host's ends of a child's stdio, as pipes the runtime drives.
-fn stdio_pipes(
-    child: &mut tokio::process::Child,
-) -> Result<
-    (
-        Option<tokio::net::unix::pipe::Sender>,
-        Option<tokio::net::unix::pipe::Receiver>,
-        Option<tokio::net::unix::pipe::Receiver>,
-    ),
-    Error,
-> {
+fn stdio_pipes(child: &mut tokio::process::Child) -> Result<Stdio3, Error> {
     let io = |e: std::io::Error| Error::io_pathless("taking the child's pipes", e);
     let stdin = match child.stdin.take() {
         Some(pipe) => Some(

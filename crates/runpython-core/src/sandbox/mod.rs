@@ -212,7 +212,7 @@ pub(crate) struct Plan {
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     landlock: Option<OwnedFd>,
     /// Landlock rules on directories that only exist inside the run (its scratch, its `/proc`).
-    landlock_inner: Vec<(CString, u64)>,
+    landlock_inner: InnerRules,
     /// A fresh, empty network namespace created ahead of time by the host ([`netns::take`]); S joins
     /// it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
     netns: Option<ReadyNetns>,
@@ -513,6 +513,9 @@ fn prepare_as(
     })
 }
 
+/// Landlock rules a run adds on directories only it has: (path, access bits).
+type InnerRules = Vec<(CString, u64)>;
+
 /// The run's Landlock ruleset, built in the host (with `run_dir`, the host directory a run without
 /// a view works in), and the rules the run adds on directories only it has (its scratch, `/tmp`,
 /// `/dev/shm`, the view's skeleton, its `/proc`). A ruleset the kernel refuses is missing, with why.
@@ -521,7 +524,7 @@ fn landlock_for(
     read_dirs: &[PathBuf],
     run_dir: Option<&Path>,
     view: bool,
-) -> Result<(Option<OwnedFd>, Vec<(CString, u64)>), Error> {
+) -> Result<(Option<OwnedFd>, InnerRules), Error> {
     let mut inner = Vec::new();
     let Some(abi) = decision.landlock_abi else {
         return Ok((None, inner));
