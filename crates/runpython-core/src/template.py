@@ -50,6 +50,7 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_NAME = 15
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
@@ -101,6 +102,10 @@ class Sys:
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
         self.CapHeader, self.CapData, self.SockFprog = CapHeader, CapData, SockFprog
+
+    def set_name(self, name):
+        """The calling thread's name (`comm`, in `/proc` and `ps`)."""
+        self.libc.prctl(PR_SET_NAME, self.ct.addressof(self.ct.create_string_buffer(name)), 0, 0, 0)
 
     def check(self, rc, step):
         if rc < 0:
@@ -194,6 +199,8 @@ class Fds:
 
 class Template:
     """T: forks runs on command."""
+
+    comm = b"python3"  # the interpreter's name before T renamed itself
 
     def __init__(self):
         import resource  # noqa: F401  (for the runs: each sets its limits with it)
@@ -342,6 +349,8 @@ def _init(s, command, fds, run):
         s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
         # It is a copy of T: nothing of the run may read its memory or its /proc files.
         s.prctl(PR_SET_DUMPABLE, 0, "dumpable")
+        # Its name in the run's /proc, as a fresh run's init is named.
+        s.set_name(b"runpython-init")
         # Out of T's process group: a signal the code sends its own group reaches this run only.
         posix.setsid()
         for procs in fds.all("cgroup"):
@@ -428,6 +437,7 @@ def _setup(s, command, fds):
     """Everything H takes before the code runs, in order; returns the scratch's descriptor."""
     import signal
 
+    s.set_name(Template.comm)  # the interpreter's own name, not its init's
     signal.signal(signal.SIGINT, signal.default_int_handler)
     s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
     flags = CLONE_NEWNS | int(command.get("unshare") or 0)
@@ -553,6 +563,10 @@ def serve(args):
     """T's main: warm up, quiesce, say ready (or why not), then serve forks until the host lets go."""
     runner._warm_up(args)
     template = Template()
+    s = template.sys
+    with open("/proc/self/comm", "rb") as f:
+        Template.comm = f.read().strip()  # its runs' interpreters take it back
+    s.set_name(b"runpython-tpl")
     threads = template.quiesce()
     if threads:
         template.send({"error": "threads remain after the warm imports (%s): a process with threads cannot be forked safely" % ", ".join(threads)})
