@@ -3,10 +3,13 @@
 //!
 //! Each pooled interpreter is exactly what the cold path would start — same sandbox plan, same
 //! private run directory, same environment — waiting on its stdin for the request, and it serves exactly
-//! one run: nothing a previous run did can be seen by the next one. This is why runpython pre-starts
-//! single-use interpreters instead of forking runs from a long-lived zygote: isolation is identical to the
-//! cold path by construction, and there is no fork-safety question (threads started by imported
-//! libraries) to get wrong. The price is that a burst larger than the pool pays the cold cost.
+//! one run: nothing a previous run did can be seen by the next one. Isolation is identical to the cold
+//! path by construction, and there is no fork-safety question (threads started by imported libraries)
+//! to get wrong. The price is that every run pays an interpreter's start and its warm imports in CPU,
+//! and a burst larger than the pool pays them on its critical path. With
+//! [`PoolConfig::templates`], runs are forked from a warm template instead (`template/`), which
+//! answers the fork-safety question explicitly (the template stops library threads and refuses to
+//! serve when some remain) and gives each fork every layer of its own.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

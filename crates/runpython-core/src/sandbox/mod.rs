@@ -48,6 +48,17 @@
 //! devices; signals and abstract sockets scoped to the run at ABI ≥ 6), installs the seccomp deny-list
 //! ([`seccomp`]) and marks every descriptor above the bridge's close-on-exec.
 //!
+//! # Runs forked from a template
+//!
+//! A template ([`prepare_template`]) is built as above with its own role: root of its user namespace
+//! (0 mapped to the host's uid, or for a root host the templates' namespace of the run uid range,
+//! entered by G after the pivot, G then a copy of S since `setns` refuses a process sharing its
+//! memory), a network namespace and (root host) a second PID namespace made inside it, and no
+//! Landlock, seccomp, `no_new_privs` or limits. Each run forked from it takes every layer itself in
+//! `runpython_template.py`, from what [`prepare_fork`] prepared in the host for it: the same
+//! [`decide::Decision`] as a fresh run's, its cgroup, its Landlock ruleset, its seccomp program, its
+//! uid. ARCHITECTURE.md ("Runs forked from a template") has the whole sequence and what a fork shares.
+//!
 //! # Invariants
 //!
 //! - Nothing a run starts outlives it: with a PID namespace G SIGKILLs every other process of the run
