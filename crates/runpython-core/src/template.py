@@ -14,19 +14,21 @@ socket: one message is one command, with its descriptors attached):
 
 A fork makes two processes, ahead of the run they will serve (the host keeps a few ready):
 
-- G, PID 1 of a fresh PID namespace (T unshares `CLONE_NEWPID` for its next child only). G joins the run's
-  cgroup, starts H, reaps what the run orphans, and when H ends kills the rest of the namespace and writes
-  H's wait status (4 bytes) to the status pipe. G is not dumpable and keeps T's uid: the code, another uid
-  without capabilities, can neither read nor signal it.
-- H, the run's interpreter. It takes everything of its own (`_setup`): mount, network, IPC and UTS
-  namespaces, a fresh tmpfs scratch at `/runpython` with its `/tmp` and `/dev/shm`, a `/proc` of its PID
-  namespace, the run's uid (a root host's templates give each run its own) inside a user namespace of its
-  own where nested user namespaces are forbidden, no capability, its limits, `no_new_privs`, Landlock (the
-  host's ruleset plus rules on the run's own directories) and the host's seccomp program; re-seeds what
-  a fork would share (`_reseed`). It then tells the host on the run's socket: ready (`R` with its
-  scratch's descriptor), or the step that failed (`E`). When its run comes, the host sends it the run's
-  five descriptors (`G`: stdin, stdout, stderr, the result pipe, the bridge); H keeps those and nothing
-  else, and continues in the runner's one-shot path. It never returns into T.
+- G, PID 1 of a fresh PID namespace, made by I, a small helper T forked before its warm imports (so that
+  G, which runs no code of the run, is not a copy of everything T imported). G joins the run's cgroup,
+  reaps what the run orphans, and when H ends kills the rest of its namespace. G is not dumpable and keeps
+  T's uid: the code, another uid without capabilities, can neither read nor signal it.
+- H, the run's interpreter, forked by T into G's PID namespace (its PID 2). T reaps it and writes its wait
+  status (4 bytes) to the run's status pipe. H tells G it is there (its pidfd), joins the run's cgroup, and
+  takes everything of its own (`_setup`): mount, network, IPC and UTS namespaces, a fresh tmpfs scratch at
+  `/runpython` with its `/tmp` and `/dev/shm`, a `/proc` of its PID namespace, the run's uid (a root host's
+  templates give each run its own) inside a user namespace of its own where nested user namespaces are
+  forbidden, no capability, its limits, `no_new_privs`, Landlock (the host's ruleset plus rules on the run's
+  own directories) and the host's seccomp program; re-seeds what a fork would share (`_reseed`). It then
+  tells the host on the run's socket: ready (`R` with its scratch's descriptor), or the step that failed
+  (`E`). When its run comes, the host sends it the run's five descriptors (`G`: stdin, stdout, stderr, the
+  result pipe, the bridge); H keeps those and nothing else, and continues in the runner's one-shot path. It
+  never returns into T.
 
 What a fork shares with its siblings and T, and why that is acceptable, is written in ARCHITECTURE.md
 ("Runs forked from a template").
@@ -222,10 +224,26 @@ class Template:
             posix.dup2(null, target, inheritable=False)
         if null > runner.BRIDGE_FD:
             posix.close(null)
-        # T never waits for its children (each run's init): the kernel reaps them.
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
         self.pid_ns = posix.open("/proc/self/ns/pid", posix.O_RDONLY | posix.O_CLOEXEC)
         self.forked = 0
+        # Runs' interpreters T forked and reaps: pidfd -> (pid, the run's status pipe).
+        self.runs = {}
+        self.factory = None
+
+    def start_factory(self):
+        """Forks I, the maker of runs' inits, while T is still small (before its warm imports)."""
+        import select  # noqa: F401  (for I and the inits it makes)
+        import signal  # noqa: F401
+
+        socket = self.socket
+        t_end, i_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = posix.fork()
+        if pid == 0:
+            self.ctl.detach()
+            t_end.detach()
+            _factory(self.sys, i_end.detach(), self.pid_ns)  # never returns
+        i_end.close()
+        self.factory = t_end
 
     def quiesce(self):
         """Stops library thread pools (OpenBLAS and the like stop theirs in fork handlers: one fork does
@@ -236,6 +254,7 @@ class Template:
         pid = posix.fork()
         if pid == 0:
             posix._exit(0)
+        posix.waitpid(pid, 0)
         gc.collect()
         # Objects alive now are never collected in a run: its collections leave their pages shared.
         gc.freeze()
@@ -259,34 +278,66 @@ class Template:
             self.ctl.send(data)
 
     def serve(self):
+        import select
+
+        poller = select.poll()
+        poller.register(self.ctl, select.POLLIN)
         while True:
             try:
-                message, fds, _, _ = self.socket.recv_fds(self.ctl, 1 << 16, 16)
+                ready = poller.poll()
             except InterruptedError:
                 continue
-            if not message:
-                break  # the host is gone or done with this template
-            try:
-                command = runner.json_loads(message.decode("utf-8"))
-                op = command.get("op")
-            except (ValueError, UnicodeDecodeError):
-                command, op = None, None
-            if op == "fork":
-                reply, out = self.fork(command, Fds(command.get("fds") or [], fds))
-            elif op == "stat":
-                for fd in fds:
-                    posix.close(fd)
-                reply, out = self.stat(), []
-            else:
-                for fd in fds:
-                    posix.close(fd)
-                reply, out = {"error": "unknown command %r" % (op,)}, []
-            try:
-                self.send(reply, out)
-            finally:
-                for fd in out:
-                    posix.close(fd)
-        posix._exit(0)
+            for fd, _ in ready:
+                if fd in self.runs:
+                    self.reap(fd, poller)
+                elif not self.command(poller):
+                    posix._exit(0)  # the host is gone or done with this template
+
+    def command(self, poller):
+        """Serves one command; False when the control socket is closed."""
+        import select
+
+        message, fds, _, _ = self.socket.recv_fds(self.ctl, 1 << 16, 16)
+        if not message:
+            return False
+        try:
+            command = runner.json_loads(message.decode("utf-8"))
+            op = command.get("op")
+        except (ValueError, UnicodeDecodeError):
+            command, op = None, None
+        if op == "fork":
+            reply, out = self.fork(command, Fds(command.get("fds") or [], fds))
+            for run in self.runs:
+                poller.register(run, select.POLLIN)  # registering again is harmless
+        elif op == "stat":
+            for fd in fds:
+                posix.close(fd)
+            reply, out = self.stat(), []
+        else:
+            for fd in fds:
+                posix.close(fd)
+            reply, out = {"error": "unknown command %r" % (op,)}, []
+        try:
+            self.send(reply, out)
+        finally:
+            for fd in out:
+                posix.close(fd)
+        return True
+
+    def reap(self, pidfd, poller):
+        """A run's interpreter ended: its wait status goes to the run's status pipe."""
+        pid, status_fd = self.runs.pop(pidfd)
+        poller.unregister(pidfd)
+        try:
+            _, status = posix.waitpid(pid, 0)
+        except ChildProcessError:
+            status = SIGKILL
+        try:
+            posix.write(status_fd, status.to_bytes(4, sys.byteorder, signed=True))
+        except OSError:
+            pass  # the host let go of the run
+        posix.close(status_fd)
+        posix.close(pidfd)
 
     def stat(self):
         rss = 0
@@ -300,32 +351,91 @@ class Template:
         s = self.sys
         socket = self.socket
         host_end, run_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        init_end, peer_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        init = None
         try:
-            # A fresh PID namespace for the next child only: it becomes that namespace's PID 1.
-            s.setns(self.pid_ns, CLONE_NEWPID, "fork_run")
-            s.unshare(CLONE_NEWPID, "fork_run")
-            pid = posix.fork()
+            # I makes the run's init, PID 1 of a fresh PID namespace, in the run's cgroups.
+            socket.send_fds(self.factory, [b"I"], fds.all("cgroup") + [init_end.fileno()])
+            _, got, _, _ = socket.recv_fds(self.factory, 16, 1)
+            if not got:
+                raise OSError(5, "the maker of runs' inits gave none")
+            init = got[0]
+            # This next child (the run's interpreter) is born in the init's PID namespace; T's
+            # children after it are in T's own again (the child keeps the init's for its own).
+            s.setns(init, CLONE_NEWPID, "fork_run")
+            try:
+                pid = posix.fork()
+            except OSError:
+                s.libc.setns(self.pid_ns, CLONE_NEWPID)
+                raise
+            if pid:
+                s.libc.setns(self.pid_ns, CLONE_NEWPID)
         except (StepFailed, OSError) as exc:
             fds.close()
-            host_end.close()
-            run_end.close()
+            for end in (host_end, run_end, init_end, peer_end):
+                end.close()
+            if init is not None:
+                posix.close(init)
             return {"error": "forking the run: %s" % (exc,)}, []
         if pid == 0:
             # Socket objects must never close their numbers, which the run reuses.
             self.ctl.detach()
+            self.factory.detach()
             host_end.detach()
-            _init(s, command, fds, run_end.detach())  # never returns
-        # T's next children (a probe fork, none else) are in its own PID namespace again.
-        s.libc.setns(self.pid_ns, CLONE_NEWPID)
+            init_end.detach()
+            _interpreter(s, command, fds, run_end.detach(), peer_end.detach())  # never returns
+        status = posix.dup(fds.one("status"))
         fds.close()
         run_end.close()
+        init_end.close()
+        peer_end.close()
         self.forked += 1
-        out = [host_end.detach()]
         try:
-            out.insert(0, posix.pidfd_open(pid))
+            self.runs[posix.pidfd_open(pid)] = (pid, status)
         except OSError:
-            pass  # gone already: the run's socket tells the host
-        return {"ok": True, "pid": pid, "pidfd": len(out) == 2}, out
+            posix.close(status)  # gone already: the run's socket tells the host
+        return {"ok": True, "pidfd": True}, [init, host_end.detach()]
+
+
+def _factory(s, sock, pid_ns):
+    """I: makes runs' inits on T's request. Small (forked before T's warm imports). Never returns."""
+    import signal
+    import socket
+
+    try:
+        _keep_only(s, [sock, pid_ns])
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the inits it makes: the kernel reaps them
+        s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
+        s.set_name(b"runpython-inits")
+        conn = socket.socket(fileno=sock)
+        while True:
+            message, fds, _, _ = socket.recv_fds(conn, 16, 16)
+            if not message:
+                posix._exit(0)
+            *cgroups, peer = fds
+            pid = -1
+            try:
+                # A fresh PID namespace for the next child only: it becomes that namespace's PID 1.
+                s.setns(pid_ns, CLONE_NEWPID, "fork_run")
+                s.unshare(CLONE_NEWPID, "fork_run")
+                pid = posix.fork()
+            except (StepFailed, OSError):
+                pass
+            if pid == 0:
+                conn.detach()
+                _init(s, cgroups, peer)  # never returns
+            s.libc.setns(pid_ns, CLONE_NEWPID)
+            for fd in fds:
+                posix.close(fd)
+            try:
+                out = [posix.pidfd_open(pid)] if pid > 0 else []
+            except OSError:
+                out = []
+            socket.send_fds(conn, [b"G"], out) if out else conn.send(b"-")
+            for fd in out:
+                posix.close(fd)
+    finally:
+        posix._exit(0)
 
 
 def _keep_only(s, keep):
@@ -338,53 +448,59 @@ def _keep_only(s, keep):
     s.close_from(low)
 
 
-def _init(s, command, fds, run):
-    """G: PID 1 of the run's PID namespace. Never returns."""
-    try:
-        _keep_only(s, [run] + [fd for _, fd in fds.pairs])
-        import signal
+def _init(s, cgroups, peer):
+    """G: PID 1 of the run's PID namespace, a copy of I. Never returns."""
+    import select
+    import signal
+    import socket
 
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
-        # It is a copy of T: nothing of the run may read its memory or its /proc files.
+    try:
+        _keep_only(s, cgroups + [peer])
+        # It is a copy of I (so of T): nothing of the run may read its memory or its /proc files.
         s.prctl(PR_SET_DUMPABLE, 0, "dumpable")
+        s.prctl(PR_SET_PDEATHSIG, SIGKILL, "pdeathsig")
         # Its name in the run's /proc, as a fresh run's init is named.
         s.set_name(b"runpython-init")
         # Out of T's process group: a signal the code sends its own group reaches this run only.
         posix.setsid()
-        for procs in fds.all("cgroup"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for procs in cgroups:
+            posix.write(procs, b"0")
+            posix.close(procs)
+        # Woken when an orphan of the run ends (to reap it) or when the interpreter does.
+        wake_r, wake_w = posix.pipe2(posix.O_NONBLOCK | posix.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        conn = socket.socket(fileno=peer)
+        _, got, _, _ = socket.recv_fds(conn, 16, 1)
+        conn.close()
+        poller = select.poll()
+        poller.register(wake_r, select.POLLIN)
+        for fd in got:  # the interpreter's pidfd; none: it never came, or died first
+            poller.register(fd, select.POLLIN)
+        while got:
             try:
-                posix.write(procs, b"0")
-            except OSError as exc:
-                raise StepFailed("join_cgroup", exc.errno or 5) from None
-        interpreter = posix.fork()
-    except BaseException as exc:
-        _report(run, exc)
-        posix._exit(125)
-    if interpreter == 0:
-        _interpreter(s, command, fds, run)  # never returns
-    status_fd = fds.one("status")
-    try:
-        # G keeps only the status pipe.
-        s.close_from(status_fd + 1)
-        posix.closerange(0, status_fd)
-        status = 0
-        while True:
-            try:
-                pid, status = posix.waitpid(-1, 0)
-            except ChildProcessError:
-                break
+                ready = [fd for fd, _ in poller.poll()]
             except InterruptedError:
                 continue
-            if pid == interpreter:
+            if wake_r in ready:
+                try:
+                    posix.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        if posix.waitpid(-1, posix.WNOHANG)[0] == 0:
+                            break
+                    except ChildProcessError:
+                        break
+            if got[0] in ready:
                 break
         # From PID 1, -1 is every other process of this namespace and nothing outside it.
         try:
             posix.kill(-1, SIGKILL)
         except OSError:
             pass
-        posix.write(status_fd, status.to_bytes(4, sys.byteorder, signed=True))
     finally:
         posix._exit(0)
 
@@ -404,13 +520,27 @@ def _report(run, exc):
         pass
 
 
-def _interpreter(s, command, fds, run):
-    """H: takes the run's sandbox, says it is ready, waits for its run's descriptors, then runs the code.
-    Never returns."""
+def _interpreter(s, command, fds, run, peer):
+    """H: tells its init it is there, takes the run's sandbox, says it is ready, waits for its run's
+    descriptors, then runs the code. Never returns."""
     import socket
 
     sock = socket.socket(fileno=run)
     try:
+        # The run's status pipe is T's to write: not kept.
+        _keep_only(s, [run, peer] + [fd for name, fd in fds.pairs if name != "status"])
+        # Its own session and process group (T's reaches T, I and every other run of T's).
+        posix.setsid()
+        for procs in fds.all("cgroup"):
+            try:
+                posix.write(procs, b"0")
+            except OSError as exc:
+                raise StepFailed("join_cgroup", exc.errno or 5) from None
+        me = posix.pidfd_open(posix.getpid())
+        init = socket.socket(fileno=peer)
+        socket.send_fds(init, [b"H"], [me])
+        init.close()
+        posix.close(me)
         scratch = _setup(s, command, fds)
         _reseed()
         socket.send_fds(sock, [b"R"], [scratch])
@@ -561,8 +691,9 @@ def _reseed():
 
 def serve(args):
     """T's main: warm up, quiesce, say ready (or why not), then serve forks until the host lets go."""
-    runner._warm_up(args)
     template = Template()
+    template.start_factory()
+    runner._warm_up(args)
     s = template.sys
     with open("/proc/self/comm", "rb") as f:
         Template.comm = f.read().strip()  # its runs' interpreters take it back
