@@ -5,6 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use runpython_core::{tool_fn, PoolConfig, RunPython, Store};
+use runpython_tests::template_bench::{runs_per_s_16, CpuMeter};
 use runpython_tests::Moto;
 use serde_json::{json, Map, Value};
 
@@ -54,37 +55,6 @@ for i in range(n):
     size = int.from_bytes(buf[:4], "big"); json.loads(buf[4:4 + size]); buf = buf[4 + size:]
 print(n / (time.perf_counter() - t))
 "#;
-
-/// CPU time used by this process and everything it starts (a cgroup v1 `cpuacct` group of its own,
-/// which the runs' sandboxes leave alone: they make memory and pids groups only). `None` where this
-/// user cannot make one.
-struct CpuMeter {
-    usage: std::path::PathBuf,
-}
-
-impl CpuMeter {
-    fn start() -> Result<Self, String> {
-        let dir = std::path::PathBuf::from(format!(
-            "/sys/fs/cgroup/cpuacct/runpython-bench-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir(&dir)
-            .and_then(|()| std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string()))
-            .map_err(|e| format!("no cpuacct group of its own ({}: {e})", dir.display()))?;
-        Ok(Self {
-            usage: dir.join("cpuacct.usage"),
-        })
-    }
-
-    /// CPU milliseconds used so far.
-    fn ms(&self) -> f64 {
-        std::fs::read_to_string(&self.usage)
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1e6
-    }
-}
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -164,55 +134,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     m.insert("pooled_run_ms".into(), json!(round3(warm)));
     m.insert("run_vs_floor_pooled".into(), json!(round3(warm / floor2)));
 
-    // Warm: runs forked from a template (each takes its own sandbox before the code; the fork is
-    // made ahead of it, as the pool starts its interpreter ahead).
-    let template = |warm: Vec<String>| {
-        RunPython::builder()
-            .timeout(Duration::from_secs(120))
-            .pool(PoolConfig {
-                size: 1,
-                idle: Duration::from_secs(600),
-                warm_imports: warm,
-                prestart: false,
-                templates: true,
-            })
-            .build()
-    };
-    let forked = template(Vec::new())?;
-    let e = forked.run("1+1").await?;
-    if e.isolation.as_ref().map(|i| i.start.as_str()) != Some("template") {
-        return Err(format!(
-            "runs are not forked from a template here: {:?}",
-            e.isolation
-        )
-        .into());
-    }
-    let (mut forked_ms, mut floor4) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        let t = Instant::now();
-        let e = forked.run("1+1").await?;
-        forked_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        assert_eq!(e.return_value, json!(2));
-        let t = Instant::now();
-        Command::new(&interpreter.executable)
-            .args(["-I", "-S", "-c", "pass"])
-            .stdin(Stdio::null())
-            .status()?;
-        floor4.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let (forked_ms, floor4) = (p50(forked_ms), p50(floor4));
-    m.insert("warm_run_ms".into(), json!(round3(forked_ms)));
-    m.insert(
-        "run_vs_floor_warm".into(),
-        json!(round3(forked_ms / floor4)),
-    );
-    if let Some(t) = forked.templates().await.first() {
-        m.insert(
-            "template_rss_mib".into(),
-            json!(round3(t.memory_bytes as f64 / 1048576.0)),
-        );
-    }
+    // Warm: a trivial run forked from a template, against the floor; its template's memory.
+    let forked =
+        runpython_tests::template_bench::trivial_figures(&mut m, &interpreter.executable, ROUNDS)
+            .await
+            .map_err(|e| e.to_string())?;
 
     // Throughput: 16 runs at a time on one engine (pool of 4), 64 runs in all.
     let busy = RunPython::builder()
@@ -248,7 +174,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(busy);
     m.insert(
         "runs_per_s_16_concurrent".into(),
-        json!(round3(runs_per_s_16(&forked, "sum(range(1000))").await?)),
+        json!(round3(
+            runs_per_s_16(&forked, "sum(range(1000))")
+                .await
+                .map_err(|e| e.to_string())?
+        )),
     );
 
     // The same trivial run, kept in a local file store (script, output, value, manifest written).
@@ -378,84 +308,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         json!(round3(p50(numpy) / p50(plain))),
     );
 
-    // pandas: the CPU one run summing a DataFrame costs, forked from a template holding pandas, against
-    // the same run on a pooled single-use interpreter that imported pandas before it (its start and
-    // its import are the run's too: each interpreter serves one run). Each round counts the CPU of
-    // everything the harness runs from the run's start until its replacement (a fork, an interpreter)
-    // is ready.
-    let pandas_code = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000), 'b': range(1000)})\nint(df['a'].sum() + df['b'].sum())";
-    let with_pandas = |templates: bool| {
-        RunPython::builder()
-            .timeout(Duration::from_secs(300))
-            .dependency("pandas")
-            .pool(PoolConfig {
-                size: 1,
-                idle: Duration::from_secs(600),
-                warm_imports: vec!["pandas".into()],
-                prestart: true,
-                templates,
-            })
-            .build()
-    };
-    let pandas_forked = with_pandas(true)?;
-    let pandas_pooled = with_pandas(false)?;
-    for engine in [&pandas_forked, &pandas_pooled] {
-        let e = engine.run(pandas_code).await?; // prepares the environment, starts the template
-        if e.return_value != json!(999_000) {
-            return Err(format!("the pandas run failed: {:?}", e.error).into());
-        }
-    }
-    match &cpu {
-        Ok(cpu) => {
-            let per_run = |settle: Duration| {
-                let cpu = &cpu;
-                move |engine: RunPython| async move {
-                    let (mut cpu_ms, mut wall_ms) = (Vec::new(), Vec::new());
-                    for _ in 0..10 {
-                        tokio::time::sleep(settle).await;
-                        let (c, t) = (cpu.ms(), Instant::now());
-                        let e = engine.run(pandas_code).await?;
-                        wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                        assert_eq!(e.return_value, json!(999_000), "{:?}", e.error);
-                        tokio::time::sleep(settle).await;
-                        cpu_ms.push(cpu.ms() - c);
-                    }
-                    Ok::<_, Box<dyn std::error::Error>>((p50(cpu_ms), p50(wall_ms)))
-                }
-            };
-            let (forked_cpu, forked_wall) =
-                per_run(Duration::from_millis(300))(pandas_forked.clone()).await?;
-            let (pooled_cpu, pooled_wall) =
-                per_run(Duration::from_millis(2500))(pandas_pooled.clone()).await?;
-            m.insert("pandas_run_cpu_ms".into(), json!(round3(forked_cpu)));
-            m.insert("pandas_run_cpu_ms_pooled".into(), json!(round3(pooled_cpu)));
-            m.insert(
-                "pandas_cpu_pooled_vs_template".into(),
-                json!(round3(pooled_cpu / forked_cpu)),
-            );
-            m.insert("pandas_run_ms".into(), json!(round3(forked_wall)));
-            m.insert("pandas_run_ms_pooled".into(), json!(round3(pooled_wall)));
-        }
-        Err(why) => {
-            m.insert("pandas_run_cpu_ms".into(), json!(format!("skipped: {why}")));
-        }
-    }
-    if let Some(t) = pandas_forked
-        .templates()
-        .await
-        .iter()
-        .find(|t| t.site_dir.is_some())
-    {
-        m.insert(
-            "pandas_template_rss_mib".into(),
-            json!(round3(t.memory_bytes as f64 / 1048576.0)),
-        );
-    }
-    m.insert(
-        "pandas_runs_per_s_16_concurrent".into(),
-        json!(round3(runs_per_s_16(&pandas_forked, pandas_code).await?)),
-    );
-    drop((pandas_forked, pandas_pooled));
+    // pandas forked from a template against the same run on a pooled interpreter.
+    runpython_tests::template_bench::pandas_figures(&mut m, cpu.as_ref()).await?;
 
     // Context economy: the envelope of a run returning a 100,000-row DataFrame, kept whole in a store
     // (its 4 MB of JSON is over the default 1 MB cap on what is kept, so the cap is raised).
@@ -717,31 +571,6 @@ summarize(data)",
 
     println!("{}", serde_json::to_string(&Value::Object(m))?);
     Ok(())
-}
-
-/// Runs per second with 16 runs at a time on `engine`, 64 runs in all.
-async fn runs_per_s_16(
-    engine: &RunPython,
-    code: &'static str,
-) -> Result<f64, Box<dyn std::error::Error>> {
-    engine.run(code).await?;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let t = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let engine = engine.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..4 {
-                let e = engine.run(code).await?;
-                assert!(e.is_success(), "{:?}", e.error);
-            }
-            Ok::<_, runpython_core::Error>(())
-        }));
-    }
-    for task in tasks {
-        task.await??;
-    }
-    Ok(64.0 / t.elapsed().as_secs_f64())
 }
 
 /// The resident memory of every session interpreter this host runs: processes whose command line is a

@@ -77,6 +77,7 @@ mod cgroup;
 mod decide;
 mod init;
 mod landlock;
+mod layers;
 mod mounts;
 mod netns;
 mod probe;
@@ -108,6 +109,7 @@ use crate::envelope::Isolation;
 use crate::error::Error;
 use decide::{decide, Decision, Host};
 use init::Exec;
+use layers::{cgroup_for, landlock_for, rlimits_for, InnerRules};
 use netns::ReadyNetns;
 use sys::{getegid, geteuid};
 use userns::IdMaps;
@@ -522,75 +524,6 @@ fn prepare_as(
         sweep_uid: drop_to.filter(|_| !pid_ns).map(|(uid, _)| uid),
         report,
     })
-}
-
-/// Landlock rules a run adds on directories only it has: (path, access bits).
-type InnerRules = Vec<(CString, u64)>;
-
-/// The run's Landlock ruleset, built in the host (with `run_dir`, the host directory a run without
-/// a view works in), and the rules the run adds on directories only it has (its scratch, `/tmp`,
-/// `/dev/shm`, the view's skeleton, its `/proc`). A ruleset the kernel refuses is missing, with why.
-fn landlock_for(
-    decision: &mut Decision,
-    read_dirs: &[PathBuf],
-    run_dir: Option<&Path>,
-    view: bool,
-) -> Result<(Option<OwnedFd>, InnerRules), Error> {
-    let mut inner = Vec::new();
-    let Some(abi) = decision.landlock_abi else {
-        return Ok((None, inner));
-    };
-    match landlock::ruleset(abi, read_dirs, run_dir) {
-        Ok(fd) => {
-            let (all, read) = (landlock::access_all(abi), landlock::access_read(abi));
-            if view {
-                for dir in [view::SCRATCH, "/tmp", "/dev/shm"] {
-                    inner.push((cstring(Path::new(dir))?, all));
-                }
-                // The view holds only what is allowlisted: its directories may be listed.
-                inner.push((c"/".to_owned(), landlock::access_list(abi)));
-            }
-            if decision.pid_ns {
-                inner.push((c"/proc".to_owned(), read));
-            }
-            Ok((Some(fd), inner))
-        }
-        Err(e) => {
-            decision.missing.push(format!("landlock: {e}"));
-            decision.landlock_abi = None;
-            Ok((None, inner))
-        }
-    }
-}
-
-/// The run's cgroup, when the decision gives it one; one that cannot be made is missing, with why
-/// (and shared memory is then refused instead).
-fn cgroup_for(decision: &mut Decision, config: &Sandbox) -> Option<RunCgroup> {
-    match (decision.cgroup, cgroup::hierarchy()) {
-        (Some(_), Ok(h)) => match RunCgroup::create(h, config.run_memory_bytes, config.processes) {
-            Ok(made) => Some(made),
-            Err(e) => {
-                // The hierarchy was usable a moment ago: say why this run has no cgroup.
-                decision.missing.push(format!(
-                    "memory limit for the whole run: the run's cgroup could not be made ({e})"
-                ));
-                decision.cgroup = None;
-                decision.seccomp_extra.shared_memory = true;
-                None
-            }
-        },
-        _ => None,
-    }
-}
-
-/// The rlimits of the interpreter (`RLIMIT_NPROC` aside, set once in the run's user namespace).
-fn rlimits_for(config: &Sandbox, cpu: u64) -> Vec<(libc::__rlimit_resource_t, u64)> {
-    vec![
-        (libc::RLIMIT_AS, config.memory_bytes),
-        (libc::RLIMIT_CPU, cpu),
-        (libc::RLIMIT_FSIZE, config.file_size_bytes),
-        (libc::RLIMIT_NOFILE, config.open_files),
-    ]
 }
 
 /// `RLIMIT_CPU` for a run of `timeout`: one second more than its wall-clock limit.

@@ -14,11 +14,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::decide::{decide, START_TEMPLATE};
+use super::layers::{cgroup_for, landlock_for, rlimits_for};
 use super::sys::geteuid;
-use super::{
-    cgroup_for, cpu_seconds, host, landlock_for, probe, read_dirs, rlimits_for, seccomp, userns,
-    view, RunCgroup, Sandbox,
-};
+use super::{cpu_seconds, host, probe, read_dirs, seccomp, userns, view, RunCgroup, Sandbox};
 use crate::envelope::Isolation;
 use crate::error::Error;
 
