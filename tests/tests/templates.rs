@@ -298,3 +298,35 @@ async fn numpy_draws_differ_between_runs_and_a_changed_environment_replaces_the_
         "the template of a changed environment was kept"
     );
 }
+
+/// The Python package drops engines on threads of its own, outside any Tokio runtime: a template and
+/// its ready forks go then too, without a panic and without a survivor.
+#[test]
+fn an_engine_with_templates_dropped_outside_a_runtime_leaves_nothing() {
+    if !forkable() {
+        return;
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let engine = templated(&[]).build().unwrap();
+    let pid = runtime.block_on(async {
+        assert_eq!(run(&engine, "1").await, json!(1));
+        engine.templates().await[0].pid
+    });
+    drop(engine); // on this thread, not the runtime's
+    let gone = |pid: u32| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the template outlived its engine"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(runtime);
+}

@@ -159,6 +159,7 @@ class _PoolSettings(TypedDict, total=False):
     idle: _Seconds
     warm_imports: list[str]
     prestart: bool
+    templates: bool
 
 class _SandboxSettings(TypedDict, total=False):
     namespaces: bool
