@@ -156,6 +156,8 @@ impl Templates {
             }
             return match template.run(timeout, self.idle).await {
                 Ok(slot) => Ok(Some(slot)),
+                // A required layer is missing: the fresh path would refuse the same way.
+                Err(e @ Error::IsolationUnavailable(_)) => Err(e),
                 Err(e) => {
                     // A template whose fork failed is not trusted with the next run.
                     template.failed.store(true, Ordering::SeqCst);
