@@ -20,6 +20,7 @@ fn pooled() -> RunPython {
             idle: Duration::from_secs(60),
             warm_imports: vec!["json".into()],
             prestart: false,
+            templates: false,
         })
         .build()
         .unwrap()
@@ -57,6 +58,7 @@ async fn a_pooled_run_sees_nothing_of_the_previous_run() {
             idle: Duration::from_secs(60),
             warm_imports: vec!["json".into()],
             prestart: true,
+            templates: false,
         })
         .build()
         .unwrap();
@@ -86,6 +88,7 @@ async fn a_dead_pooled_interpreter_is_replaced() {
             idle: Duration::from_secs(60),
             warm_imports: vec!["json".into(), "dead_pool_marker_".into()],
             prestart: false,
+            templates: false,
         })
         .build()
         .unwrap();
@@ -175,6 +178,7 @@ async fn a_pooled_run_that_times_out_leaves_no_process_behind() {
             idle: Duration::from_secs(60),
             warm_imports: vec!["json".into()],
             prestart: true, // this run must be served by a pooled interpreter
+            templates: false,
         })
         .build()
         .unwrap();
@@ -209,6 +213,7 @@ async fn acceptance_cases_pass_on_pooled_interpreters() {
             idle: Duration::from_secs(60),
             warm_imports: vec![],
             prestart: false,
+            templates: false,
         });
         let mut request = RunRequest::new(case["code"].as_str().unwrap());
         let args: Vec<&str> = case["args"]

@@ -125,6 +125,11 @@ pub struct Isolation {
     /// served at once (which also bounds the run's host command-tool processes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge: Option<BridgeReport>,
+    /// How the run's interpreter started: `"fresh"` (an interpreter of its own, started for the run
+    /// or ahead of it by the pool) or `"template"` (forked from a warm template, taking every layer
+    /// above for itself before the code ran).
+    #[serde(default = "fresh")]
+    pub start: String,
     /// Requested layers that were not available, each with the reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
@@ -133,6 +138,10 @@ pub struct Isolation {
 /// True when there is no report, or every requested layer was in force (nothing to tell a model).
 fn isolation_is_unremarkable(isolation: &Option<Isolation>) -> bool {
     isolation.as_ref().is_none_or(|i| i.missing.is_empty())
+}
+
+fn fresh() -> String {
+    "fresh".into()
 }
 
 /// The bounds of a run's tool bridge.
@@ -340,6 +349,7 @@ mod tests {
             memory: LimitReport::default(),
             disk: LimitReport::default(),
             bridge: None,
+            start: "fresh".into(),
             missing,
         }
     }

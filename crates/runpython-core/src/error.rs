@@ -66,6 +66,12 @@ pub enum Error {
     /// runs of one key are coalesced): that run's error, shared by every run that waited.
     #[error(transparent)]
     Coalesced(std::sync::Arc<Error>),
+    /// Runs were to be forked from a template (`RUNPYTHON_TEMPLATES=require`) and cannot be: the
+    /// configuration or the kernel rules templates out, or the template failed.
+    #[error(
+        "runs cannot be forked from a template: {0}; turn templates off to run them the fresh way"
+    )]
+    TemplateUnavailable(String),
     /// A bug in runpython.
     #[error("internal error: {0}")]
     Internal(String),
@@ -76,7 +82,7 @@ impl Error {
     /// the message: `invalid_input` (the caller can fix the request), `not_found` (no such run or
     /// artifact in the store), `config`, `cancelled`, or one of runpython's own failures
     /// (`interpreter`, `spawn`, `sandbox_setup`, `io`, `store`, `bridge`, `mcp_server`,
-    /// `isolation_unavailable`, `internal`).
+    /// `isolation_unavailable`, `template_unavailable`, `internal`).
     pub fn code(&self) -> &'static str {
         match self {
             Self::Interpreter(_) => "interpreter",
@@ -93,6 +99,7 @@ impl Error {
             Self::Cancelled => "cancelled",
             Self::IsolationUnavailable(_) => "isolation_unavailable",
             Self::Coalesced(shared) => shared.code(),
+            Self::TemplateUnavailable(_) => "template_unavailable",
             Self::Internal(_) => "internal",
         }
     }

@@ -44,7 +44,7 @@ mod session;
 mod tool_spec;
 mod tool_supervisor;
 
-pub use child::PoolConfig;
+pub use child::{PoolConfig, TemplateStatus};
 pub use command_tool::{CommandTool, CALL_ID_ENV};
 pub use doctor::Doctor;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};

@@ -845,7 +845,6 @@ def _add_sites(dirs, added):
 
 
 def main():
-    global _code_dir
     posix.set_inheritable(RESULT_FD, False)  # subprocesses of the code must not hold the result pipe
     try:
         posix.set_inheritable(BRIDGE_FD, False)  # nor the tool bridge
@@ -853,8 +852,26 @@ def main():
         pass
     if "--session" in sys.argv[2:]:
         return _session_main()
-    pid = posix.getpid()
+    if "--template" in sys.argv[2:]:
+        # A template: it forks runs, each of which comes back to `forked_main`.
+        import runpython_template
+
+        return runpython_template.serve(sys.argv[2:])
     _warm_up(sys.argv[2:])
+    _one_shot()
+
+
+def forked_main():
+    """A run forked from a template, its sandbox taken (`runpython_template`): the one-shot path."""
+    posix.set_inheritable(RESULT_FD, False)
+    posix.set_inheritable(BRIDGE_FD, False)
+    _one_shot()
+
+
+def _one_shot():
+    """Reads the request on stdin, runs it, answers on the result pipe, closes the streams."""
+    global _code_dir
+    pid = posix.getpid()
     request = _read_request()
     code_dir = request.get("code_dir")
     if code_dir:

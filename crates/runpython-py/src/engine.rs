@@ -564,7 +564,9 @@ fn parse_pool(value: &Bound<'_, PyAny>) -> PyResult<PoolConfig> {
         return Ok(pool);
     }
     let settings = dict("pool", value).map_err(|_| {
-        config("pool must be a bool, a size, or a dict of size, idle, warm_imports, prestart")
+        config(
+            "pool must be a bool, a size, or a dict of size, idle, warm_imports, prestart, templates",
+        )
     })?;
     for (key, v) in settings.iter() {
         let key: String = key.extract()?;
@@ -574,9 +576,11 @@ fn parse_pool(value: &Bound<'_, PyAny>) -> PyResult<PoolConfig> {
             "idle" => pool.idle = seconds(&name, &v)?,
             "warm_imports" => pool.warm_imports = strings(&name, &v)?,
             "prestart" => pool.prestart = boolean(&name, &v)?,
+            "templates" => pool.templates = boolean(&name, &v)?,
             _ => {
                 return Err(config(format!(
-                "pool has no setting {key:?}; the settings are size, idle, warm_imports, prestart"
+                "pool has no setting {key:?}; the settings are size, idle, warm_imports, prestart, \
+                 templates"
             )))
             }
         }

@@ -79,7 +79,8 @@ pub(crate) fn to_py_err(error: &Error) -> PyErr {
         Error::Spawn { .. }
         | Error::Io { .. }
         | Error::Bridge(_)
-        | Error::IsolationUnavailable(_) => SandboxError::new_err(message),
+        | Error::IsolationUnavailable(_)
+        | Error::TemplateUnavailable(_) => SandboxError::new_err(message),
         Error::Internal(_) => InternalError::new_err(message),
         _ => RunPythonError::new_err(message),
     }

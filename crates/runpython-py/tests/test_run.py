@@ -90,6 +90,19 @@ def test_bad_settings_raise_config_error_with_the_message(kwargs: dict, message:
     assert isinstance(raised.value, runpython.RunPythonError)
 
 
+def test_runs_can_be_forked_from_a_template_and_say_so() -> None:
+    forked = RunPython(timeout=30, pool={"size": 1, "templates": True})
+    report = forked.isolation_report()
+    e = forked.run("1 + 1")
+    assert e.return_value == 2
+    isolation = e.isolation
+    assert isolation is not None
+    # Where the kernel allows templates, the run was forked from one, as the report said it would be.
+    assert isolation["start"] == report["start"]
+    assert isolation["start"] in ("template", "fresh")
+    assert RunPython(timeout=30, pool=False).run("1").isolation["start"] == "fresh"  # type: ignore[index]
+
+
 def test_bad_requests_raise_invalid_input_error(rp: RunPython) -> None:
     with pytest.raises(InvalidInputError, match='input "x" is a object that is not a JSON value'):
         rp.run("x", inputs={"x": object()})

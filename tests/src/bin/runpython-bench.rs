@@ -5,6 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use runpython_core::{tool_fn, PoolConfig, RunPython, Store};
+use runpython_tests::template_bench::{runs_per_s_16, CpuMeter};
 use runpython_tests::Moto;
 use serde_json::{json, Map, Value};
 
@@ -58,6 +59,8 @@ print(n / (time.perf_counter() - t))
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut m = Map::new();
+    // Before anything starts: every process of the harness is then counted.
+    let cpu = CpuMeter::start();
     let python = RunPython::builder()
         .timeout(Duration::from_secs(120))
         .pool(PoolConfig {
@@ -107,6 +110,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 idle: Duration::from_secs(600),
                 warm_imports: warm,
                 prestart: true,
+                templates: false,
             })
             .build()
     };
@@ -127,8 +131,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         floor2.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let (warm, floor2) = (p50(warm), p50(floor2));
-    m.insert("warm_run_ms".into(), json!(round3(warm)));
-    m.insert("run_vs_floor_warm".into(), json!(round3(warm / floor2)));
+    m.insert("pooled_run_ms".into(), json!(round3(warm)));
+    m.insert("run_vs_floor_pooled".into(), json!(round3(warm / floor2)));
+
+    // Warm: a trivial run forked from a template, against the floor; its template's memory.
+    let forked =
+        runpython_tests::template_bench::trivial_figures(&mut m, &interpreter.executable, ROUNDS)
+            .await
+            .map_err(|e| e.to_string())?;
 
     // Throughput: 16 runs at a time on one engine (pool of 4), 64 runs in all.
     let busy = RunPython::builder()
@@ -138,6 +148,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             idle: Duration::from_secs(600),
             warm_imports: Vec::new(),
             prestart: false,
+            templates: false,
         })
         .build()?;
     busy.run("1+1").await?;
@@ -157,8 +168,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         task.await??;
     }
     m.insert(
-        "runs_per_s_16_concurrent".into(),
+        "runs_per_s_16_concurrent_pooled".into(),
         json!(round3(64.0 / t.elapsed().as_secs_f64())),
+    );
+    drop(busy);
+    m.insert(
+        "runs_per_s_16_concurrent".into(),
+        json!(round3(
+            runs_per_s_16(&forked, "sum(range(1000))")
+                .await
+                .map_err(|e| e.to_string())?
+        )),
     );
 
     // The same trivial run, kept in a local file store (script, output, value, manifest written).
@@ -317,6 +337,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "deps_warm_ratio_pooled".into(),
         json!(round3(p50(numpy) / p50(plain))),
     );
+
+    // pandas forked from a template against the same run on a pooled interpreter.
+    runpython_tests::template_bench::pandas_figures(&mut m, cpu.as_ref()).await?;
 
     // Context economy: the envelope of a run returning a 100,000-row DataFrame, kept whole in a store
     // (its 4 MB of JSON is over the default 1 MB cap on what is kept, so the cap is raised).

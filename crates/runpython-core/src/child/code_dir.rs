@@ -11,12 +11,16 @@ use crate::error::Error;
 /// The runner that executes the code in the child (`runner.py`).
 pub(crate) const RUNNER_PY: &str = include_str!("../runner.py");
 
+/// The template that runs are forked from (`template.py`), imported by the runner in template mode.
+pub(crate) const TEMPLATE_PY: &str = include_str!("../template.py");
+
 /// Bootstrap passed with `-c`: imports the runner from the code directory (argv[1]), so Python caches its
 /// bytecode there instead of compiling it on every run.
 pub(crate) const BOOTSTRAP: &str =
     "import sys;sys.path.insert(0,sys.argv[1]);import runpython_runner";
 
-/// The directory holding runpython's Python modules (`runpython_runner.py`, `runpython_tools.py`), written
+/// The directory holding runpython's Python modules (`runpython_runner.py`, `runpython_tools.py`,
+/// `runpython_template.py`), written
 /// once per content version under the user's cache directory (or the temp directory), atomically.
 pub(crate) fn code_dir() -> Result<&'static Path, Error> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -72,7 +76,7 @@ fn compile_code_dir(python: &Path, dir: &Path) {
         .status();
 }
 
-/// A digest of the Python that runs in the child (the runner and the bridge client), computed once:
+/// A digest of the Python that runs in the child (the runner, the bridge client, the template), computed once:
 /// it names the code directory and goes into memo keys.
 pub(crate) fn code_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
@@ -80,13 +84,20 @@ pub(crate) fn code_version() -> &'static str {
         // blake3, not `DefaultHasher`: the value is persisted in memo keys, and std's hasher may change
         // between Rust releases.
         let mut hasher = blake3::Hasher::new();
-        for part in [RUNNER_PY, runpython_bridge::CLIENT_PY] {
+        for (_, part) in MODULES {
             hasher.update(&(part.len() as u64).to_le_bytes());
             hasher.update(part.as_bytes());
         }
         hasher.finalize().to_hex()[..16].to_owned()
     })
 }
+
+/// The modules of the code directory, by file name.
+const MODULES: [(&str, &str); 3] = [
+    ("runpython_runner.py", RUNNER_PY),
+    ("runpython_tools.py", runpython_bridge::CLIENT_PY),
+    ("runpython_template.py", TEMPLATE_PY),
+];
 
 fn write_code_dir() -> std::io::Result<PathBuf> {
     let name = format!("py-{}", code_version());
@@ -97,9 +108,7 @@ fn write_code_dir() -> std::io::Result<PathBuf> {
     let mut last_error = std::io::Error::other("no cache directory");
     for base in bases.into_iter().flatten() {
         let dir = base.join(&name);
-        let complete = |d: &Path| {
-            d.join("runpython_runner.py").is_file() && d.join("runpython_tools.py").is_file()
-        };
+        let complete = |d: &Path| MODULES.iter().all(|(name, _)| d.join(name).is_file());
         if complete(&dir) {
             return Ok(dir);
         }
@@ -108,11 +117,9 @@ fn write_code_dir() -> std::io::Result<PathBuf> {
             let tmp = tempfile::Builder::new()
                 .prefix(".py-tmp-")
                 .tempdir_in(&base)?;
-            std::fs::write(tmp.path().join("runpython_runner.py"), RUNNER_PY)?;
-            std::fs::write(
-                tmp.path().join("runpython_tools.py"),
-                runpython_bridge::CLIENT_PY,
-            )?;
+            for (name, text) in MODULES {
+                std::fs::write(tmp.path().join(name), text)?;
+            }
             std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755))?;
             match std::fs::rename(tmp.path(), &dir) {
                 Ok(()) => {

@@ -4,10 +4,12 @@
 
 mod code_dir;
 mod env;
+mod forked;
 mod output;
 mod pool;
 mod run_dir;
 mod spawn;
+mod template;
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
@@ -23,6 +25,8 @@ pub use pool::PoolConfig;
 pub(crate) use pool::{Pool, PoolKey};
 pub(crate) use run_dir::discard_run_dir;
 pub(crate) use spawn::{Spawned, SpawnedParts, BRIDGE_FD};
+pub use template::TemplateStatus;
+pub(crate) use template::Templates;
 
 use crate::envelope::Isolation;
 use crate::error::Error;
@@ -31,7 +35,9 @@ use crate::sandbox::Sandbox;
 /// An interpreter started for a run (cold, or ahead of time by the pool).
 #[derive(Debug)]
 pub(crate) struct Slot {
-    pub run_dir: tempfile::TempDir,
+    /// The run's private directory on the host (none for a run forked from a template: everything
+    /// of it is inside its view).
+    pub run_dir: Option<tempfile::TempDir>,
     pub spawned: Spawned,
     /// Where the run writes (its scratch: `work/`, `saved/`, ...), held since before the code started:
     /// the host reads the run's files beneath it only.
@@ -140,7 +146,7 @@ impl SlotSpec {
             &env,
             plan,
             spawn::ChildFds {
-                bridge: bridge_child,
+                bridge: Some(bridge_child),
                 control: control_child,
             },
         )?;
@@ -163,7 +169,7 @@ impl SlotSpec {
             }
         };
         Ok(Slot {
-            run_dir,
+            run_dir: Some(run_dir),
             spawned,
             scratch: Arc::new(scratch),
             saved_dir: scratch_path.join("saved"),

@@ -3,10 +3,13 @@
 //!
 //! Each pooled interpreter is exactly what the cold path would start — same sandbox plan, same
 //! private run directory, same environment — waiting on its stdin for the request, and it serves exactly
-//! one run: nothing a previous run did can be seen by the next one. This is why runpython pre-starts
-//! single-use interpreters instead of forking runs from a long-lived zygote: isolation is identical to the
-//! cold path by construction, and there is no fork-safety question (threads started by imported
-//! libraries) to get wrong. The price is that a burst larger than the pool pays the cold cost.
+//! one run: nothing a previous run did can be seen by the next one. Isolation is identical to the cold
+//! path by construction, and there is no fork-safety question (threads started by imported libraries)
+//! to get wrong. The price is that every run pays an interpreter's start and its warm imports in CPU,
+//! and a burst larger than the pool pays them on its critical path. With
+//! [`PoolConfig::templates`], runs are forked from a warm template instead (`template/`), which
+//! answers the fork-safety question explicitly (the template stops library threads and refuses to
+//! serve when some remain) and gives each fork every layer of its own.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -32,6 +35,13 @@ pub struct PoolConfig {
     /// cold: every run then goes through the pool (`RUNPYTHON_POOL_PRESTART=1`; CI runs the hostile
     /// suite this way to prove pooled runs are isolated like cold ones).
     pub prestart: bool,
+    /// Fork one-shot runs from a warm template per environment (an interpreter that imported the
+    /// runner, the environment and `warm_imports` once) instead of giving each run an interpreter of
+    /// its own: a run then costs a fork and its own sandbox's setup. Each run still gets every layer
+    /// for itself (PID, mount, network and user namespaces, scratch, uid, cgroup, limits, Landlock,
+    /// seccomp); `isolation.start` says `"template"`. Where the kernel or the configuration rules
+    /// templates out, runs take the fresh path. Default off, unless `RUNPYTHON_TEMPLATES=1`.
+    pub templates: bool,
 }
 
 impl Default for PoolConfig {
@@ -44,6 +54,7 @@ impl Default for PoolConfig {
             idle: Duration::from_secs(120),
             warm_imports: Vec::new(),
             prestart: env_vars::parsed::<u8>(env_vars::POOL_PRESTART) == Some(1),
+            templates: env_vars::templates().0,
         }
     }
 }
@@ -140,7 +151,7 @@ impl Pool {
         let mut ready = self.ready.lock().ok()?;
         let slots = ready.get_mut(key)?;
         while let Some(mut slot) = slots.pop() {
-            let alive = matches!(slot.spawned.child.try_wait(), Ok(None));
+            let alive = slot.spawned.process.is_alive();
             if alive && slot.born.elapsed() < self.config.idle {
                 return Some(slot);
             }

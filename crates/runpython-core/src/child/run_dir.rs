@@ -94,18 +94,23 @@ fn sweep_run_dirs_in(dir: &Path, min_age: Duration) -> usize {
 
 /// Removes a finished run's directory off the run's critical path: renamed aside at once (its path is
 /// gone when the run returns), deleted by a blocking task, which a runtime shutting down still waits
-/// for. Where the rename fails, it is deleted in place.
+/// for. Where the rename fails, or outside a runtime (an engine dropped by a thread of its own, as the
+/// Python package drops one), it is deleted in place.
 pub(crate) fn discard_run_dir(run_dir: tempfile::TempDir) {
     let path = run_dir.keep();
     let mut trash = path.clone().into_os_string();
     trash.push(".done");
     let trash = std::path::PathBuf::from(trash);
-    if std::fs::rename(&path, &trash).is_ok() {
-        tokio::task::spawn_blocking(move || {
-            let _ = std::fs::remove_dir_all(&trash);
-        });
-    } else {
-        let _ = std::fs::remove_dir_all(&path);
+    let runtime = tokio::runtime::Handle::try_current();
+    match runtime {
+        Ok(runtime) if std::fs::rename(&path, &trash).is_ok() => {
+            runtime.spawn_blocking(move || {
+                let _ = std::fs::remove_dir_all(&trash);
+            });
+        }
+        _ => {
+            let _ = std::fs::remove_dir_all(&path);
+        }
     }
 }
 
@@ -113,6 +118,15 @@ pub(crate) fn discard_run_dir(run_dir: tempfile::TempDir) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_run_dir_is_removed_outside_a_runtime_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_owned();
+        std::fs::write(path.join("f"), b"x").unwrap();
+        discard_run_dir(dir); // no runtime here: it must not panic
+        assert!(!path.exists());
+    }
 
     #[test]
     fn only_old_run_dirs_of_gone_hosts_are_swept() {

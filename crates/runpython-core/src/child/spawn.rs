@@ -43,11 +43,52 @@ impl Drop for GroupGuard {
     }
 }
 
+/// The process a run's code runs in, as the host drives it.
+#[derive(Debug)]
+pub(crate) enum RunProcess {
+    /// An interpreter of its own, started by the host (the sandbox's S, whose process group is killed).
+    Child {
+        child: tokio::process::Child,
+        guard: GroupGuard,
+    },
+    /// A run forked from a template.
+    Forked(super::forked::ForkedRun),
+}
+
+impl RunProcess {
+    /// Waits for the run's interpreter to end. Cancel-safe.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            RunProcess::Child { child, .. } => child.wait().await,
+            RunProcess::Forked(forked) => forked.wait().await,
+        }
+    }
+
+    /// Kills everything the run started, now.
+    pub(crate) fn kill(&self) {
+        match self {
+            RunProcess::Child { guard, .. } => guard.kill(),
+            RunProcess::Forked(forked) => forked.kill(),
+        }
+    }
+
+    /// Whether the interpreter is still there (a pooled one that died is not served).
+    pub(crate) fn is_alive(&mut self) -> bool {
+        match self {
+            RunProcess::Child { child, .. } => matches!(child.try_wait(), Ok(None)),
+            RunProcess::Forked(_) => true,
+        }
+    }
+}
+
 /// A started child with its pipes.
 #[derive(Debug)]
 pub(crate) struct Spawned {
-    pub child: tokio::process::Child,
-    pub guard: GroupGuard,
+    pub process: RunProcess,
+    /// Where the request goes (`None` for a session, whose stdin is its control socket).
+    pub stdin: Option<tokio::net::unix::pipe::Sender>,
+    pub stdout: Option<tokio::net::unix::pipe::Receiver>,
+    pub stderr: Option<tokio::net::unix::pipe::Receiver>,
     pub result: tokio::net::unix::pipe::Receiver,
     /// The run's cgroup: removed when the run is over (dropped after the group is killed).
     pub cgroup: Option<crate::sandbox::RunCgroup>,
@@ -56,11 +97,43 @@ pub(crate) struct Spawned {
 }
 
 /// The descriptors a child gets besides its pipes: its end of the tool bridge (as fd 4) and, for a
-/// session's interpreter, its control socket (as its stdin).
+/// session's interpreter or a template, its control socket (as its stdin).
 #[derive(Debug)]
 pub(crate) struct ChildFds {
-    pub bridge: OwnedFd,
+    pub bridge: Option<OwnedFd>,
     pub control: Option<OwnedFd>,
+}
+
+/// The host's ends of a child's stdin, stdout and stderr.
+type Stdio3 = (
+    Option<tokio::net::unix::pipe::Sender>,
+    Option<tokio::net::unix::pipe::Receiver>,
+    Option<tokio::net::unix::pipe::Receiver>,
+);
+
+/// The host's ends of a child's stdio, as pipes the runtime drives.
+fn stdio_pipes(child: &mut tokio::process::Child) -> Result<Stdio3, Error> {
+    let io = |e: std::io::Error| Error::io_pathless("taking the child's pipes", e);
+    let stdin = match child.stdin.take() {
+        Some(pipe) => Some(
+            tokio::net::unix::pipe::Sender::from_owned_fd(pipe.into_owned_fd().map_err(io)?)
+                .map_err(io)?,
+        ),
+        None => None,
+    };
+    let receiver = |fd: std::io::Result<OwnedFd>| {
+        fd.and_then(tokio::net::unix::pipe::Receiver::from_owned_fd)
+            .map_err(io)
+    };
+    let stdout = match child.stdout.take() {
+        Some(pipe) => Some(receiver(pipe.into_owned_fd())?),
+        None => None,
+    };
+    let stderr = match child.stderr.take() {
+        Some(pipe) => Some(receiver(pipe.into_owned_fd())?),
+        None => None,
+    };
+    Ok((stdin, stdout, stderr))
 }
 
 /// Starts `python -I -S -X utf8 -c BOOTSTRAP CODE_DIR` in `cwd`, in a new process group, with a scrubbed
@@ -108,8 +181,9 @@ pub(crate) fn spawn_runner(
         crate::sandbox::dup_high(fd).map_err(|e| Error::io_pathless("placing the child's pipes", e))
     };
     let result_write = high(result_write)?;
-    let bridge_child = high(bridge_child)?;
-    let (write_fd, bridge_fd) = (result_write.as_raw_fd(), bridge_child.as_raw_fd());
+    let bridge_child = bridge_child.map(high).transpose()?;
+    let write_fd = result_write.as_raw_fd();
+    let bridge_fd = bridge_child.as_ref().map(|fd| fd.as_raw_fd());
 
     let mut command = tokio::process::Command::new(python);
     command
@@ -133,15 +207,17 @@ pub(crate) fn spawn_runner(
             // If the host dies, even by SIGKILL, the child dies with it.
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // dup2 leaves the new descriptors without close-on-exec: the runner inherits them.
-            for (from, to) in [(write_fd, RESULT_FD), (bridge_fd, BRIDGE_FD)] {
-                if libc_dup2(from, to) < 0 {
-                    return Err(std::io::Error::last_os_error());
+            for (from, to) in [(Some(write_fd), RESULT_FD), (bridge_fd, BRIDGE_FD)] {
+                if let Some(from) = from {
+                    if libc_dup2(from, to) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
             }
             crate::sandbox::enter(&plan)
         });
     }
-    let child = command
+    let mut child = command
         .spawn()
         .map_err(|source| spawn_error(python, source))?;
     // The child holds the only write end and the only child end of the bridge now: EOF comes when it
@@ -159,9 +235,12 @@ pub(crate) fn spawn_runner(
     };
     let result = tokio::net::unix::pipe::Receiver::from_owned_fd(result_read)
         .map_err(|e| Error::io_pathless("reading the result pipe", e))?;
+    let (stdin, stdout, stderr) = stdio_pipes(&mut child)?;
     Ok(Spawned {
-        child,
-        guard,
+        process: RunProcess::Child { child, guard },
+        stdin,
+        stdout,
+        stderr,
         result,
         cgroup,
         handoff,
@@ -187,29 +266,27 @@ fn libc_dup2(old: i32, new: i32) -> i32 {
     unsafe { libc::dup2(old, new) }
 }
 
-/// A long-lived interpreter's process and what goes with it (a session's): the group killed and the
-/// run directory removed when it is dropped.
+/// A long-lived interpreter's process and what goes with it (a session's or a template's): killed and
+/// its run directory removed when it is dropped.
 #[derive(Debug)]
 pub(crate) struct SpawnedParts {
-    child: tokio::process::Child,
-    guard: GroupGuard,
+    process: RunProcess,
     cgroup: Option<crate::sandbox::RunCgroup>,
     run_dir: Option<tempfile::TempDir>,
 }
 
 impl SpawnedParts {
-    pub(crate) fn new(spawned: Spawned, run_dir: tempfile::TempDir) -> Self {
+    pub(crate) fn new(spawned: Spawned, run_dir: Option<tempfile::TempDir>) -> Self {
         Self {
-            child: spawned.child,
-            guard: spawned.guard,
+            process: spawned.process,
             cgroup: spawned.cgroup,
-            run_dir: Some(run_dir),
+            run_dir,
         }
     }
 
     /// Waits for the interpreter to end.
     pub(crate) async fn wait(&mut self) -> Result<std::process::ExitStatus, Error> {
-        self.child
+        self.process
             .wait()
             .await
             .map_err(|e| Error::io_pathless("waiting for the session's interpreter", e))
@@ -217,7 +294,12 @@ impl SpawnedParts {
 
     /// Kills everything the interpreter started, now.
     pub(crate) fn kill(&mut self) {
-        self.guard.kill();
+        self.process.kill();
+    }
+
+    /// Whether the interpreter is still there.
+    pub(crate) fn is_alive(&mut self) -> bool {
+        self.process.is_alive()
     }
 
     /// Whether the kernel killed a process of it for going over the memory limit.
@@ -228,7 +310,7 @@ impl SpawnedParts {
 
 impl Drop for SpawnedParts {
     fn drop(&mut self) {
-        self.guard.kill();
+        self.process.kill();
         if let Some(run_dir) = self.run_dir.take() {
             super::discard_run_dir(run_dir);
         }

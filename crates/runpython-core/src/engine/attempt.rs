@@ -152,8 +152,9 @@ impl RunPython {
         (vec![out, err], [Some(out_stream), Some(err_stream)])
     }
 
-    /// An interpreter for the run: one started ahead of time for this environment, or a fresh one
-    /// (the cold path). A replacement is started in the background either way.
+    /// An interpreter for the run: forked from this environment's template (with templates on), one
+    /// started ahead of time for this environment, or a fresh one (the cold path). A pooled or cold
+    /// start has its replacement started in the background.
     pub(super) async fn slot_for(&self, prepared: &Prepared) -> Result<Slot, Error> {
         let python = prepared.python();
         let site_dir = prepared.site_dir();
@@ -166,6 +167,11 @@ impl RunPython {
             .await;
         }
         let key: PoolKey = (python.clone(), site_dir.clone());
+        if let Some(templates) = &self.inner.templates {
+            if let Some(slot) = templates.fork(&key, self.inner.limits.timeout).await? {
+                return Ok(slot);
+            }
+        }
         let pooled = match &self.inner.pool {
             Some(pool) => pool.take_or_wait(&key).await,
             None => None,
@@ -282,11 +288,16 @@ impl RunPython {
         let runner_request =
             serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
 
-        let mut child = spawned.child;
-        let guard = spawned.guard;
-        let cgroup = spawned.cgroup;
+        let crate::child::Spawned {
+            mut process,
+            mut stdin,
+            stdout,
+            stderr,
+            result: mut result_pipe,
+            cgroup,
+            ..
+        } = spawned;
 
-        let mut stdin = child.stdin.take();
         let writer = tokio::spawn(async move {
             if let Some(stdin) = stdin.as_mut() {
                 // A child that dies early closes the pipe; its exit is reported, not this write.
@@ -300,7 +311,7 @@ impl RunPython {
         let closed = Arc::new(Closed::default());
         // Kept runs keep each stream whole (up to the cap), streamed to the store as it is read.
         let (mut uploads, [stdout_full, stderr_full]) = self.output_uploads(request);
-        let stdout_reader = child.stdout.take().map(|pipe| {
+        let stdout_reader = stdout.map(|pipe| {
             let (sink, events, closed) = (
                 Arc::clone(&stdout_capture),
                 events.clone(),
@@ -312,7 +323,7 @@ impl RunPython {
                 cut
             })
         });
-        let stderr_reader = child.stderr.take().map(|pipe| {
+        let stderr_reader = stderr.map(|pipe| {
             let (sink, events, closed) = (
                 Arc::clone(&stderr_capture),
                 events.clone(),
@@ -325,7 +336,6 @@ impl RunPython {
             })
         });
         let result_cap = limits.max_return_bytes + RESULT_OVERHEAD;
-        let mut result_pipe = spawned.result;
         let result_closed = Arc::clone(&closed);
         let result_reader = tokio::spawn(async move {
             let mut answer = Answer::default();
@@ -367,7 +377,7 @@ impl RunPython {
             }
         };
         let ending = tokio::select! {
-            status = child.wait() => match status {
+            status = process.wait() => match status {
                 Ok(status) => Ending::Exited(status),
                 Err(source) => return Err(Error::io_pathless("waiting for the child", source)),
             },
@@ -377,12 +387,12 @@ impl RunPython {
             e = bridge_failed => Ending::Bridge(e),
         };
         // Whatever happened, nothing the code started may outlive the run.
-        guard.kill();
+        process.kill();
         match ending {
-            // Killed above; tokio reaps it in the background.
+            // Killed above; reaped in the background.
             Ending::Exited(_) | Ending::Answered => {}
             _ => {
-                let _ = child.wait().await;
+                let _ = process.wait().await;
             }
         }
         writer.abort();
@@ -422,7 +432,9 @@ impl RunPython {
         };
         let oom_killed = cgroup.as_ref().is_some_and(|cg| cg.oom_killed());
         drop(cgroup); // removed once its processes are gone, off this task
-        discard_run_dir(run_dir);
+        if let Some(run_dir) = run_dir {
+            discard_run_dir(run_dir);
+        }
 
         Ok(Attempt {
             ending,

@@ -9,7 +9,7 @@ use runpython_deps::EnvProvider;
 use runpython_store::{CollectLimits, Store, Tier};
 
 use super::{Inner, RunPython};
-use crate::child::{Pool, PoolConfig, SlotSpec};
+use crate::child::{Pool, PoolConfig, SlotSpec, Templates};
 use crate::deps::DepsConfig;
 use crate::error::Error;
 use crate::nested::Nesting;
@@ -224,7 +224,8 @@ impl RunPythonBuilder {
         self
     }
     /// The pool of interpreters started ahead of their runs (default: one per environment, kept two
-    /// minutes; `size: 0` turns it off). See [`PoolConfig`].
+    /// minutes; `size: 0` turns it off), and whether runs are forked from templates instead. See
+    /// [`PoolConfig`].
     pub fn pool(mut self, pool: PoolConfig) -> Self {
         self.pool = pool;
         self
@@ -312,6 +313,15 @@ impl RunPythonBuilder {
                 deps: self.deps.build()?,
                 durable: self.durable,
                 sandbox: self.sandbox,
+                templates: self.pool.templates.then(|| {
+                    Arc::new(Templates::new(
+                        spec.clone(),
+                        self.pool.warm_imports.clone(),
+                        self.pool.idle,
+                        self.pool.size,
+                        crate::env_vars::templates().1,
+                    ))
+                }),
                 pool: (self.pool.size > 0).then(|| Arc::new(Pool::new(self.pool, spec))),
                 interpreter: tokio::sync::OnceCell::new(),
                 nesting: self.nested.map(Nesting::top),

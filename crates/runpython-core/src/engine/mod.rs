@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use builder::RunPythonBuilder;
 pub use session::Session;
 
-use crate::child::Pool;
+use crate::child::{Pool, TemplateStatus, Templates};
 use crate::deps::Deps;
 use crate::envelope::{BridgeReport, Envelope, Isolation};
 use crate::error::Error;
@@ -52,6 +52,7 @@ struct Inner {
     durable: bool,
     sandbox: Sandbox,
     pool: Option<Arc<Pool>>,
+    templates: Option<Arc<Templates>>,
     interpreter: tokio::sync::OnceCell<Interpreter>,
     nesting: Option<Nesting>,
     sessions: Arc<crate::session::Registry>,
@@ -121,7 +122,9 @@ impl RunPython {
     /// Which isolation layers runs get on this machine (probed once per process), without running
     /// anything. `Err` when the sandbox requires a layer that is missing.
     pub fn isolation_report(&self) -> Result<Isolation, Error> {
-        let report = crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout)?;
+        let templates = self.inner.templates.as_ref().is_some_and(|t| t.eligible());
+        let report =
+            crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout, templates)?;
         Ok(Isolation {
             bridge: Some(self.bridge_report()),
             ..report
@@ -139,6 +142,15 @@ impl RunPython {
             connections: 1,
             bytes_in_flight: self.inner.bridge.max_in_flight_bytes as u64,
             concurrent_calls: self.inner.bridge.max_concurrent_calls as u64,
+        }
+    }
+
+    /// The templates this engine forks runs from (see [`crate::PoolConfig::templates`]), each with
+    /// the memory it holds; empty when templates are off or none has started yet.
+    pub async fn templates(&self) -> Vec<TemplateStatus> {
+        match &self.inner.templates {
+            Some(templates) => templates.status().await,
+            None => Vec::new(),
         }
     }
 
@@ -307,7 +319,9 @@ impl NestEngine for RunPython {
         inner.limits.timeout = timeout;
         inner.bridge.max_calls = max_calls;
         inner.nesting = Some(nesting);
-        inner.pool = None; // pooled interpreters are prepared for this engine's limits
+        // Pooled interpreters are prepared for this engine's limits; nested runs start fresh.
+        inner.pool = None;
+        inner.templates = None;
         Arc::new(RunPython {
             inner: Arc::new(inner),
         })

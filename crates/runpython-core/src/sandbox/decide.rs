@@ -116,10 +116,39 @@ impl Decision {
                 }
             },
             bridge: None,
+            start: START_FRESH.into(),
             missing: self.missing.clone(),
         }
     }
+
+    /// Whether runs can be forked from a template under this decision, or why not. A template makes
+    /// each run's PID, mount and user namespaces from its own user namespace, and the run's scratch
+    /// lives in its filesystem view; a root host's template gives each run its own uid.
+    pub(crate) fn template_eligible(&self, host: Host) -> Result<(), String> {
+        if self.unshare & libc::CLONE_NEWUSER == 0 {
+            return Err("templates need user namespaces".into());
+        }
+        if !self.pid_ns {
+            return Err("templates need a PID namespace with its own /proc".into());
+        }
+        if !self.view {
+            return Err("templates need a mount namespace for the run's filesystem view".into());
+        }
+        if host.euid == 0 && !self.drop_privileges {
+            return Err(
+                "a root host's templates run the code as a uid of its own: drop_privileges must be on"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
+
+/// `isolation.start` of a run that got an interpreter of its own (cold or pooled).
+pub(crate) const START_FRESH: &str = "fresh";
+
+/// `isolation.start` of a run forked from a template.
+pub(crate) const START_TEMPLATE: &str = "template";
 
 /// Decides the layers. `closed_read_dir` is asked only when a dropped uid would run without a mount
 /// namespace: the first directory the code must read that other users cannot traverse.
@@ -304,6 +333,38 @@ mod tests {
                 ("off", "pid-namespace")
             );
         }
+    }
+
+    #[test]
+    fn templates_need_user_pid_and_mount_namespaces_and_a_run_uid_as_root() {
+        let d = decide(&Sandbox::default(), &Kernel::permissive(), USER, open);
+        assert_eq!(d.template_eligible(USER), Ok(()));
+        assert_eq!(d.report(&Sandbox::default(), 1, 1).start, "fresh");
+        let off = decide(&Sandbox::off(), &Kernel::permissive(), USER, open);
+        assert_eq!(
+            off.template_eligible(USER),
+            Err("templates need user namespaces".into())
+        );
+        let no_proc = Kernel {
+            proc_mount: Err("EPERM".into()),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &no_proc, USER, open);
+        assert!(d
+            .template_eligible(USER)
+            .unwrap_err()
+            .contains("PID namespace"));
+        let keep_root = Sandbox {
+            drop_privileges: false,
+            ..Sandbox::default()
+        };
+        let d = decide(&keep_root, &Kernel::permissive(), ROOT, open);
+        assert!(d
+            .template_eligible(ROOT)
+            .unwrap_err()
+            .contains("drop_privileges"));
+        let d = decide(&Sandbox::default(), &Kernel::permissive(), ROOT, open);
+        assert_eq!(d.template_eligible(ROOT), Ok(()));
     }
 
     #[test]

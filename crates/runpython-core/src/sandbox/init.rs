@@ -43,12 +43,15 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
         // root is then not a locked mount, and the init mounts the run's /proc before the pivot.
         // The user namespace (with IPC and UTS) comes after, entered by the last process standing
         // before the interpreter.
-        let early = plan.unshare & (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET);
+        // (A template keeps the early PID namespace too: its init is that one's PID 1.)
+        let early = plan.unshare
+            & (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET)
+            & !(plan.template_late() & libc::CLONE_NEWNET);
         // SAFETY: unshare with flags the probe found to work.
         cvt(unsafe { libc::unshare(early | libc::CLONE_NEWNS) }).at(Step::Unshare)?;
         join_netns(plan)?;
         if let Some(view) = &plan.view {
-            mounts::build(view)?;
+            mounts::build(view, &mounts::open_sources(view)?)?;
         }
         if pid_ns {
             return start_init(plan, exec_of(plan)?);
@@ -63,7 +66,7 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
         }
         enter_userns(plan, plan.unshare)?;
         if let Some(view) = &plan.view {
-            mounts::build(view)?;
+            mounts::build(view, &mounts::open_sources(view)?)?;
         }
         set_nproc(plan)?;
         if pid_ns {
@@ -99,12 +102,24 @@ fn join_netns(plan: &Plan) -> Result<(), StepError> {
 }
 
 /// Unshares `flags` and, when they make a user namespace, maps its ids, forbids namespaces below it
-/// and names the host. A root host drops to the run's ids first.
-fn enter_userns(plan: &Plan, flags: libc::c_int) -> Result<(), StepError> {
+/// and names the host. A root host drops to the run's ids first; a root host's template enters the
+/// templates' user namespace instead of making one, as its root.
+fn enter_userns(plan: &Plan, mut flags: libc::c_int) -> Result<(), StepError> {
     if plan.view_as_root {
         if let Some((uid, gid)) = plan.drop_to {
             drop_ids(uid, gid)?;
         }
+    }
+    if let Some(userns) = &plan.join_userns {
+        // G of a root host's template (its memory its own: setns refuses a process sharing it), its
+        // view entered, enters the user namespace the host made for templates; the namespaces it
+        // makes next (network, IPC, UTS) are that namespace's, as are those its runs make.
+        // SAFETY: setns on a descriptor the host prepared; G is single-threaded.
+        cvt(unsafe { libc::setns(userns.as_raw_fd(), libc::CLONE_NEWUSER) })
+            .at(Step::TemplateUserns)?;
+        // Root inside: the capabilities to make each run's namespaces stay through exec.
+        drop_ids(0, 0)?;
+        flags &= !libc::CLONE_NEWUSER;
     }
     if flags == 0 {
         return Ok(());
@@ -167,8 +182,10 @@ fn restrict_interpreter(plan: &Plan) -> Result<(), StepError> {
         };
         set_rlimit(resource, value, hard).at(Step::Rlimit)?;
     }
-    // SAFETY: prctl with integer arguments.
-    cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(Step::NoNewPrivs)?;
+    if plan.no_new_privs {
+        // SAFETY: prctl with integer arguments.
+        cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(Step::NoNewPrivs)?;
+    }
     if let Some(ruleset) = &plan.landlock {
         landlock::restrict_self(ruleset)?;
     }
@@ -259,14 +276,22 @@ fn start_init(plan: &Plan, exec: &Exec) -> Result<(), StepError> {
         h_stack_top: unsafe { stacks.add(2 * CHILD_STACK) }.cast(),
     };
     page.arm();
-    // SAFETY: G runs `init_main` on its own stack in our memory and only makes system calls; `args`
-    // outlives its first reads (S blocks on the pipe until G and H are done with setup). The kernel
-    // clears and wakes the page's `alive` word when G exits (CLONE_CHILD_CLEARTID).
+    // A root host's template enters its user namespace in G, which `setns` allows only to a process
+    // with memory of its own: that G is a copy of S (once per template) instead of sharing it.
+    let share_memory = if plan.join_userns.is_some() {
+        0
+    } else {
+        libc::CLONE_VM
+    };
+    // SAFETY: G runs `init_main` on its own stack in our memory (or a copy of it) and only makes
+    // system calls; `args` outlives its first reads (S blocks on the pipe until G and H are done with
+    // setup). The kernel clears and wakes the page's `alive` word when G exits (CLONE_CHILD_CLEARTID:
+    // the page is shared either way).
     let init = unsafe {
         libc::clone(
             init_main,
             stacks.add(CHILD_STACK).cast(),
-            libc::CLONE_VM | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
+            share_memory | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
             std::ptr::addr_of!(args).cast_mut().cast(),
             std::ptr::null_mut::<libc::pid_t>(),
             std::ptr::null_mut::<libc::c_void>(),
@@ -309,8 +334,9 @@ extern "C" fn init_main(arg: *mut libc::c_void) -> libc::c_int {
             mounts::mount_proc(c"/proc")?;
         }
         if plan.view_as_root {
-            let late =
-                plan.unshare & (libc::CLONE_NEWUSER | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS);
+            let late = plan.unshare
+                & (libc::CLONE_NEWUSER | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS)
+                | plan.template_late();
             enter_userns(plan, late)?;
             // The credentials changed: G must stay undumpable (it holds a copy of the host's memory).
             // SAFETY: prctl with integer arguments.

@@ -44,9 +44,13 @@ pub(crate) fn access_read(abi: i32) -> u64 {
 }
 
 /// The host-side rules: system directories, the interpreter, runpython's code and `read_dirs` readable
-/// and executable; the run directory fully usable; a few devices writable. Signals and abstract Unix
-/// sockets are scoped to the run (ABI 6+).
-pub(crate) fn ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result<OwnedFd, String> {
+/// and executable; the run directory (when the run has one on the host) fully usable; a few devices
+/// writable. Signals and abstract Unix sockets are scoped to the run (ABI 6+).
+pub(crate) fn ruleset(
+    abi: i32,
+    read_dirs: &[PathBuf],
+    run_dir: Option<&Path>,
+) -> Result<OwnedFd, String> {
     use std::os::fd::AsFd;
     use std::os::unix::fs::OpenOptionsExt;
 
@@ -110,8 +114,11 @@ pub(crate) fn ruleset(abi: i32, read_dirs: &[PathBuf], run_dir: &Path) -> Result
             ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
         }
     }
-    let r = rule(run_dir, AccessFs::from_all(abi)).ok_or("the run directory cannot be opened")?;
-    ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
+    if let Some(run_dir) = run_dir {
+        let r =
+            rule(run_dir, AccessFs::from_all(abi)).ok_or("the run directory cannot be opened")?;
+        ruleset = ruleset.add_rule(r).map_err(|e| e.to_string())?;
+    }
     let fd: Option<OwnedFd> = ruleset.into();
     let fd = fd.ok_or("the kernel refused the ruleset")?;
     // The child dup2s its pipes onto its fixed slots: keep the ruleset out of their way.

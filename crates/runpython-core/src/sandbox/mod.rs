@@ -48,6 +48,17 @@
 //! devices; signals and abstract sockets scoped to the run at ABI ≥ 6), installs the seccomp deny-list
 //! ([`seccomp`]) and marks every descriptor above the bridge's close-on-exec.
 //!
+//! # Runs forked from a template
+//!
+//! A template ([`prepare_template`]) is built as above with its own role: root of its user namespace
+//! (0 mapped to the host's uid, or for a root host the templates' namespace of the run uid range,
+//! entered by G after the pivot, G then a copy of S since `setns` refuses a process sharing its
+//! memory), a network namespace and (root host) a second PID namespace made inside it, and no
+//! Landlock, seccomp, `no_new_privs` or limits. Each run forked from it takes every layer itself in
+//! `runpython_template.py`, from what [`prepare_fork`] prepared in the host for it: the same
+//! [`decide::Decision`] as a fresh run's, its cgroup, its Landlock ruleset, its seccomp program, its
+//! uid. ARCHITECTURE.md ("Runs forked from a template") has the whole sequence and what a fork shares.
+//!
 //! # Invariants
 //!
 //! - Nothing a run starts outlives it: with a PID namespace G SIGKILLs every other process of the run
@@ -66,11 +77,13 @@ mod cgroup;
 mod decide;
 mod init;
 mod landlock;
+mod layers;
 mod mounts;
 mod netns;
 mod probe;
 mod seccomp;
 mod sys;
+mod template;
 mod userns;
 mod view;
 
@@ -86,9 +99,10 @@ pub(crate) use init::enter;
 pub(crate) use netns::refill as refill_netns;
 pub use probe::KernelReport;
 pub(crate) use sys::{
-    close_from, dup_high, exit_like, recv_fd, send_with_fds, seqpacket_pair, set_pdeathsig,
-    StepError,
+    close_from, dup_high, exit_like, pidfd_signal, pipe as pipe_pair, recv_fd, recv_with_fds,
+    send_with_fds, seqpacket_pair, set_pdeathsig, Step, StepError,
 };
+pub(crate) use template::prepare_fork;
 pub(crate) use userns::{is_run_uid, kill_all_of_uid};
 pub(crate) use view::{SCRATCH, SCRATCH_DIRS};
 
@@ -96,6 +110,7 @@ use crate::envelope::Isolation;
 use crate::error::Error;
 use decide::{decide, Decision, Host};
 use init::Exec;
+use layers::{cgroup_for, landlock_for, rlimits_for, InnerRules};
 use netns::ReadyNetns;
 use sys::{getegid, geteuid};
 use userns::IdMaps;
@@ -194,18 +209,24 @@ pub(crate) struct Plan {
     view_as_root: bool,
     view: Option<View>,
     drop_to: Option<(u32, u32)>,
+    /// A template of a root host: the user namespace it enters (by `setns`, as root of it) instead
+    /// of making one ([`userns::template_userns`]).
+    join_userns: Option<OwnedFd>,
     unshare: libc::c_int,
     ids: IdMaps,
     /// Forbid user namespaces below the run's.
     forbid_nested_userns: bool,
     /// Installed by H last, just before exec.
     seccomp: Option<&'static seccompiler::BpfProgram>,
+    /// H sets `PR_SET_NO_NEW_PRIVS` (not a template, whose exec as root of its namespace keeps its
+    /// capabilities, and whose runs each set it).
+    no_new_privs: bool,
     nproc: Option<u64>,
     /// Limits set in the interpreter just before exec.
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     landlock: Option<OwnedFd>,
     /// Landlock rules on directories that only exist inside the run (its scratch, its `/proc`).
-    landlock_inner: Vec<(CString, u64)>,
+    landlock_inner: InnerRules,
     /// A fresh, empty network namespace created ahead of time by the host ([`netns::take`]); S joins
     /// it instead of creating one (`CLONE_NEWNET` is then not in `unshare`).
     netns: Option<ReadyNetns>,
@@ -289,9 +310,60 @@ fn host_args() -> (usize, usize) {
     })
 }
 
+/// What an interpreter is prepared for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// A run's own interpreter (cold or pooled): every layer, the code runs in it.
+    Run,
+    /// A template runs are forked from: the filesystem view, no network (unless runs have it), a
+    /// cgroup of its own, and root of its own user namespace (the capabilities to make each run's
+    /// namespaces); no Landlock, seccomp or limits, which each run takes for itself.
+    Template,
+}
+
 /// Decides the run's layers and prepares them: the uid, the filesystem view, the Landlock ruleset,
 /// the rlimits, the cgroup, a ready network namespace.
 pub(crate) fn prepare(
+    config: &Sandbox,
+    python: &Path,
+    code_dir: &Path,
+    extra_reads: &[&Path],
+    run_dir: &Path,
+    timeout: Duration,
+) -> Result<Plan, Error> {
+    prepare_as(
+        Role::Run,
+        config,
+        python,
+        code_dir,
+        extra_reads,
+        run_dir,
+        timeout,
+    )
+}
+
+/// Prepares a template's interpreter ([`Role::Template`]); `Err(TemplateUnavailable)` when runs
+/// cannot be forked under this configuration on this machine.
+pub(crate) fn prepare_template(
+    config: &Sandbox,
+    python: &Path,
+    code_dir: &Path,
+    extra_reads: &[&Path],
+    run_dir: &Path,
+) -> Result<Plan, Error> {
+    prepare_as(
+        Role::Template,
+        config,
+        python,
+        code_dir,
+        extra_reads,
+        run_dir,
+        Duration::ZERO,
+    )
+}
+
+fn prepare_as(
+    role: Role,
     config: &Sandbox,
     python: &Path,
     code_dir: &Path,
@@ -304,12 +376,35 @@ pub(crate) fn prepare(
     let mut decision = decide(config, kernel, host(), || {
         read_dirs.iter().find_map(|d| view::first_untraversable(d))
     });
+    let template = role == Role::Template;
+    let root_host = geteuid() == 0;
+    let join_userns = if template {
+        decision
+            .template_eligible(host())
+            .map_err(Error::TemplateUnavailable)?;
+        match root_host {
+            true => Some(
+                userns::template_userns()
+                    .and_then(|fd| fd.try_clone().and_then(dup_high).map_err(|e| e.to_string()))
+                    .map_err(Error::TemplateUnavailable)?,
+            ),
+            false => None,
+        }
+    } else {
+        None
+    };
     let run_dir = canonical(run_dir);
-    let drop_to = decision.drop_privileges.then(|| {
+    let drop_to = (decision.drop_privileges && !template).then(|| {
         let uid = userns::random_run_uid();
         (uid, uid)
     });
     let (uid, gid) = drop_to.unwrap_or_else(|| (geteuid(), getegid()));
+    // A root host's template is root of the templates' user namespace, whose 0 is the first uid of
+    // the run range: its scratch is that uid's.
+    let view_owner = match (template, root_host) {
+        (true, true) => Some((userns::RUN_UID_BASE, userns::RUN_UID_BASE)),
+        _ => drop_to,
+    };
 
     let view = if decision.view {
         let root = run_dir.join("root");
@@ -319,7 +414,7 @@ pub(crate) fn prepare(
             root: &root,
             read_paths: &read_dirs,
             disk_bytes: config.disk_bytes,
-            owner: drop_to,
+            owner: view_owner,
             pid_ns: decision.pid_ns,
             allow_network: config.allow_network,
         })?)
@@ -327,60 +422,19 @@ pub(crate) fn prepare(
         None
     };
 
-    let mut landlock_inner = Vec::new();
-    let landlock = match decision.landlock_abi {
-        None => None,
-        Some(abi) => match landlock::ruleset(abi, &read_dirs, &run_dir) {
-            Ok(fd) => {
-                let (all, read) = (landlock::access_all(abi), landlock::access_read(abi));
-                if view.is_some() {
-                    for dir in [view::SCRATCH, "/tmp", "/dev/shm"] {
-                        landlock_inner.push((cstring(Path::new(dir))?, all));
-                    }
-                    // The view holds only what is allowlisted: its directories may be listed.
-                    landlock_inner.push((c"/".to_owned(), landlock::access_list(abi)));
-                }
-                if decision.pid_ns {
-                    landlock_inner.push((c"/proc".to_owned(), read));
-                }
-                Some(fd)
-            }
-            Err(e) => {
-                decision.missing.push(format!("landlock: {e}"));
-                decision.landlock_abi = None;
-                None
-            }
-        },
+    let (landlock, landlock_inner) = match role {
+        Role::Run => landlock_for(&mut decision, &read_dirs, Some(&run_dir), view.is_some())?,
+        Role::Template => (None, Vec::new()),
     };
+    let cgroup = cgroup_for(&mut decision, config);
 
-    let cgroup = match (decision.cgroup, cgroup::hierarchy()) {
-        (Some(_), Ok(h)) => match RunCgroup::create(h, config.run_memory_bytes, config.processes) {
-            Ok(made) => Some(made),
-            Err(e) => {
-                // The hierarchy was usable a moment ago: say why this run has no cgroup.
-                decision.missing.push(format!(
-                    "memory limit for the whole run: the run's cgroup could not be made ({e})"
-                ));
-                decision.cgroup = None;
-                decision.seccomp_extra.shared_memory = true;
-                None
-            }
-        },
-        _ => None,
-    };
-
-    if config.require && !decision.missing.is_empty() {
+    if config.require && !template && !decision.missing.is_empty() {
         return Err(Error::IsolationUnavailable(decision.missing.join("; ")));
     }
 
     let cpu = cpu_seconds(timeout);
-    let rlimits = if decision.rlimits {
-        vec![
-            (libc::RLIMIT_AS, config.memory_bytes),
-            (libc::RLIMIT_CPU, cpu),
-            (libc::RLIMIT_FSIZE, config.file_size_bytes),
-            (libc::RLIMIT_NOFILE, config.open_files),
-        ]
+    let rlimits = if decision.rlimits && !template {
+        rlimits_for(config, cpu)
     } else {
         Vec::new()
     };
@@ -416,18 +470,25 @@ pub(crate) fn prepare(
     // host's S joins it before dropping privileges (joining needs CAP_SYS_ADMIN over the namespace's
     // owner, the host's user namespace); a non-root host's S first joins the user namespace made
     // with it, and the run's own user namespace is made inside that one (ids mapped from its 0).
-    let netns = if unshare & libc::CLONE_NEWNET != 0 && (geteuid() == 0 || kernel.owned_netns) {
-        netns::take()
-    } else {
-        None
-    };
+    // Not for a template: it makes its runs' network namespaces from its own user namespace and
+    // returns to its own network namespace after each, which it may only when that one is owned by
+    // its user namespace too (made by its own unshare).
+    let netns =
+        if unshare & libc::CLONE_NEWNET != 0 && (root_host || kernel.owned_netns) && !template {
+            netns::take()
+        } else {
+            None
+        };
     if netns.is_some() {
         unshare &= !libc::CLONE_NEWNET;
     }
-    let ids = match netns.as_ref().and_then(|n| n.owner.as_ref()) {
-        Some(_) => IdMaps::new(0, 0),
-        None => IdMaps::new(uid, gid),
+    let (outer_uid, outer_gid) = match netns.as_ref().and_then(|n| n.owner.as_ref()) {
+        Some(_) => (0, 0),
+        None => (uid, gid),
     };
+    // The code is never root inside its namespace; a template is (it keeps its capabilities).
+    let inside = if template { 0 } else { userns::INSIDE_ID };
+    let ids = IdMaps::mapping(inside, outer_uid, outer_gid);
     let mut cgroup_procs = [-1; 2];
     if let Some(cg) = &cgroup {
         for (slot, fd) in cgroup_procs.iter_mut().zip(cg.procs_fds()) {
@@ -435,18 +496,22 @@ pub(crate) fn prepare(
         }
     }
     Ok(Plan {
-        view_as_root: drop_to.is_some(),
+        // A root host builds the view as root (it binds what a run's uid, or the templates', could
+        // not traverse); its template then enters the templates' user namespace in its init.
+        view_as_root: drop_to.is_some() || (template && root_host),
         view,
         drop_to,
+        join_userns,
         unshare,
         ids,
-        forbid_nested_userns,
-        seccomp: if seccomp {
+        forbid_nested_userns: forbid_nested_userns && !template,
+        seccomp: if seccomp && !template {
             seccomp::filter(seccomp_extra)
         } else {
             None
         },
-        nproc,
+        no_new_privs: !template,
+        nproc: nproc.filter(|_| !template),
         rlimits,
         landlock,
         landlock_inner,
@@ -474,8 +539,12 @@ pub(crate) fn kernel_report() -> KernelReport {
 
 /// What [`prepare`] would decide for `config`, without building anything (for
 /// `RunPython::isolation_report`). The uid is the host's, or the first of the run range when runs get a
-/// fresh one.
-pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, Error> {
+/// fresh one. With `templates`, runs are said to start from a template where they can.
+pub(crate) fn report(
+    config: &Sandbox,
+    timeout: Duration,
+    templates: bool,
+) -> Result<Isolation, Error> {
     let read_dirs = read_dirs(
         config,
         Path::new("/usr/bin/python3"),
@@ -493,7 +562,17 @@ pub(crate) fn report(config: &Sandbox, timeout: Duration) -> Result<Isolation, E
     } else {
         geteuid()
     };
-    Ok(decision.report(config, uid, cpu_seconds(timeout)))
+    let mut report = decision.report(config, uid, cpu_seconds(timeout));
+    if templates && decision.template_eligible(host()).is_ok() {
+        report.start = decide::START_TEMPLATE.into();
+    }
+    Ok(report)
+}
+
+/// Whether runs under `config` can be forked from a template on this machine, or why not.
+pub(crate) fn template_eligible(config: &Sandbox) -> Result<(), String> {
+    let decision = decide(config, probe::kernel(), host(), || None);
+    decision.template_eligible(host())
 }
 
 impl Plan {
@@ -506,6 +585,17 @@ impl Plan {
     /// child's end; the host keeps the other). Only with a filesystem view.
     pub(crate) fn set_handoff(&mut self, child_end: OwnedFd) {
         self.handoff = Some(child_end);
+    }
+
+    /// What a root host's template makes only after entering its user namespace (in its init, G):
+    /// its network namespace and a second PID namespace, whose PID 1 the template is. It returns to
+    /// both after making each run's (a network namespace made ahead of time, the PID namespace its
+    /// next child starts), which `setns` allows only into namespaces its user namespace owns.
+    fn template_late(&self) -> libc::c_int {
+        match &self.join_userns {
+            Some(_) => self.unshare & (libc::CLONE_NEWNET | libc::CLONE_NEWPID),
+            None => 0,
+        }
     }
 
     /// Whether the run has a filesystem view (and so hands its scratch to the host).

@@ -74,25 +74,54 @@ fn zeroed_statvfs() -> libc::statvfs {
     unsafe { std::mem::zeroed() }
 }
 
-/// Builds the view under its new root (not entered yet) and moves into that root: the working
-/// directory is what [`pivot`] enters later, possibly from a new mount namespace (unsharing one moves a
-/// process's working directory to the copy of its mount) and after dropping to a uid that could not
-/// traverse the root's host path. Async-signal-safe.
-pub(crate) fn build(view: &View) -> Result<(), StepError> {
-    let mut fds = [-1 as RawFd; MAX_SOURCES];
-    let result = build_with(view, &mut fds);
-    for fd in fds.into_iter().filter(|&fd| fd >= 0) {
-        // SAFETY: closing descriptors this function opened.
-        unsafe { libc::close(fd) };
+/// The host paths a view binds, opened (`O_PATH`) before anything is mounted: a root host's template
+/// opens them as root, before it enters its own user namespace, where it could not traverse to some
+/// of them (`/root/.pyenv`). Closed when dropped. Async-signal-safe.
+pub(crate) struct Sources([RawFd; MAX_SOURCES]);
+
+impl Drop for Sources {
+    fn drop(&mut self) {
+        for fd in self.0.into_iter().filter(|&fd| fd >= 0) {
+            // SAFETY: closing descriptors `open_sources` opened.
+            unsafe { libc::close(fd) };
+        }
     }
-    result?;
+}
+
+/// Opens the view's host sources (see [`Sources`]). Async-signal-safe.
+pub(crate) fn open_sources(view: &View) -> Result<Sources, StepError> {
+    let mut sources = Sources([-1; MAX_SOURCES]);
+    for (i, source) in view.sources.iter().enumerate() {
+        if i >= MAX_SOURCES {
+            return Err(StepError::new(Step::OpenBindSource, libc::E2BIG));
+        }
+        if view
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::Bind { source, .. } if *source == i + INSIDE_SOURCE))
+        {
+            continue; // inside the new root: named by its path when bound
+        }
+        // SAFETY: open of a NUL-terminated path prepared in the host.
+        sources.0[i] = cvt(unsafe { libc::open(source.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) })
+            .at(Step::OpenBindSource)?;
+    }
+    Ok(sources)
+}
+
+/// Builds the view under its new root (not entered yet) from its opened `sources` and moves into that
+/// root: the working directory is what [`pivot`] enters later, possibly from a new mount namespace
+/// (unsharing one moves a process's working directory to the copy of its mount) and after dropping to
+/// a uid that could not traverse the root's host path. Async-signal-safe.
+pub(crate) fn build(view: &View, sources: &Sources) -> Result<(), StepError> {
+    build_with(view, &sources.0)?;
     // SAFETY: chdir to a NUL-terminated path prepared in the host.
     cvt(unsafe { libc::chdir(view.root.as_ptr()) })
         .map(drop)
         .at(Step::PivotRoot)
 }
 
-fn build_with(view: &View, fds: &mut [RawFd; MAX_SOURCES]) -> Result<(), StepError> {
+fn build_with(view: &View, fds: &[RawFd; MAX_SOURCES]) -> Result<(), StepError> {
     // SAFETY: every call below is a plain system call on NUL-terminated paths prepared in the host.
     unsafe {
         // Nothing done here may propagate back to the host.
@@ -104,20 +133,6 @@ fn build_with(view: &View, fds: &mut [RawFd; MAX_SOURCES]) -> Result<(), StepErr
             std::ptr::null(),
         ))
         .at(Step::MountPrivate)?;
-        for (i, source) in view.sources.iter().enumerate() {
-            if i >= MAX_SOURCES {
-                return Err(StepError::new(Step::OpenBindSource, libc::E2BIG));
-            }
-            if view
-                .ops
-                .iter()
-                .any(|op| matches!(op, Op::Bind { source, .. } if *source == i + INSIDE_SOURCE))
-            {
-                continue; // inside the new root: named by its path when bound
-            }
-            fds[i] = cvt(libc::open(source.as_ptr(), libc::O_PATH | libc::O_CLOEXEC))
-                .at(Step::OpenBindSource)?;
-        }
         for op in &view.ops {
             match op {
                 Op::Tmpfs { target, data } => {

@@ -98,6 +98,19 @@ fn compile(extra: Extra) -> Option<seccompiler::BpfProgram> {
     filter.try_into().ok()
 }
 
+/// `filter` as the bytes of its `struct sock_filter` array (native byte order), for a process that
+/// installs it itself: a run forked from a template.
+pub(crate) fn program_bytes(filter: &seccompiler::BpfProgram) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(filter.len() * 8);
+    for insn in filter {
+        bytes.extend_from_slice(&insn.code.to_ne_bytes());
+        bytes.push(insn.jt);
+        bytes.push(insn.jf);
+        bytes.extend_from_slice(&insn.k.to_ne_bytes());
+    }
+    bytes
+}
+
 /// Installs `filter` on the calling thread (`PR_SET_NO_NEW_PRIVS` is already set). Async-signal-safe.
 pub(crate) fn install(filter: &seccompiler::BpfProgram) -> Result<(), StepError> {
     seccompiler::apply_filter(filter).map_err(|_| {

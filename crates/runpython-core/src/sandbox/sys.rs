@@ -51,10 +51,14 @@ pub(crate) enum Step {
     HandOverScratch,
     JoinCgroup,
     CloseDescriptors,
+    DropCapabilities,
+    ForkRun,
+    ForkedSetup,
+    TemplateUserns,
 }
 
 impl Step {
-    const ALL: [Step; 37] = [
+    const ALL: [Step; 41] = [
         Step::Unshare,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -92,6 +96,10 @@ impl Step {
         Step::HandOverScratch,
         Step::JoinCgroup,
         Step::CloseDescriptors,
+        Step::DropCapabilities,
+        Step::ForkRun,
+        Step::ForkedSetup,
+        Step::TemplateUserns,
     ];
 
     /// What the step does, for a person.
@@ -134,6 +142,43 @@ impl Step {
             Step::HandOverScratch => "handing the run's scratch directory to the host",
             Step::JoinCgroup => "joining the run's cgroup",
             Step::CloseDescriptors => "closing the host's descriptors",
+            Step::DropCapabilities => "dropping every capability",
+            Step::ForkRun => "forking the run from its template",
+            Step::ForkedSetup => "setting up a run forked from a template",
+            Step::TemplateUserns => "making or entering the user namespace templates live in",
+        }
+    }
+
+    /// The step a run forked from a template names in its report (`runpython_template.py` uses
+    /// these names); [`Step::ForkedSetup`] for a name it does not know.
+    pub(crate) fn from_name(name: &str) -> Step {
+        match name {
+            "unshare" => Step::Unshare,
+            "write_setgroups" => Step::WriteSetgroups,
+            "write_uid_map" => Step::WriteUidMap,
+            "write_gid_map" => Step::WriteGidMap,
+            "forbid_nested_userns" => Step::ForbidNestedUserns,
+            "drop_ids" => Step::DropIds,
+            "pdeathsig" => Step::Pdeathsig,
+            "dumpable" => Step::Dumpable,
+            "hostname" => Step::Hostname,
+            "join_netns" => Step::JoinNetns,
+            "mount_tmpfs" => Step::MountTmpfs,
+            "make_mount_point" => Step::MakeMountPoint,
+            "bind_mount" => Step::BindMount,
+            "mount_proc" => Step::MountProc,
+            "chdir" => Step::Chdir,
+            "rlimit" => Step::Rlimit,
+            "no_new_privs" => Step::NoNewPrivs,
+            "landlock_rule" => Step::LandlockRule,
+            "landlock_restrict" => Step::LandlockRestrict,
+            "seccomp" => Step::Seccomp,
+            "hand_over_scratch" => Step::HandOverScratch,
+            "join_cgroup" => Step::JoinCgroup,
+            "close_descriptors" => Step::CloseDescriptors,
+            "drop_capabilities" => Step::DropCapabilities,
+            "fork_run" => Step::ForkRun,
+            _ => Step::ForkedSetup,
         }
     }
 
@@ -398,26 +443,30 @@ pub(crate) fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
     send_with_fds(sock, &[0u8], &[fd])
 }
 
-/// Sends `data` (small: one `sendmsg`) with `fds` attached (`SCM_RIGHTS`, at most 8). Async-signal-safe:
-/// the control message is built on the stack. A short write is an error.
+/// Room for one `SCM_RIGHTS` message of up to [`MAX_FDS`] descriptors, aligned for `cmsghdr`.
+#[repr(C)]
+union Control {
+    header: libc::cmsghdr,
+    bytes: [u8; 128],
+}
+
+/// The most descriptors one message carries.
+pub(crate) const MAX_FDS: usize = 16;
+
+/// Sends `data` (small: one `sendmsg`) with `fds` attached (`SCM_RIGHTS`, at most [`MAX_FDS`]).
+/// Async-signal-safe: the control message is built on the stack. A short write is an error.
 pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
-    // Room for one cmsghdr and one descriptor, aligned for cmsghdr.
-    #[repr(C)]
-    union Control {
-        header: libc::cmsghdr,
-        bytes: [u8; 64],
-    }
     let mut iov = libc::iovec {
         iov_base: data.as_ptr().cast_mut().cast(),
         iov_len: data.len(),
     };
-    let mut control = Control { bytes: [0; 64] };
+    let mut control = Control { bytes: [0; 128] };
     let fds_bytes = std::mem::size_of_val(fds) as u32;
     // SAFETY: msghdr is plain data; the CMSG macros work within `control`, which is large and
     // aligned enough for the descriptors (checked against CMSG_SPACE); sendmsg only reads `data`.
     unsafe {
         let space = libc::CMSG_SPACE(fds_bytes) as usize;
-        if fds.is_empty() || space > std::mem::size_of::<Control>() {
+        if fds.is_empty() || fds.len() > MAX_FDS || space > std::mem::size_of::<Control>() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         let mut msg: libc::msghdr = std::mem::zeroed();
@@ -462,18 +511,24 @@ pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Receives one descriptor sent with [`send_fd`] on `sock`, without waiting: it must be there already.
 pub(crate) fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
-    #[repr(C)]
-    union Control {
-        header: libc::cmsghdr,
-        bytes: [u8; 64],
-    }
     let mut byte = [0u8; 1];
+    let (_, fds) = recv_with_fds(sock, &mut byte)?;
+    fds.into_iter()
+        .next()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no descriptor in the message"))
+}
+
+/// Receives one message (a datagram or a `SOCK_SEQPACKET` record) into `buf` with the descriptors
+/// attached to it, without waiting (`WouldBlock` when none is there). `Ok((0, []))` is end of file. A
+/// message longer than `buf` is an error (its rest would be lost).
+pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
     };
-    let mut control = Control { bytes: [0; 64] };
-    // SAFETY: as in `send_fd`; the descriptor read from the message is new and owned by us.
+    let mut control = Control { bytes: [0; 128] };
+    // SAFETY: msghdr is plain data; recvmsg writes within `buf` and `control` (their sizes given);
+    // the descriptors the kernel installed are new and owned by us from here on.
     unsafe {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
@@ -484,18 +539,44 @@ pub(crate) fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
+        let mut fds = Vec::new();
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let len = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "no descriptor in the message",
+                "a message longer than its buffer (or with too many descriptors)",
             ));
         }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
-        Ok(OwnedFd::from_raw_fd(fd))
+        Ok((n as usize, fds))
+    }
+}
+
+/// Sends `signal` to the process behind the pidfd `fd` (`pidfd_send_signal`); a process that is gone
+/// already is not an error.
+pub(crate) fn pidfd_signal(fd: RawFd, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: the system call takes a descriptor, a signal number, no siginfo and no flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd,
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    match cvt_long(rc) {
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        r => r.map(drop),
     }
 }
 

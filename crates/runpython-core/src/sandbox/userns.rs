@@ -10,7 +10,7 @@ use super::sys::{cvt, cvt_long, set_pdeathsig, write_file, AtStep, Step, StepErr
 pub(crate) const RUN_UID_BASE: u32 = 0x4000_0000;
 
 /// How many uids that range holds.
-const RUN_UID_COUNT: u32 = 0x0100_0000;
+pub(crate) const RUN_UID_COUNT: u32 = 0x0100_0000;
 
 /// Whether `uid` is one of those runs are given when the host is root.
 pub(crate) fn is_run_uid(uid: u32) -> bool {
@@ -18,11 +18,97 @@ pub(crate) fn is_run_uid(uid: u32) -> bool {
 }
 
 /// A fresh uid from the run range (random: concurrent runs never share one in practice, and a
-/// collision only means two runs share a uid, never that a run gets a real user's).
+/// collision only means two runs share a uid, never that a run gets a real user's). Never the range's
+/// first, which is the templates' own ([`template_userns`]).
 pub(crate) fn random_run_uid() -> u32 {
     let mut random = [0u8; 4];
     let _ = getrandom::fill(&mut random);
-    RUN_UID_BASE + (u32::from_le_bytes(random) % RUN_UID_COUNT)
+    RUN_UID_BASE + 1 + (u32::from_le_bytes(random) % (RUN_UID_COUNT - 1))
+}
+
+/// For a root host: the user namespace its templates live in, made once per process. Inside, ids
+/// `0..RUN_UID_COUNT` map to the run range (`0` is [`RUN_UID_BASE`], the templates' own uid; `k` is
+/// `RUN_UID_BASE + k`), so a template, root inside, can give each run it forks a uid of its own. A
+/// map of more than one id must be written from outside with `CAP_SETUID` over the parent namespace:
+/// the host writes it for a helper born in the new namespace, and keeps a descriptor of it.
+pub(crate) fn template_userns() -> Result<&'static std::os::fd::OwnedFd, String> {
+    static USERNS: std::sync::OnceLock<Result<std::os::fd::OwnedFd, String>> =
+        std::sync::OnceLock::new();
+    USERNS
+        .get_or_init(|| {
+            make_template_userns()
+                .map_err(|e| format!("{}: {e}", super::sys::Step::TemplateUserns.describe()))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn make_template_userns() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let (ready_r, ready_w) = super::sys::pipe()?;
+    let (release_r, release_w) = super::sys::pipe()?;
+    let mut args = Helper {
+        close: [ready_r.as_raw_fd(), release_w.as_raw_fd()],
+        ready: ready_w.as_raw_fd(),
+        release: release_r.as_raw_fd(),
+    };
+    let mut stack = vec![0u8; HELPER_STACK];
+    // SAFETY: the helper runs `helper_main` on `stack` (its top, 16-byte aligned) with `args`, both
+    // alive until it has exited (waited for below); it makes system calls only, on its own memory's
+    // copy of nothing: it shares ours (`CLONE_VM`), so the host's page tables are not copied.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(HELPER_STACK) as usize & !15;
+        libc::clone(
+            helper_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(args).cast(),
+        )
+    };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    drop((ready_w, release_r));
+    let made = match super::sys::read_exact_fd::<1>(ready_r.as_raw_fd()) {
+        Some([1]) => (|| {
+            let map = format!("0 {RUN_UID_BASE} {RUN_UID_COUNT}");
+            std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
+            std::fs::write(format!("/proc/{pid}/gid_map"), &map)?;
+            super::sys::open_high(&format!("/proc/{pid}/ns/user"))
+        })(),
+        _ => Err(std::io::Error::other("the helper died")),
+    };
+    drop(release_w); // the helper exits; the descriptor keeps its namespace
+    super::sys::wait_exit_code(pid);
+    drop(stack);
+    made
+}
+
+const HELPER_STACK: usize = 64 * 1024;
+
+/// What the helper of [`make_template_userns`] works with.
+struct Helper {
+    /// Its copies of the host's ends of the pipes: open, its wait would never end.
+    close: [libc::c_int; 2],
+    ready: libc::c_int,
+    release: libc::c_int,
+}
+
+/// The helper, born in the new user namespace: says so and waits until the host has mapped it and
+/// opened it.
+extern "C" fn helper_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the host's `Helper`, alive until this helper has exited; only system
+    // calls follow.
+    unsafe {
+        let args = &*arg.cast::<Helper>();
+        for fd in args.close {
+            libc::close(fd);
+        }
+        libc::write(args.ready, [1u8].as_ptr().cast(), 1);
+        let mut wait = [0u8; 1];
+        libc::read(args.release, wait.as_mut_ptr().cast(), 1);
+        libc::_exit(0)
+    }
 }
 
 /// The uid and gid the code has inside its user namespace. Not 0: the process that creates the

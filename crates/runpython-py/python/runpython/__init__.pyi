@@ -182,6 +182,7 @@ class _PoolSettings(TypedDict, total=False):
     idle: _Seconds
     warm_imports: list[str]
     prestart: bool
+    templates: bool
 
 class _SessionSettings(TypedDict, total=False):
     max_live: int

@@ -1,0 +1,282 @@
+//! A run forked from its template: made ahead of the run (its init in its cgroup, its interpreter in its
+//! sandbox, waiting), handed the run's five descriptors when it comes, and held by the host until it
+//! ends (its init's pidfd to kill it, the pipe its init reports the interpreter's status on).
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runpython_store::BeneathDir;
+use serde_json::{json, Value};
+use tokio::io::unix::AsyncFd;
+
+use super::super::forked::{ForkedRun, Init};
+use super::super::spawn::{RunProcess, Spawned};
+use super::super::{code_dir, Slot};
+use super::{async_fd, receive_raw, Template};
+use crate::envelope::Isolation;
+use crate::error::Error;
+use crate::sandbox::{self, RunCgroup, Sandbox, Step, StepError};
+
+/// How long a forked run may take to set itself up (mounts and namespaces on a busy machine).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Template {
+    /// A run for `timeout` on a fork made ahead of it (or made now, when none is ready), sent its
+    /// pipes; replacements are made in the background.
+    pub(super) async fn run(
+        self: &Arc<Self>,
+        timeout: Duration,
+        idle: Duration,
+    ) -> Result<Slot, Error> {
+        if let Ok(mut used) = self.last_used.lock() {
+            *used = Instant::now();
+        }
+        let config = &self.sandbox;
+        if let Some(ready) = self.take_ready(timeout, idle) {
+            // Its replacement is made when this run ends: not now, competing with it for the CPU.
+            match self.hand_over(ready, timeout) {
+                Ok(slot) => return Ok(slot),
+                Err(e) => tracing::debug!("a ready fork could not take its run ({e})"),
+            }
+        }
+        // None ready (a burst): make one for this run, and the rest in the background.
+        let ready = self.fork(config, timeout).await?;
+        self.refill(timeout);
+        self.hand_over(ready, timeout)
+    }
+
+    /// A ready fork for `timeout`, if one is there (older ones are dropped, which kills them).
+    fn take_ready(&self, timeout: Duration, idle: Duration) -> Option<ReadyRun> {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(run) = ready.pop_front() {
+            if run.timeout == timeout && run.born.elapsed() < idle && run.init.alive() {
+                return Some(run);
+            }
+        }
+        None
+    }
+
+    /// Makes forks for runs of `timeout` in the background until the template's target are ready or
+    /// being made (nothing outside a Tokio runtime).
+    pub(super) fn refill(self: &Arc<Self>, timeout: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let target = self.target;
+        let have = self.ready.lock().map_or(target, |r| r.len());
+        let making = self.making.load(Ordering::SeqCst);
+        for _ in 0..target.saturating_sub(have + making) {
+            self.making.fetch_add(1, Ordering::SeqCst);
+            let (this, config) = (Arc::clone(self), self.sandbox.clone());
+            runtime.spawn(async move {
+                let made = this.fork(&config, timeout).await;
+                match made {
+                    Ok(run) => {
+                        if let Ok(mut ready) = this.ready.lock() {
+                            ready.push_back(run);
+                        }
+                    }
+                    Err(e) => {
+                        // The next run finds no fork ready, makes one itself and sees why.
+                        tracing::debug!("a fork made ahead of its run failed: {e}");
+                        this.failed.store(true, Ordering::SeqCst);
+                    }
+                }
+                this.making.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    }
+
+    /// Forks a run ahead of time: its share of the sandbox prepared and sent with the command, its
+    /// setup awaited.
+    async fn fork(
+        self: &Arc<Self>,
+        config: &Sandbox,
+        timeout: Duration,
+    ) -> Result<ReadyRun, Error> {
+        let code_dir = code_dir()?;
+        let reads: Vec<&Path> = self.key.1.as_deref().into_iter().collect();
+        let plan = sandbox::prepare_fork(config, &self.key.0, code_dir, &reads, timeout)?;
+        let (status, status_w) = crate::sandbox::pipe_pair()
+            .map_err(|e| Error::io_pathless("creating a run's status pipe", e))?;
+        let mut named: Vec<(&str, RawFd)> = vec![("status", status_w.as_raw_fd())];
+        named.extend(plan.fds());
+        let mut command = plan.command.clone();
+        command.insert("op".into(), json!("fork"));
+        command.insert(
+            "fds".into(),
+            json!(named.iter().map(|(n, _)| *n).collect::<Vec<_>>()),
+        );
+        let fds: Vec<RawFd> = named.iter().map(|(_, fd)| *fd).collect();
+        let (reply, mut got) = self.command(Value::Object(command), &fds).await?;
+        // The run holds the only copies of its ends now.
+        drop(status_w);
+        if let Some(error) = reply["error"].as_str() {
+            self.failed.store(true, Ordering::SeqCst);
+            return Err(Error::SandboxSetup {
+                step: Step::ForkRun.describe(),
+                source: std::io::Error::other(error.to_owned()),
+            });
+        }
+        // [pidfd of the init, when it was still there to open; the socket to the interpreter]
+        let socket = got.pop().ok_or_else(|| {
+            Error::Internal("the template answered a fork without the run's socket".into())
+        })?;
+        let init = Init(got.pop());
+        self.forks.fetch_add(1, Ordering::Relaxed);
+        let mut socket = async_fd(socket).map_err(|e| Error::io_pathless("the run's socket", e))?;
+        // A failure from here on drops `init`, which kills what was forked.
+        let scratch = match tokio::time::timeout(SETUP_TIMEOUT, setup_result(&mut socket)).await {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(Error::SandboxSetup {
+                    step: Step::ForkedSetup.describe(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the run did not finish its setup within {SETUP_TIMEOUT:?}"),
+                    ),
+                })
+            }
+        };
+        Ok(ReadyRun {
+            init,
+            socket,
+            status,
+            scratch,
+            cgroup: plan.cgroup,
+            isolation: plan.report,
+            timeout,
+            born: Instant::now(),
+        })
+    }
+
+    /// Starts the run on `ready`: its pipes made and sent; the slot drives it like any other.
+    fn hand_over(self: &Arc<Self>, ready: ReadyRun, timeout: Duration) -> Result<Slot, Error> {
+        let pipe = || {
+            crate::sandbox::pipe_pair().map_err(|e| Error::io_pathless("creating a run's pipes", e))
+        };
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (result_r, result_w) = pipe()?;
+        let (bridge, bridge_child) = runpython_bridge::socket_pair()?;
+        let ReadyRun {
+            init,
+            socket,
+            status,
+            scratch,
+            cgroup,
+            isolation,
+            ..
+        } = ready;
+        // Its five descriptors in the order it places them (0-4); the socket has room for them (one
+        // small message on an otherwise unused socket), so this does not wait.
+        let fds = [
+            stdin_r.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+            result_w.as_raw_fd(),
+            bridge_child.as_raw_fd(),
+        ];
+        crate::sandbox::send_with_fds(socket.as_raw_fd(), b"G", &fds)
+            .map_err(|e| Error::io_pathless("handing a run its descriptors", e))?;
+        drop((stdin_r, stdout_w, stderr_w, result_w, bridge_child, socket));
+        let io = |what: &'static str| move |e: std::io::Error| Error::io_pathless(what, e);
+        Ok(Slot {
+            run_dir: None,
+            spawned: Spawned {
+                process: RunProcess::Forked(ForkedRun::new(
+                    init,
+                    tokio::net::unix::pipe::Receiver::from_owned_fd(status)
+                        .map_err(io("reading the run's status pipe"))?,
+                    // The template lives as long as its runs; when one ends, a fork replaces it.
+                    {
+                        let template = Arc::clone(self);
+                        Box::new(move || template.refill(timeout))
+                    },
+                )),
+                stdin: Some(
+                    tokio::net::unix::pipe::Sender::from_owned_fd(stdin_w)
+                        .map_err(io("writing the run's request"))?,
+                ),
+                stdout: Some(
+                    tokio::net::unix::pipe::Receiver::from_owned_fd(stdout_r)
+                        .map_err(io("reading the run's output"))?,
+                ),
+                stderr: Some(
+                    tokio::net::unix::pipe::Receiver::from_owned_fd(stderr_r)
+                        .map_err(io("reading the run's output"))?,
+                ),
+                result: tokio::net::unix::pipe::Receiver::from_owned_fd(result_r)
+                    .map_err(io("reading the result pipe"))?,
+                cgroup,
+                handoff: None,
+            },
+            scratch: Arc::new(scratch),
+            saved_dir: Path::new(crate::sandbox::SCRATCH).join("saved"),
+            bridge,
+            control: None,
+            isolation,
+            born: Instant::now(),
+        })
+    }
+}
+
+/// A run forked ahead of time: its init in its cgroup, its interpreter in its sandbox, waiting on
+/// `socket` for the run's descriptors. Dropped unused, it is killed.
+#[derive(Debug)]
+pub(super) struct ReadyRun {
+    init: Init,
+    socket: AsyncFd<OwnedFd>,
+    status: OwnedFd,
+    scratch: BeneathDir,
+    cgroup: Option<RunCgroup>,
+    isolation: Isolation,
+    /// The run's timeout its CPU limit was set for.
+    timeout: Duration,
+    born: Instant,
+}
+
+/// Waits for the run's word on its socket: ready with its scratch's descriptor, or the step that
+/// failed.
+async fn setup_result(socket: &mut AsyncFd<OwnedFd>) -> Result<BeneathDir, Error> {
+    let failed = |step: Step, source: std::io::Error| Error::SandboxSetup {
+        step: step.describe(),
+        source,
+    };
+    let (message, fds) = receive_raw(socket)
+        .await
+        .map_err(|e| failed(Step::HandOverScratch, e))?;
+    match message.first() {
+        Some(b'R') => {
+            let fd = fds.into_iter().next().ok_or_else(|| {
+                failed(
+                    Step::HandOverScratch,
+                    std::io::Error::other("the run sent no descriptor of its scratch"),
+                )
+            })?;
+            BeneathDir::from_fd(fd.as_fd()).map_err(|e| failed(Step::HandOverScratch, e))
+        }
+        Some(b'E') => {
+            let report: Value = serde_json::from_slice(&message[1..]).unwrap_or(Value::Null);
+            let step = Step::from_name(report["step"].as_str().unwrap_or(""));
+            let errno = report["errno"]
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .unwrap_or(libc::EIO);
+            let error = StepError::new(step, errno);
+            tracing::debug!(
+                "a forked run's setup failed: {error} ({})",
+                report["message"].as_str().unwrap_or("")
+            );
+            Err(failed(step, error.source()))
+        }
+        _ => Err(failed(
+            Step::ForkedSetup,
+            std::io::Error::other("the run ended before it was set up"),
+        )),
+    }
+}
