@@ -3,6 +3,7 @@
 
 pub mod mcp_bench;
 pub mod py_bench;
+pub mod stats;
 pub mod template_bench;
 
 use std::io::{Read, Write};

@@ -4,19 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::stats::{p50, round3};
 use runpython_core::{PoolConfig, RunPython};
 use serde_json::{json, Map, Value};
 
 type BoxError = Box<dyn std::error::Error>;
-
-fn p50(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
 
 /// CPU time used by this process and everything it starts (a cgroup v1 `cpuacct` group of its own,
 /// which the runs' sandboxes leave alone: they make memory and pids groups only). `Err` (why) where

@@ -5,16 +5,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use runpython_core::{tool_fn, PoolConfig, RunPython, Store};
+use runpython_tests::stats::{p50, round3};
 use runpython_tests::template_bench::{runs_per_s_16, CpuMeter};
 use runpython_tests::Moto;
 use serde_json::{json, Map, Value};
 
 const ROUNDS: usize = 40;
-
-fn p50(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
 
 fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -25,10 +21,6 @@ fn status_kib(field: &str) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|n| n.parse().ok()))
         })
         .unwrap_or(0)
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 const SOCKETPAIR_ECHO: &str = r#"
@@ -98,7 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The same cold run from the Python package, interleaved with it from Rust. Measured here, while this
     // process is small: the sandbox forks the host, and later sections grow this one.
-    python_package_runs(&python, &mut m).await?;
+    runpython_tests::py_bench::package_runs(&python, &mut m, ROUNDS).await?;
 
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
     // the pool's background refill finish, so each measured run finds a ready interpreter.
@@ -472,7 +464,7 @@ summarize(data)",
     );
 
     // A plain Python callable as the tool, against the Rust tool just measured.
-    python_package_tools(&mut m, bridge_rate)?;
+    runpython_tests::py_bench::package_tools(&mut m, bridge_rate)?;
 
     // Human in the loop: a resumed run replaying 100 journaled calls vs. the original run making them.
     let hitl_dir = tempfile::tempdir()?;
@@ -628,74 +620,6 @@ fn session_rss_kib() -> u64 {
             .unwrap_or(0);
     }
     total
-}
-
-/// The Python package's benchmark script, when `cargo xtask bench` made its venv
-/// (`RUNPYTHON_BENCH_PYTHON`); else a note in the figures.
-fn python_bench(
-    m: &mut Map<String, Value>,
-) -> Result<Option<runpython_tests::py_bench::PyBench>, Box<dyn std::error::Error>> {
-    let Some(python) = std::env::var_os("RUNPYTHON_BENCH_PYTHON") else {
-        m.insert(
-            "py_bench".into(),
-            json!("skipped: RUNPYTHON_BENCH_PYTHON is not set (cargo xtask bench sets it)"),
-        );
-        return Ok(None);
-    };
-    let root = std::env::current_dir()?;
-    Ok(Some(runpython_tests::py_bench::PyBench::start(
-        std::path::Path::new(&python),
-        &root,
-    )?))
-}
-
-/// `py_run_overhead_ms`: `rp.run("1+1")` from Python (the release wheel, no pool, no store) minus the
-/// same run from Rust, p50 of each over interleaved rounds.
-async fn python_package_runs(
-    cold: &RunPython,
-    m: &mut Map<String, Value>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let Some(mut py) = python_bench(m)? else {
-        return Ok(());
-    };
-    for _ in 0..3 {
-        py.run_ms()?;
-        cold.run("1+1").await?;
-    }
-    let (mut from_python, mut from_rust) = (Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        from_python.push(py.run_ms()?);
-        let t = Instant::now();
-        let e = cold.run("1+1").await?;
-        from_rust.push(t.elapsed().as_secs_f64() * 1e3);
-        assert_eq!(e.return_value, json!(2));
-    }
-    let (from_python, from_rust) = (p50(from_python), p50(from_rust));
-    m.insert("py_run_ms".into(), json!(round3(from_python)));
-    m.insert("py_run_rust_ms".into(), json!(round3(from_rust)));
-    m.insert(
-        "py_run_overhead_ms".into(),
-        json!(round3(from_python - from_rust)),
-    );
-    Ok(())
-}
-
-/// `py_tool_calls_per_s`: sequential calls of a plain Python callable as the tool, against the Rust
-/// tool's rate measured just before (`bridge_calls_per_s`).
-fn python_package_tools(
-    m: &mut Map<String, Value>,
-    rust_tool_rate: f64,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let Some(mut py) = python_bench(m)? else {
-        return Ok(());
-    };
-    let rate = py.tool_calls_per_s(20_000)?;
-    m.insert("py_tool_calls_per_s".into(), json!(rate.round()));
-    m.insert(
-        "py_tool_vs_rust_tool".into(),
-        json!(round3(rate / rust_tool_rate)),
-    );
-    Ok(())
 }
 
 fn machine(python: &str) -> Value {

@@ -1,0 +1,12 @@
+//! The benchmark figures' arithmetic, shared by the harness and its parts.
+
+/// The median of `samples` (the upper one of an even count); `samples` must not be empty.
+pub fn p50(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// `x` to three decimals, as the figures are reported.
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
