@@ -236,6 +236,38 @@ out"#,
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_hosts_devices_network_interfaces_and_cgroups_do_not_show_in_sys() {
+    if !has("view") {
+        return;
+    }
+    // sysfs shows the host as it was mounted: its network interfaces (names, MAC addresses) whatever
+    // the run's network namespace, its hardware, and its cgroup tree with the host's own group names.
+    let code = r#"import os
+seen = {}
+for path in ['/sys/class/net', '/sys/fs/cgroup', '/sys/devices', '/sys/kernel']:
+    try:
+        seen[path] = sorted(os.listdir(path))[:5]
+    except OSError:
+        pass
+seen"#;
+    let e = builder().build().unwrap().run(code).await.unwrap();
+    assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    assert_eq!(e.return_value, json!({}), "the code read the host's /sys");
+    // What libraries read there has a fallback: the CPU count comes from /proc and sysconf.
+    let e = builder()
+        .build()
+        .unwrap()
+        .run("import os\nos.cpu_count()")
+        .await
+        .unwrap();
+    assert!(
+        e.return_value.as_u64().is_some_and(|n| n >= 1),
+        "{:?}",
+        e.return_value
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_code_dir_and_environments_are_read_only_to_the_code() {
     let code = r#"import os, sys
 out = {}

@@ -61,8 +61,7 @@ pub(crate) fn ruleset(
     let abi = ABI::from(abi);
     let read = AccessFs::from_read(abi) | AccessFs::Execute;
     let system = [
-        "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/dev", "/sys",
-        "/proc",
+        "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/dev", "/proc",
     ];
     let devices = [
         "/dev/null",

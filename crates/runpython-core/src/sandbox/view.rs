@@ -2,7 +2,7 @@
 //! host's tree with holes punched in it.
 //!
 //! A fresh tmpfs becomes the run's root. Into it go, read-only, the system directories (`/usr`, `/etc`,
-//! `/lib*`, `/bin`, `/sbin`, `/sys`), the interpreter's prefix, runpython's code dir, the run's prepared
+//! `/lib*`, `/bin`, `/sbin`; not `/sys`), the interpreter's prefix, runpython's code dir, the run's prepared
 //! environment and any `read_paths`; a minimal `/dev` (null, zero, full, random, urandom and the
 //! `/proc/self/fd` links); the run's own `/proc` (mounted by its init). Everything the code may write is
 //! one more tmpfs of `disk_bytes`, the *scratch*, mounted at [`SCRATCH`]: `work/` (the code's cwd),
@@ -32,9 +32,11 @@ pub(crate) const SCRATCH_DIRS: [(&str, u32); 5] = [
     ("home", 0o700),
 ];
 
-/// System directories bound read-only (or re-created as the same symlink, for a merged `/usr`).
-const SYSTEM: [&str; 9] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/sys",
+/// System directories bound read-only (or re-created as the same symlink, for a merged `/usr`). Not
+/// `/sys`: Python and its libraries fall back to `/proc` and `sysconf`, and a recursive bind of it
+/// copies every mount below it (the cgroup hierarchies) into each run.
+const SYSTEM: [&str; 8] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
 ];
 
 /// Device nodes bound into the view's `/dev`.
