@@ -1,7 +1,7 @@
 """runpython's runner: executes one piece of LLM-authored code inside the sandboxed child.
 
 Stdlib only. The host imports this module (as `runpython_runner`, from runpython's code directory, so its
-bytecode is cached) and writes one JSON request on stdin:
+bytecode is cached) and writes one JSON request on stdin, on one line:
 
     {"code": str, "inputs": {name: json}, "env": {name: str}, "max_return_bytes": int, "inline_return_bytes": int,
      "code_dir": str | null, "site_dir": str | null,
@@ -220,12 +220,17 @@ def int_from_text(text):
 
 
 def _read_request():
+    # The request is one line (compact JSON holds no newline): reading up to it, not to stdin's end,
+    # starts the code without waiting for every copy of the pipe's write end to close (a process the host
+    # forks meanwhile holds one until it execs).
     chunks = []
     while True:
         chunk = posix.read(0, 1 << 20)
         if not chunk:
             break
         chunks.append(chunk)
+        if b"\n" in chunk:
+            break
     # stdin is not the code's: point fd 0 at /dev/null so input() raises EOFError instead of hanging.
     null = posix.open("/dev/null", posix.O_RDONLY)
     posix.dup2(null, 0)

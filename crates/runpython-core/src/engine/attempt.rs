@@ -285,8 +285,12 @@ impl RunPython {
             "saved_dir": saved_dir,
             "bridge": bridge_spec,
         });
-        let runner_request =
+        // One line: compact JSON holds no newline, so the runner reads up to the first one instead of
+        // waiting for stdin's end, which a process the host forks meanwhile (a pool refill setting up
+        // its sandbox) would hold off until it execs.
+        let mut runner_request =
             serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
+        runner_request.push(b'\n');
 
         let crate::child::Spawned {
             mut process,

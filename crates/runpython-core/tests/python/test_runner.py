@@ -8,6 +8,7 @@ interpreter (`-I -S`, as the host starts it), the request on stdin, the result r
 
 import base64
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -281,6 +282,29 @@ class Stdin(unittest.TestCase):
 
     def test_reading_stdin_gives_nothing(self):
         self.assertEqual(run("import sys\nsys.stdin.read()").result["return_value"], "")
+
+    def test_the_request_ends_at_its_line_so_the_code_runs_while_stdin_is_still_open(self):
+        # A process the host forks while a run starts holds the write end of that run's stdin until it
+        # execs: the runner must not wait for stdin's end.
+        request = {"code": "6 * 7", "inputs": {}, "code_dir": None, "site_dir": None, "bridge": None}
+        read_end, write_end = os.pipe()
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", 'exec "$@" 3>&%d' % write_end, "sh", sys.executable, "-I", "-S", str(RUNNER_PY)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(write_end,),
+        )
+        os.close(write_end)
+        try:
+            proc.stdin.write(json.dumps(request).encode() + b"\n")
+            proc.stdin.flush()  # and left open
+            self.assertEqual(proc.wait(timeout=DEADLINE), 0)
+            with open(read_end, "rb") as result:
+                self.assertEqual(json.loads(result.read())["return_value"], 42)
+        finally:
+            proc.kill()
+            proc.stdin.close()
 
 
 def b64(data):
