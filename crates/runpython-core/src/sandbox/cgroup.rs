@@ -232,7 +232,8 @@ fn sweep(parents: &[PathBuf]) {
 #[derive(Debug)]
 pub(crate) struct RunCgroup {
     dirs: Vec<PathBuf>,
-    /// Each cgroup's `cgroup.procs`, opened for the run's first process to write itself into.
+    /// Each cgroup's `tasks` (v1) or `cgroup.procs` (v2), opened for the run's first process to write
+    /// itself into.
     procs: Vec<OwnedFd>,
     /// Where the OOM kills are counted (`memory.events` or `memory.oom_control`).
     oom_file: PathBuf,
@@ -287,10 +288,19 @@ impl RunCgroup {
                 }
             }
         }
+        // v1: the first process joins through `tasks`, which moves only the writing thread (that
+        // process is single-threaded: it was just forked). `cgroup.procs` moves a whole thread group
+        // under the kernel's global threadgroup lock, whose writer waits for a full RCU grace period
+        // whenever no other migration happened lately: ~12 ms of every run started alone, here.
+        // v2 has no such file outside threaded cgroups; hosts there can mount with `favordynmods`.
+        let join_file = match h {
+            Hierarchy::V1 { .. } => "tasks",
+            Hierarchy::V2 { .. } => "cgroup.procs",
+        };
         for dir in &made.dirs {
             let file = fs::OpenOptions::new()
                 .write(true)
-                .open(dir.join("cgroup.procs"))?;
+                .open(dir.join(join_file))?;
             made.procs.push(super::sys::dup_high(OwnedFd::from(file))?);
         }
         Ok(made)
