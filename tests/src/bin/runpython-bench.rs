@@ -92,6 +92,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // process is small: the sandbox forks the host, and later sections grow this one.
     runpython_tests::py_bench::package_runs(&python, &mut m, ROUNDS).await?;
 
+    // MCP: the server's cost per call over stdio against the library's, also while this process is
+    // small (its pool refills fork it). The `runpython` binary sits beside this one (`cargo xtask
+    // bench` builds both).
+    let bin = std::env::current_exe()?.with_file_name("runpython");
+    if bin.exists() {
+        let (mcp_ms, lib_ms) = runpython_tests::mcp_bench::stdio_vs_library(&bin, ROUNDS)
+            .await
+            .map_err(|e| e.to_string())?;
+        m.insert("mcp_stdio_call_ms".into(), json!(round3(mcp_ms)));
+        m.insert("mcp_library_run_ms".into(), json!(round3(lib_ms)));
+        m.insert(
+            "mcp_call_overhead_ms".into(),
+            json!(round3(mcp_ms - lib_ms)),
+        );
+    }
+
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
     // the pool's background refill finish, so each measured run finds a ready interpreter.
     let pool = |warm: Vec<String>| {
@@ -523,6 +539,7 @@ summarize(data)",
         session.run("x = 0").await?;
         // The live session alone (no store), and the same cell recorded in a file store (durable:
         // its record and its run's manifest written before it answers), alternating.
+        let before_live = session_processes().0;
         let live_engine = RunPython::builder()
             .timeout(Duration::from_secs(120))
             .build()?;
@@ -539,7 +556,14 @@ summarize(data)",
             kept_cells.push(t.elapsed().as_secs_f64() * 1e6);
             assert!(e.is_success(), "{:?}", e.error);
         }
-        drop(live);
+        // Gone before the idle session is measured below.
+        live.close().await?;
+        for _ in 0..100 {
+            if session_processes().0 <= before_live {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         for _ in 0..ROUNDS {
             let t = Instant::now();
             Command::new(&interpreter.executable)
@@ -561,7 +585,7 @@ summarize(data)",
         // What an idle session holds: the RSS of the session's processes (its interpreter, its init).
         let pids = session.run("import os\nos.getpid()").await?;
         let _ = pids;
-        let idle_kib = session_rss_kib();
+        let idle_kib = session_processes().1;
         m.insert(
             "session_idle_rss_mib".into(),
             json!(round3(idle_kib as f64 / 1024.0)),
@@ -583,19 +607,8 @@ summarize(data)",
         m.insert("session_restore_ms".into(), json!(round3(restore_ms)));
     }
 
-    // MCP: the server's cost per call over stdio, and HTTP throughput with 16 concurrent clients.
-    // The `runpython` binary sits beside this one (`cargo xtask bench` builds both).
-    let bin = std::env::current_exe()?.with_file_name("runpython");
+    // MCP: HTTP throughput with 16 concurrent clients.
     if bin.exists() {
-        let (mcp_ms, lib_ms) = runpython_tests::mcp_bench::stdio_vs_library(&bin, ROUNDS)
-            .await
-            .map_err(|e| e.to_string())?;
-        m.insert("mcp_stdio_call_ms".into(), json!(round3(mcp_ms)));
-        m.insert("mcp_library_run_ms".into(), json!(round3(lib_ms)));
-        m.insert(
-            "mcp_call_overhead_ms".into(),
-            json!(round3(mcp_ms - lib_ms)),
-        );
         let rate = runpython_tests::mcp_bench::http_calls_per_s(&bin, 16, 8)
             .await
             .map_err(|e| e.to_string())?;
@@ -611,13 +624,13 @@ summarize(data)",
     Ok(())
 }
 
-/// The resident memory of every session interpreter this host runs: processes whose command line is a
-/// session runner's (`--session`), their RSS summed (the init shares the interpreter's start-up
-/// memory and holds little of its own).
-fn session_rss_kib() -> u64 {
-    let mut total = 0;
+/// The processes of every live session this host runs (those whose command line is a session
+/// runner's, `--session`): how many, and their RSS summed in KiB (the init shares the interpreter's
+/// start-up memory and holds little of its own).
+fn session_processes() -> (usize, u64) {
+    let (mut count, mut total) = (0, 0);
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
+        return (0, 0);
     };
     for entry in entries.flatten() {
         let dir = entry.path();
@@ -627,6 +640,7 @@ fn session_rss_kib() -> u64 {
         if !String::from_utf8_lossy(&cmdline).contains("--session") {
             continue;
         }
+        count += 1;
         let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
         total += status
             .lines()
@@ -635,7 +649,7 @@ fn session_rss_kib() -> u64 {
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0);
     }
-    total
+    (count, total)
 }
 
 fn machine(python: &str) -> Value {
