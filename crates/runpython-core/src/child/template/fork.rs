@@ -79,6 +79,11 @@ impl Template {
                             ready.push_back(run);
                         }
                     }
+                    // A required layer this host lacks: the next run makes its fork itself and
+                    // gets that error; the template itself is sound.
+                    Err(e @ Error::IsolationUnavailable(_)) => {
+                        tracing::debug!("a fork made ahead of its run failed: {e}");
+                    }
                     Err(e) => {
                         // The next run finds no fork ready, makes one itself and sees why.
                         tracing::debug!("a fork made ahead of its run failed: {e}");
