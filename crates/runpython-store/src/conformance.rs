@@ -97,6 +97,7 @@ pub async fn run_all(store: &Store) -> Check {
         memoized_results_not_kept_are_computed_again,
         memoized_errors_are_shared_and_not_cached,
         checkpoints_are_listed_with_their_run_and_time,
+        session_records_and_parts_round_trip_and_are_deleted_together,
     );
     Ok(())
 }
@@ -588,4 +589,73 @@ pub async fn checkpoints_are_listed_with_their_run_and_time(store: &Store) -> Ch
     ensure(listed.iter().all(|c| c.run_id != run_id), || {
         "a deleted run's checkpoint is still listed".into()
     })
+}
+
+/// A session's record and its parts come back as written (a part rewritten replaces the old one), and
+/// deleting the session removes them all; another session's parts are untouched.
+pub async fn session_records_and_parts_round_trip_and_are_deleted_together(store: &Store) -> Check {
+    let (id, other) = (unique("sess"), unique("sess:other"));
+    store
+        .put_session(&id, b"head".to_vec())
+        .await
+        .map_err(fail("put_session"))?;
+    for n in 0..3u64 {
+        store
+            .put_session_part(&id, n, format!("part {n}").into_bytes())
+            .await
+            .map_err(fail("put_session_part"))?;
+    }
+    store
+        .put_session_part(&id, 2, b"part 2, again".to_vec())
+        .await
+        .map_err(fail("put_session_part again"))?;
+    store
+        .put_session_part(&other, 0, b"other".to_vec())
+        .await
+        .map_err(fail("put_session_part of another session"))?;
+    let head = store.get_session(&id).await.map_err(fail("get_session"))?;
+    ensure(head.as_deref() == Some(&b"head"[..]), || {
+        format!("the record came back as {head:?}")
+    })?;
+    for (n, want) in [
+        (0u64, &b"part 0"[..]),
+        (1, b"part 1"),
+        (2, b"part 2, again"),
+    ] {
+        let got = store
+            .get_session_part(&id, n)
+            .await
+            .map_err(fail("get_session_part"))?;
+        ensure(got.as_deref() == Some(want), || {
+            format!("part {n} came back as {got:?}")
+        })?;
+    }
+    store
+        .delete_session(&id)
+        .await
+        .map_err(fail("delete_session"))?;
+    let head = store.get_session(&id).await.map_err(fail("get_session"))?;
+    ensure(head.is_none(), || {
+        "a deleted session's record is still there".into()
+    })?;
+    for n in 0..3u64 {
+        let got = store
+            .get_session_part(&id, n)
+            .await
+            .map_err(fail("get_session_part"))?;
+        ensure(got.is_none(), || {
+            format!("part {n} of a deleted session is still there")
+        })?;
+    }
+    let kept = store
+        .get_session_part(&other, 0)
+        .await
+        .map_err(fail("get_session_part of another session"))?;
+    ensure(kept.is_some(), || {
+        "deleting a session removed another session's part".into()
+    })?;
+    store
+        .delete_session(&other)
+        .await
+        .map_err(fail("delete_session"))
 }

@@ -15,6 +15,8 @@ pub(crate) const MEMO: &str = "v1/memo";
 pub(crate) const CHECKPOINTS: &str = "v1/checkpoints";
 /// Session records (every cell with its journal), opaque to the store.
 pub(crate) const SESSIONS: &str = "v1/sessions";
+/// The parts of session records (one per cell), each written once, opaque to the store.
+pub(crate) const SESSION_PARTS: &str = "v1/session-parts";
 /// Streamed uploads land here before their hash is known; gc removes leftovers past the grace period.
 pub(crate) const STAGING: &str = "v1/staging";
 
@@ -36,6 +38,10 @@ pub(crate) fn checkpoint(run_id: &str) -> Result<Path> {
 /// A session's record. Session ids may hold `:` (a client's scope): they are hex-encoded into the key
 /// so that no id can be mistaken for another or escape its prefix.
 pub(crate) fn session(id: &str) -> Result<Path> {
+    Ok(Path::from(format!("{SESSIONS}/{}", session_hex(id)?)))
+}
+
+fn session_hex(id: &str) -> Result<String> {
     if id.is_empty() || id.len() > 128 {
         return Err(Error::InvalidId {
             what: "session id",
@@ -43,8 +49,18 @@ pub(crate) fn session(id: &str) -> Result<Path> {
             reason: "must be 1 to 128 characters long",
         });
     }
-    let hex: String = id.bytes().map(|b| format!("{b:02x}")).collect();
-    Ok(Path::from(format!("{SESSIONS}/{hex}")))
+    Ok(id.bytes().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Where the parts of session `id`'s record live (under their own prefix: on a local store a key
+/// cannot be both an object and a directory).
+pub(crate) fn session_parts(id: &str) -> Result<String> {
+    Ok(format!("{SESSION_PARTS}/{}", session_hex(id)?))
+}
+
+/// Part `n` of session `id`'s record (zero-padded, so a listing sorts in order).
+pub(crate) fn session_part(id: &str, n: u64) -> Result<Path> {
+    Ok(Path::from(format!("{}/{n:020}", session_parts(id)?)))
 }
 
 pub(crate) fn memo(key: &str) -> Result<Path> {

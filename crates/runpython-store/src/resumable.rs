@@ -51,9 +51,31 @@ impl Store {
         self.read(&key).await
     }
 
-    /// Forgets session `id` (absent is fine).
+    /// Keeps part `n` of session `id`'s record (the caller's bytes: the core writes each cell once
+    /// as a part, so a long session's record is not rewritten whole on every cell), replacing any
+    /// earlier part `n` atomically.
+    pub async fn put_session_part(&self, id: &str, n: u64, bytes: impl Into<Bytes>) -> Result<()> {
+        let key = layout::session_part(id, n)?;
+        self.write(&key, bytes.into()).await
+    }
+
+    /// Part `n` of session `id`'s record, or `None` when there is none.
+    pub async fn get_session_part(&self, id: &str, n: u64) -> Result<Option<Bytes>> {
+        let key = layout::session_part(id, n)?;
+        self.read(&key).await
+    }
+
+    /// Forgets session `id`, its record and every part of it (absent is fine).
     pub async fn delete_session(&self, id: &str) -> Result<()> {
-        self.remove(&layout::session(id)?).await
+        self.remove(&layout::session(id)?).await?;
+        let parts = self.list(&layout::session_parts(id)?).await?;
+        futures_util::stream::iter(parts)
+            .map(|meta| async move { self.remove(&meta.location).await })
+            .buffer_unordered(FAN_OUT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<()>>()
     }
 
     /// Every checkpoint in the store with when it was last written, least recently written first:

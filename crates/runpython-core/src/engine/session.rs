@@ -357,7 +357,7 @@ impl RunPython {
             return Ok(*envelope);
         }
         let mut rest = record.clone();
-        rest.cells.pop();
+        rest.pop_cell();
         e.record = Some(rest);
         e.live = Some(live);
         let request = last.request()?;
