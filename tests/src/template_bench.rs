@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::stats::{p50, round3};
+use crate::stats::{floor_ms, p50, round3};
 use runpython_core::{PoolConfig, RunPython};
 use serde_json::{json, Map, Value};
 
@@ -91,12 +91,7 @@ pub async fn trivial_figures(
         let e = forked.run("1+1").await?;
         forked_ms.push(t.elapsed().as_secs_f64() * 1e3);
         assert_eq!(e.return_value, json!(2));
-        let t = Instant::now();
-        std::process::Command::new(python)
-            .args(["-I", "-S", "-c", "pass"])
-            .stdin(std::process::Stdio::null())
-            .status()?;
-        floor4.push(t.elapsed().as_secs_f64() * 1e3);
+        floor4.push(floor_ms(python)?);
     }
     let (forked_ms, floor4) = (p50(forked_ms), p50(floor4));
     m.insert("warm_run_ms".into(), json!(round3(forked_ms)));

@@ -2,20 +2,12 @@
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
+mod common;
+
 use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn runpython(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_runpython"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{envelope, runpython, text};
 
 #[test]
 fn human_mode_prints_output_then_the_value() {
@@ -105,10 +97,6 @@ fn bad_arguments_exit_2_with_a_reason() {
         "/nonexistent/python3",
     );
     assert_usage_error(&["frobnicate"], "unrecognized subcommand");
-}
-
-fn envelope(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)))
 }
 
 #[test]

@@ -3,28 +3,13 @@
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
-use std::process::{Command, Output, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{envelope, runpython, text};
 use runpython_tests::HungServer;
-use serde_json::{json, Value};
-
-fn runpython(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_runpython"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}); stderr: {}", text(&out.stderr)))
-}
+use serde_json::json;
 
 #[test]
 fn a_durable_run_says_its_id_on_stderr_and_runpython_runs_lists_it_with_its_resume_command() {
@@ -49,7 +34,7 @@ fn a_durable_run_says_its_id_on_stderr_and_runpython_runs_lists_it_with_its_resu
 
     let listed = runpython(&["runs", "--json", "--store", &store]);
     assert_eq!(listed.status.code(), Some(0), "{}", text(&listed.stderr));
-    let listed = json_of(&listed);
+    let listed = envelope(&listed);
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
     let run = &listed[0];
     assert_eq!(run["run_id"], json!(run_id));
@@ -77,8 +62,8 @@ fn a_durable_run_says_its_id_on_stderr_and_runpython_runs_lists_it_with_its_resu
         "--approval",
         "ask",
     ]);
-    assert_eq!(json_of(&out)["return_value"], "yes");
-    let listed = json_of(&runpython(&["runs", "--json", "--store", &store]));
+    assert_eq!(envelope(&out)["return_value"], "yes");
+    let listed = envelope(&runpython(&["runs", "--json", "--store", &store]));
     assert_eq!(listed, json!([]), "a finished run is not listed");
 
     // --durable alone makes a run durable: it says its id before the code's output.
@@ -112,7 +97,7 @@ fn a_run_whose_store_never_answers_exits_with_the_codes_status_and_names_the_sto
         "the code ran and succeeded: {}",
         text(&out.stderr)
     );
-    let e = json_of(&out);
+    let e = envelope(&out);
     assert_eq!(
         (&e["return_value"], &e["stdout"]),
         (&json!(42), &json!("ran\n"))
@@ -195,7 +180,7 @@ fn mcp_tools_get_the_call_id_in_meta() {
         "-c",
         "[charge(amount=1), charge(amount=2)]",
     ]);
-    let e = json_of(&out);
+    let e = envelope(&out);
     let id = e["run_id"].as_str().unwrap();
     assert_eq!(
         e["return_value"],

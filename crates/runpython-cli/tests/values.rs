@@ -3,22 +3,11 @@
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{envelope, runpython};
 
 use serde_json::{json, Value};
-
-fn runpython(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_runpython"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn envelope(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
-}
 
 #[test]
 fn integers_of_any_size_are_exact_in_inputs_and_the_printed_envelope() {

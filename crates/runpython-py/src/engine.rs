@@ -613,7 +613,7 @@ fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig> {
     Ok(sessions)
 }
 
-const SANDBOX_KEYS: &str = "namespaces, landlock, rlimits, seccomp, drop_privileges, require, \
+const SANDBOX_KEYS: &str = "namespaces, landlock, rlimits, seccomp, drop_privileges, require, allow_network, \
                             memory_bytes, run_memory_bytes, disk_bytes, cgroups, file_size_bytes, open_files, processes, read_paths";
 
 fn parse_sandbox(value: &Bound<'_, PyAny>) -> PyResult<Sandbox> {

@@ -76,6 +76,7 @@ def test_output_is_bounded_by_max_output_chars() -> None:
         ({"store": "ftp://nowhere"}, "store 'ftp://nowhere'".replace("'", '"')),
         ({"tier": "forever"}, 'tier must be "ephemeral", "persistent"'),
         ({"sandbox": {"landlok": False}}, 'sandbox has no setting "landlok"'),
+        ({"sandbox": {"network": True}}, "require, allow_network, memory_bytes"),
         ({"pool": {"sise": 2}}, 'pool has no setting "sise"'),
         ({"allow_network": "yes"}, "allow_network must be a bool"),
         ({"tools": print}, "tools must be a list of callables"),

@@ -1,11 +1,11 @@
 //! The benchmark harness behind `cargo xtask bench`: measures every metric side by side in one run on this
 //! machine and prints one JSON object. Ratios matter more than absolute numbers on a noisy machine.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use runpython_core::{tool_fn, PoolConfig, RunPython, Store};
-use runpython_tests::stats::{p50, round3};
+use runpython_tests::stats::{floor_ms, p50, round3};
 use runpython_tests::template_bench::{runs_per_s_16, CpuMeter};
 use runpython_tests::Moto;
 use serde_json::{json, Map, Value};
@@ -72,12 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         python.run("1+1").await?;
     }
     for _ in 0..ROUNDS {
-        let t = Instant::now();
-        Command::new(&interpreter.executable)
-            .args(["-I", "-S", "-c", "pass"])
-            .stdin(Stdio::null())
-            .status()?;
-        floor.push(t.elapsed().as_secs_f64() * 1e3);
+        floor.push(floor_ms(&interpreter.executable)?);
         let t = Instant::now();
         let e = python.run("1+1").await?;
         cold.push(t.elapsed().as_secs_f64() * 1e3);
@@ -131,12 +126,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let e = warm_engine.run("1+1").await?;
         warm.push(t.elapsed().as_secs_f64() * 1e3);
         assert_eq!(e.return_value, json!(2));
-        let t = Instant::now();
-        Command::new(&interpreter.executable)
-            .args(["-I", "-S", "-c", "pass"])
-            .stdin(Stdio::null())
-            .status()?;
-        floor2.push(t.elapsed().as_secs_f64() * 1e3);
+        floor2.push(floor_ms(&interpreter.executable)?);
     }
     let (warm, floor2) = (p50(warm), p50(floor2));
     m.insert("pooled_run_ms".into(), json!(round3(warm)));
@@ -207,12 +197,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         kept.run("1+1").await?;
         kept_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        Command::new(&interpreter.executable)
-            .args(["-I", "-S", "-c", "pass"])
-            .stdin(Stdio::null())
-            .status()?;
-        kept_floor.push(t.elapsed().as_secs_f64() * 1e3);
+        kept_floor.push(floor_ms(&interpreter.executable)?);
     }
     let (kept_ms, kept_floor) = (p50(kept_ms), p50(kept_floor));
     m.insert("cold_run_kept_ms".into(), json!(round3(kept_ms)));
@@ -565,12 +550,7 @@ summarize(data)",
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         for _ in 0..ROUNDS {
-            let t = Instant::now();
-            Command::new(&interpreter.executable)
-                .args(["-I", "-S", "-c", "pass"])
-                .stdin(Stdio::null())
-                .status()?;
-            floor3.push(t.elapsed().as_secs_f64() * 1e3);
+            floor3.push(floor_ms(&interpreter.executable)?);
         }
         let (cell_us, floor3) = (p50(cells), p50(floor3));
         m.insert("session_cell_us".into(), json!(round3(cell_us)));

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use runpython_core::{RunPython, Sandbox};
+use runpython_tests::stats::{floor_ms, p50};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -98,11 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut floor = Vec::new();
     let exe = engines[0].1.interpreter().await?.executable.clone();
     for _ in 0..rounds {
-        let t = Instant::now();
-        std::process::Command::new(&exe)
-            .args(["-I", "-S", "-c", "pass"])
-            .status()?;
-        floor.push(t.elapsed().as_secs_f64() * 1e3);
+        floor.push(floor_ms(&exe)?);
         for (_, python, samples) in &mut engines {
             let t = Instant::now();
             let e = python.run("1+1").await?;
@@ -110,10 +107,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             samples.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    let p50 = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
     let floor = p50(floor);
     let base = p50(engines[0].2.clone());
     println!("python floor p50: {floor:.2} ms");

@@ -146,8 +146,6 @@ fn new_netns() -> io::Result<OwnedFd> {
     open_high("/proc/thread-self/ns/net")
 }
 
-const HELPER_STACK: usize = 64 * 1024;
-
 /// What the helper of [`new_owned_netns`] works with.
 struct Helper {
     ids: *const IdMaps,
@@ -170,23 +168,15 @@ pub(crate) fn new_owned_netns() -> io::Result<ReadyNetns> {
         ready: ready_w.as_raw_fd(),
         release: release_r.as_raw_fd(),
     };
-    // The helper shares the host's memory (`CLONE_VM`): no copy of the host's page tables and no
-    // copy-on-write faults in the host afterwards, which a fork after every run would cost.
-    let mut stack = vec![0u8; HELPER_STACK];
-    // SAFETY: the helper runs `helper_main` on `stack` (its top, 16-byte aligned) with `args`, both
-    // alive until it has exited (waited for below); it makes system calls only.
-    let pid = unsafe {
-        let top = stack.as_mut_ptr().add(HELPER_STACK) as usize & !15;
-        libc::clone(
+    // SAFETY: `helper_main` makes system calls only; `args` (and the `ids` it points at) live until
+    // the helper is waited for below.
+    let (pid, stack) = unsafe {
+        super::sys::clone_vm_helper(
             helper_main,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::CLONE_NEWNET | libc::SIGCHLD,
+            libc::CLONE_NEWUSER | libc::CLONE_NEWNET,
             std::ptr::addr_of_mut!(args).cast(),
-        )
+        )?
     };
-    if pid < 0 {
-        return Err(io::Error::last_os_error());
-    }
     drop((ready_w, release_r));
     let made = match super::sys::read_exact_fd::<1>(ready_r.as_raw_fd()) {
         Some([1]) => {

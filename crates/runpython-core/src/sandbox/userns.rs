@@ -52,22 +52,15 @@ fn make_template_userns() -> std::io::Result<std::os::fd::OwnedFd> {
         ready: ready_w.as_raw_fd(),
         release: release_r.as_raw_fd(),
     };
-    let mut stack = vec![0u8; HELPER_STACK];
-    // SAFETY: the helper runs `helper_main` on `stack` (its top, 16-byte aligned) with `args`, both
-    // alive until it has exited (waited for below); it makes system calls only, on its own memory's
-    // copy of nothing: it shares ours (`CLONE_VM`), so the host's page tables are not copied.
-    let pid = unsafe {
-        let top = stack.as_mut_ptr().add(HELPER_STACK) as usize & !15;
-        libc::clone(
+    // SAFETY: `helper_main` makes system calls only; `args` lives until the helper is waited for
+    // below.
+    let (pid, stack) = unsafe {
+        super::sys::clone_vm_helper(
             helper_main,
-            top as *mut libc::c_void,
-            libc::CLONE_VM | libc::CLONE_NEWUSER | libc::SIGCHLD,
+            libc::CLONE_NEWUSER,
             std::ptr::addr_of_mut!(args).cast(),
-        )
+        )?
     };
-    if pid < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
     drop((ready_w, release_r));
     let made = match super::sys::read_exact_fd::<1>(ready_r.as_raw_fd()) {
         Some([1]) => (|| {
@@ -83,8 +76,6 @@ fn make_template_userns() -> std::io::Result<std::os::fd::OwnedFd> {
     drop(stack);
     made
 }
-
-const HELPER_STACK: usize = 64 * 1024;
 
 /// What the helper of [`make_template_userns`] works with.
 struct Helper {

@@ -79,15 +79,10 @@ impl Template {
                             ready.push_back(run);
                         }
                     }
-                    // A required layer this host lacks: the next run makes its fork itself and
-                    // gets that error; the template itself is sound.
-                    Err(e @ Error::IsolationUnavailable(_)) => {
-                        tracing::debug!("a fork made ahead of its run failed: {e}");
-                    }
                     Err(e) => {
                         // The next run finds no fork ready, makes one itself and sees why.
                         tracing::debug!("a fork made ahead of its run failed: {e}");
-                        this.failed.store(true, Ordering::SeqCst);
+                        this.fork_failed(&e);
                     }
                 }
                 this.making.fetch_sub(1, Ordering::SeqCst);

@@ -159,8 +159,7 @@ impl Templates {
                 // A required layer is missing: the fresh path would refuse the same way.
                 Err(e @ Error::IsolationUnavailable(_)) => Err(e),
                 Err(e) => {
-                    // A template whose fork failed is not trusted with the next run.
-                    template.failed.store(true, Ordering::SeqCst);
+                    template.fork_failed(&e);
                     self.replace(key, &cell);
                     if self.require {
                         return Err(e);
@@ -398,6 +397,15 @@ impl Template {
                     .unwrap_or("the template refused to start"),
                 tail()
             )),
+        }
+    }
+
+    /// A fork of this template failed with `e`: the template is not trusted with the next run,
+    /// unless `e` is a required layer this host lacks (decided before the template is asked; a
+    /// fresh run would be refused the same way).
+    fn fork_failed(&self, e: &Error) {
+        if !matches!(e, Error::IsolationUnavailable(_)) {
+            self.failed.store(true, Ordering::SeqCst);
         }
     }
 
