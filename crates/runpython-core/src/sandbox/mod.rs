@@ -74,6 +74,7 @@
 //! - Every layer that is off or refused is reported in `isolation`; nothing degrades silently.
 
 mod cgroup;
+mod clone_vm;
 mod decide;
 mod init;
 mod landlock;

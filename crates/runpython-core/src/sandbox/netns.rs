@@ -171,7 +171,7 @@ pub(crate) fn new_owned_netns() -> io::Result<ReadyNetns> {
     // SAFETY: `helper_main` makes system calls only; `args` (and the `ids` it points at) live until
     // the helper is waited for below.
     let (pid, stack) = unsafe {
-        super::sys::clone_vm_helper(
+        super::clone_vm::clone_vm_helper(
             helper_main,
             libc::CLONE_NEWUSER | libc::CLONE_NEWNET,
             std::ptr::addr_of_mut!(args).cast(),

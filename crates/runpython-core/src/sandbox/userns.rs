@@ -55,7 +55,7 @@ fn make_template_userns() -> std::io::Result<std::os::fd::OwnedFd> {
     // SAFETY: `helper_main` makes system calls only; `args` lives until the helper is waited for
     // below.
     let (pid, stack) = unsafe {
-        super::sys::clone_vm_helper(
+        super::clone_vm::clone_vm_helper(
             helper_main,
             libc::CLONE_NEWUSER,
             std::ptr::addr_of_mut!(args).cast(),
