@@ -118,22 +118,6 @@ impl OutputUpload {
         let (writer, reader) = tokio::io::duplex(64 * 1024);
         let store = store.clone();
         let task = tokio::spawn(async move {
-            // Most runs print nothing on one stream or both: an empty stream stores nothing (its
-            // artifact, of 0 bytes, is dropped by `finish`).
-            let mut reader = tokio::io::BufReader::new(reader);
-            let empty = tokio::io::AsyncBufReadExt::fill_buf(&mut reader)
-                .await
-                .map_err(|source| runpython_store::Error::Source { source })?
-                .is_empty();
-            if empty {
-                return Ok(Artifact {
-                    id: String::new(),
-                    name: name.to_owned(),
-                    kind,
-                    bytes: 0,
-                    preview: String::new(),
-                });
-            }
             let mut artifact = store.put_artifact_stream(name, reader).await?;
             artifact.kind = kind;
             Ok(artifact)

@@ -102,6 +102,15 @@ struct Head {
     closed: bool,
 }
 
+/// What `v1/sessions/<id>` holds.
+#[derive(Debug)]
+enum Stored {
+    /// Version 1: every cell.
+    Whole(SessionRecord),
+    /// Version 2: the head; the cells are parts.
+    Head(Head),
+}
+
 #[derive(Serialize, Deserialize)]
 enum Part {
     V1(CellRecord),
@@ -136,20 +145,19 @@ impl SessionRecord {
         )
     }
 
-    /// The record in `bytes`: whole (version 1), or a head whose cells are still to be read (version
-    /// 2: `Err` holds the head).
-    fn decode(id: &str, bytes: &[u8]) -> Result<Result<Self, Head>, Error> {
+    /// The record in `bytes`: whole (version 1), or a head whose cells are still to be read.
+    fn decode(id: &str, bytes: &[u8]) -> Result<Stored, Error> {
         let bad = |why: String| Error::InvalidInput(format!("the record of session {id} {why}"));
         if bytes.len() < 5 || &bytes[..4] != MAGIC {
             return Err(bad("is not a runpython session record".into()));
         }
         match bytes[4] {
             VERSION_1 => match postcard::from_bytes(&bytes[5..]) {
-                Ok(Record::V1(record)) => Ok(Ok(record)),
+                Ok(Record::V1(record)) => Ok(Stored::Whole(record)),
                 Err(e) => Err(bad(format!("is corrupt ({e})"))),
             },
             VERSION_2 => match postcard::from_bytes::<Head>(&bytes[5..]) {
-                Ok(head) => Ok(Err(head)),
+                Ok(head) => Ok(Stored::Head(head)),
                 Err(e) => Err(bad(format!("is corrupt ({e})"))),
             },
             newer => Err(bad(format!(
@@ -182,8 +190,8 @@ impl SessionRecord {
             return Ok(None);
         };
         let head = match Self::decode(id, &bytes)? {
-            Ok(whole) => return Ok(Some(whole)), // version 1: nothing saved as parts yet
-            Err(head) => head,
+            Stored::Whole(record) => return Ok(Some(record)), // version 1: no part saved yet
+            Stored::Head(head) => head,
         };
         let cells: Vec<CellRecord> = futures_util::stream::iter(0..head.cells)
             .map(|n| async move {
