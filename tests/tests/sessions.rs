@@ -391,3 +391,35 @@ async fn a_cell_whose_environment_cannot_be_set_is_refused_and_the_session_keeps
     assert_eq!(e.return_value, json!("kept"), "{:?}", e.error);
     assert_eq!(e.cell, Some(2), "a refused cell is not a cell");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_longest_session_id_allowed_is_kept_and_restored_in_a_file_store() {
+    // Ids are hex-encoded into store keys; 128 characters become 256, over a file name's limit.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let engine = || {
+        builder()
+            .store(runpython_core::Store::open(&url).unwrap())
+            .build()
+            .unwrap()
+    };
+    let id = format!("client:{}", "x".repeat(121));
+    assert_eq!(id.len(), 128);
+    let first = engine();
+    let e = first
+        .session_with_id(&id)
+        .unwrap()
+        .run("x = 41")
+        .await
+        .unwrap();
+    assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    assert!(e.kept, "the cell was not kept: {:?}", e.store_error);
+    drop(first);
+    let e = engine()
+        .session_with_id(&id)
+        .unwrap()
+        .run("x + 1")
+        .await
+        .unwrap();
+    assert!(e.restored && e.return_value == json!(42), "{e:?}");
+}

@@ -592,9 +592,11 @@ pub async fn checkpoints_are_listed_with_their_run_and_time(store: &Store) -> Ch
 }
 
 /// A session's record and its parts come back as written (a part rewritten replaces the old one), and
-/// deleting the session removes them all; another session's parts are untouched.
+/// deleting the session removes them all; another session's parts are untouched. The other id is as
+/// long as an id may be (128 characters).
 pub async fn session_records_and_parts_round_trip_and_are_deleted_together(store: &Store) -> Check {
-    let (id, other) = (unique("sess"), unique("sess:other"));
+    let id = unique("sess");
+    let other = format!("{:x<128}", unique("sess:other"));
     store
         .put_session(&id, b"head".to_vec())
         .await

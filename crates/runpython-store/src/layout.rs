@@ -36,7 +36,8 @@ pub(crate) fn checkpoint(run_id: &str) -> Result<Path> {
 }
 
 /// A session's record. Session ids may hold `:` (a client's scope): they are hex-encoded into the key
-/// so that no id can be mistaken for another or escape its prefix.
+/// (long ones hashed, see `session_hex`) so that no id can be mistaken for another or escape its
+/// prefix.
 pub(crate) fn session(id: &str) -> Result<Path> {
     Ok(Path::from(format!("{SESSIONS}/{}", session_hex(id)?)))
 }
@@ -48,6 +49,12 @@ fn session_hex(id: &str) -> Result<String> {
             value: id.to_owned(),
             reason: "must be 1 to 128 characters long",
         });
+    }
+    // Hex keeps every id distinct and inside its prefix. Past 100 bytes its hex would crowd a file
+    // name's 255-byte limit on a local store (with the `#n` of a staging file): those ids go by
+    // their blake3 instead, behind `b3-`, which no hex string starts with.
+    if id.len() > 100 {
+        return Ok(format!("b3-{}", blake3::hash(id.as_bytes()).to_hex()));
     }
     Ok(id.bytes().map(|b| format!("{b:02x}")).collect())
 }
