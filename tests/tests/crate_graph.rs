@@ -1,5 +1,6 @@
-//! The crate graph of DESIGN.md, checked against `cargo metadata`: leaves never depend on each other,
-//! core composes the leaves, the CLI and the Python package depend on core only, xtask on nothing of ours.
+//! The crate graph of DESIGN.md, checked against `cargo metadata`: the sandbox depends on no crate of
+//! ours, deps on the sandbox alone, the bridge and the store on nothing of ours; core composes them,
+//! the CLI and the Python package depend on core only, xtask on nothing of ours.
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
@@ -8,7 +9,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-const LEAVES: &[&str] = &["runpython-deps", "runpython-bridge", "runpython-store"];
+const LEAVES: &[&str] = &["runpython-sandbox", "runpython-bridge", "runpython-store"];
 
 fn workspace_deps() -> BTreeMap<String, BTreeSet<String>> {
     let out = Command::new(env!("CARGO"))
@@ -61,10 +62,19 @@ fn leaves_depend_on_no_workspace_crate() {
 }
 
 #[test]
+fn installs_use_the_sandbox_and_nothing_else_of_ours() {
+    assert_eq!(
+        workspace_deps()["runpython-deps"],
+        BTreeSet::from(["runpython-sandbox".to_owned()])
+    );
+}
+
+#[test]
 fn core_composes_the_leaves_and_the_cli_is_thin() {
     let graph = workspace_deps();
-    let leaves: BTreeSet<String> = LEAVES.iter().map(|s| s.to_string()).collect();
-    assert_eq!(graph["runpython-core"], leaves);
+    let mut composed: BTreeSet<String> = LEAVES.iter().map(|s| s.to_string()).collect();
+    composed.insert("runpython-deps".to_owned());
+    assert_eq!(graph["runpython-core"], composed);
     assert_eq!(
         graph["runpython-cli"],
         BTreeSet::from(["runpython-core".to_owned()])

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use runpython_core::{DepsProgress, Doctor, Envelope};
+use runpython_core::{DepsProgress, Doctor, Envelope, Isolation};
 use serde_json::Value;
 
 /// A one-line dependency progress display on stderr, only when stderr is a terminal.
@@ -94,6 +94,39 @@ pub(crate) fn print_human(envelope: &Envelope) {
 }
 
 /// `runpython doctor` for a person: one fact per line.
+/// The layers of a run's or an install's sandbox, one per line.
+fn print_isolation(i: &Isolation) {
+    let list = |items: &[String]| match items.is_empty() {
+        true => "none".to_owned(),
+        false => items.join(", "),
+    };
+    say!("  namespaces      {}", list(&i.namespaces));
+    say!("  filesystem      {}", i.filesystem);
+    say!("  landlock        {}", i.landlock);
+    say!("  seccomp         {}", i.seccomp);
+    say!("  network         {}", i.network);
+    say!("  uid             {}", i.uid);
+    say!("  processes end   {}", i.kill);
+    let limit = |bytes: Option<u64>, by: &str| match bytes {
+        Some(b) => format!("{} MiB ({by})", b >> 20),
+        None => format!("no limit ({by})"),
+    };
+    say!(
+        "  memory          {}",
+        limit(i.memory.bytes, &i.memory.enforced_by)
+    );
+    say!(
+        "  disk            {}",
+        limit(i.disk.bytes, &i.disk.enforced_by)
+    );
+    if let Some(n) = i.rlimits.processes {
+        say!("  processes       {n}");
+    }
+    for missing in &i.missing {
+        say!("  missing         {missing}");
+    }
+}
+
 pub(crate) fn print_doctor(report: &Doctor) {
     let k = &report.kernel;
     let list = |items: &[String]| {
@@ -118,33 +151,25 @@ pub(crate) fn print_doctor(report: &Doctor) {
     say!("  cgroup          {}", k.cgroup);
     say!("a run gets");
     match (&report.isolation, &report.isolation_error) {
-        (Some(i), _) => {
-            say!("  namespaces      {}", list(&i.namespaces));
-            say!("  filesystem      {}", i.filesystem);
-            say!("  landlock        {}", i.landlock);
-            say!("  seccomp         {}", i.seccomp);
-            say!("  network         {}", i.network);
-            say!("  uid             {}", i.uid);
-            say!("  processes end   {}", i.kill);
-            let limit = |bytes: Option<u64>, by: &str| match bytes {
-                Some(b) => format!("{} MiB ({by})", b >> 20),
-                None => format!("no limit ({by})"),
-            };
-            say!(
-                "  memory          {}",
-                limit(i.memory.bytes, &i.memory.enforced_by)
-            );
-            say!(
-                "  disk            {}",
-                limit(i.disk.bytes, &i.disk.enforced_by)
-            );
-            for missing in &i.missing {
-                say!("  missing         {missing}");
-            }
-        }
+        (Some(i), _) => print_isolation(i),
         (None, Some(why)) => say!("  nothing: {why}"),
         (None, None) => {}
     }
+    say!("an install gets");
+    match &report.install_isolation {
+        Ok(i) => print_isolation(i),
+        Err(why) => say!("  nothing: {why}"),
+    }
+    let builds = match report.source_builds {
+        true => "any package",
+        false => "the operator's --dep specs only; the code's imports install wheels",
+    };
+    say!("  source builds   {builds}");
+    let allowed = report
+        .allowed_packages
+        .as_ref()
+        .map_or("any".into(), |names| list(names));
+    say!("  packages        {allowed}");
     say!("where");
     say!("  python          {}", report.python);
     let cache = report

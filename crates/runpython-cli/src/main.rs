@@ -33,6 +33,7 @@ mod lines;
 mod mcp;
 mod repl;
 mod runs;
+mod sandbox_flags;
 mod serve;
 mod store_commands;
 mod tool_flags;
@@ -192,6 +193,10 @@ struct EngineArgs {
     /// Share the host's network with the code (default: none, an empty network namespace).
     #[arg(long)]
     allow_network: bool,
+    #[command(flatten)]
+    limits: sandbox_flags::SandboxArgs,
+    #[command(flatten)]
+    installs: sandbox_flags::InstallArgs,
     #[command(flatten)]
     store: StoreArgs,
     /// Do not keep this run in a store.
@@ -444,6 +449,8 @@ impl EngineArgs {
         if self.allow_network {
             builder = builder.allow_network(true);
         }
+        builder = self.limits.apply(builder);
+        builder = self.installs.apply(builder)?;
         if !self.no_store {
             match self.store.open() {
                 Ok(store) => {

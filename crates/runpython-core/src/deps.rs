@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use runpython_deps::{
     detect_imports_async, merge_requirements, DependencySources, EnvProvider, Environments,
-    Interpreter, PreparedEnv,
+    InstallPolicy, Interpreter, PreparedEnv,
 };
 use tokio::sync::mpsc;
 
@@ -24,6 +24,7 @@ pub(crate) struct DepsConfig {
     pub root: Option<PathBuf>,
     pub provider: Option<Arc<dyn EnvProvider>>,
     pub timeout: Option<Duration>,
+    pub policy: InstallPolicy,
 }
 
 impl Default for DepsConfig {
@@ -34,6 +35,7 @@ impl Default for DepsConfig {
             root: None,
             provider: None,
             timeout: None,
+            policy: InstallPolicy::default(),
         }
     }
 }
@@ -53,6 +55,7 @@ impl DepsConfig {
         if let Some(timeout) = self.timeout {
             envs = envs.with_timeout(timeout);
         }
+        envs = envs.with_policy(self.policy);
         Ok(Deps {
             defaults: self.defaults,
             auto: self.auto,
@@ -74,6 +77,16 @@ pub(crate) struct Deps {
 }
 
 impl Deps {
+    /// What installs may do (their sandbox, source builds, the allowlist).
+    pub fn policy(&self) -> &InstallPolicy {
+        self.envs.policy()
+    }
+
+    /// How long preparing an environment may take.
+    pub fn timeout(&self) -> Duration {
+        self.envs.timeout()
+    }
+
     /// The installer's kind (`uv`, `pip`) and where it prepares environments.
     pub fn installer(&self) -> (String, PathBuf) {
         (

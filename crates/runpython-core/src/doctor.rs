@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::engine::RunPython;
 use crate::envelope::Isolation;
-use crate::sandbox::KernelReport;
+use runpython_sandbox::KernelReport;
 
 /// A host's readiness for runs of one engine.
 #[derive(Debug, Clone, Serialize)]
@@ -31,6 +31,13 @@ pub struct Doctor {
     pub installer: String,
     /// The `uv` executable found (`$RUNPYTHON_UV`, `$RUNPYTHON_TOOLS_BIN`, `PATH`), if any.
     pub uv: Option<PathBuf>,
+    /// The layers an install gets (its installer and every build backend it starts), or why its
+    /// sandbox cannot be had.
+    pub install_isolation: Result<Isolation, String>,
+    /// Whether any package may be built from source (else only the operator's requirements).
+    pub source_builds: bool,
+    /// The packages the code may install; `null` for any.
+    pub allowed_packages: Option<Vec<String>>,
     /// The store runs are kept in, `null` when runs are not kept.
     pub store: Option<String>,
 }
@@ -49,9 +56,11 @@ impl RunPython {
             }
             Err(e) => format!("not found: {e}"),
         };
-        let (installer, environments) = self.installer();
+        let deps = self.deps();
+        let (installer, environments) = deps.installer();
+        let policy = deps.policy();
         Doctor {
-            kernel: crate::sandbox::kernel_report(),
+            kernel: runpython_sandbox::kernel_report(),
             isolation,
             isolation_error,
             python,
@@ -59,6 +68,10 @@ impl RunPython {
             environments,
             installer,
             uv: runpython_deps::UvProvider::find().map(|uv| uv.program().to_path_buf()),
+            install_isolation: runpython_sandbox::report(&policy.sandbox, deps.timeout(), false)
+                .map_err(|e| e.to_string()),
+            source_builds: policy.source_builds,
+            allowed_packages: policy.allowed_packages.clone(),
             store: self.store().map(|store| store.url().to_owned()),
         }
     }

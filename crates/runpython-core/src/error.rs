@@ -77,6 +77,21 @@ pub enum Error {
     Internal(String),
 }
 
+impl From<runpython_sandbox::Error> for Error {
+    fn from(e: runpython_sandbox::Error) -> Self {
+        use runpython_sandbox::Error as S;
+        match e {
+            S::Setup { step, source } => Self::SandboxSetup { step, source },
+            S::Spawn { program, source } => Self::Spawn { program, source },
+            S::Io { what, path, source } => Self::Io { what, path, source },
+            S::IsolationUnavailable(why) => Self::IsolationUnavailable(why),
+            S::TemplateUnavailable(why) => Self::TemplateUnavailable(why),
+            S::InvalidInput(why) => Self::InvalidInput(why),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
 impl Error {
     /// A stable, machine-readable name for the kind of failure, for protocols that carry a code beside
     /// the message: `invalid_input` (the caller can fix the request), `not_found` (no such run or

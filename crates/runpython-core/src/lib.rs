@@ -39,7 +39,6 @@ mod outcome;
 mod persist;
 mod request;
 mod resume;
-mod sandbox;
 mod session;
 mod tool_spec;
 mod tool_supervisor;
@@ -57,7 +56,7 @@ pub use error::Error;
 pub use mcp_tools::{McpServer, CALL_ID_META};
 pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
 pub use resume::{resumable_runs, ResumableRun, ResumableState};
-pub use sandbox::{KernelReport, Sandbox};
+pub use runpython_sandbox::{KernelReport, Sandbox};
 pub use session::SessionConfig;
 pub use tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,
@@ -67,7 +66,8 @@ pub use tool_spec::{
 pub use runpython_bridge::{python_stubs, tool_fn, BoxFuture, Tool, ToolArgs, ToolError, ToolSet};
 /// What an implementer of an [`EnvProvider`] (an installer) needs (its `BoxFuture` is the same type).
 pub use runpython_deps::{
-    EnvProvider, InstallJob, PipProvider, Progress as DepsProgress, ProgressFn, UvProvider,
+    EnvProvider, InstallJob, InstallPolicy, PipProvider, Progress as DepsProgress, ProgressFn,
+    SourceBuilds, UvProvider,
 };
 /// The store, its records and its backends (`object_store` re-exported for [`Store::with_backend`]).
 pub use runpython_store::{

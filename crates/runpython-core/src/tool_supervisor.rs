@@ -21,7 +21,7 @@
 
 use std::sync::OnceLock;
 
-use crate::sandbox::{close_from, exit_like, set_pdeathsig};
+use runpython_sandbox::{close_from, exit_like, set_pdeathsig};
 
 /// Makes `cmd` end with the host: it starts under a supervisor when the kernel has pidfds, else with
 /// a parent-death signal alone. Call it after the command's own `pre_exec` hooks, with

@@ -11,8 +11,12 @@ use tokio::time::Instant;
 
 use crate::layout::{building_dir, short_hash, BUILDING, ENVS, MANIFEST, SITE};
 use crate::lock::KeyLock;
-use crate::provider::{EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, UvProvider};
-use crate::{Error, Interpreter, Requirement};
+use crate::provider::{
+    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, SourceBuilds,
+    UvProvider,
+};
+use crate::requirement::normalize_name;
+use crate::{Error, Interpreter, Requirement, Source};
 
 const FORMAT: &str = "runpython-env-v1";
 
@@ -35,6 +39,79 @@ pub struct PreparedEnv {
     /// A hash of what is really installed (the interpreter and every `*.dist-info` name, so package
     /// versions count): use it in memo keys.
     pub fingerprint: String,
+    /// Every distribution installed, with who asked for it (`None`: a dependency of another).
+    #[serde(default)]
+    pub installed: Vec<Installed>,
+}
+
+/// One distribution of a prepared environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Installed {
+    /// Its name, as its `.dist-info` directory writes it (`PyYAML`).
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// Who asked for it, when a requirement named it; `None` for what came as a dependency.
+    #[serde(skip)]
+    pub source: Option<Source>,
+}
+
+/// What installs may do, whoever asks: the sandbox they run in (its limits are the install's), which
+/// packages may be built from source, and which the code may install at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallPolicy {
+    /// The sandbox every installer runs in ([`InstallPolicy::default_sandbox`]).
+    pub sandbox: runpython_sandbox::Sandbox,
+    /// Any package may be built from source (`--allow-source-builds`); by default only the
+    /// operator's requirements ([`Source::Operator`]) may be, and everything else installs wheels.
+    pub source_builds: bool,
+    /// The distributions (PEP 503 names) the code may ask for; `None` allows any. The operator's
+    /// requirements are always allowed; what an allowed package depends on comes with it.
+    pub allowed_packages: Option<Vec<String>>,
+}
+
+impl Default for InstallPolicy {
+    fn default() -> Self {
+        Self {
+            sandbox: Self::default_sandbox(),
+            source_builds: false,
+            allowed_packages: None,
+        }
+    }
+}
+
+impl InstallPolicy {
+    /// Every layer a run gets, with the network (the index: the host's namespace until an egress
+    /// policy narrows it), 2 GiB of scratch for the install and the installer's cache, 4 GiB of
+    /// memory in all (the scratch's pages included), 512 processes and threads.
+    pub fn default_sandbox() -> runpython_sandbox::Sandbox {
+        runpython_sandbox::Sandbox {
+            allow_network: true,
+            disk_bytes: 2 << 30,
+            run_memory_bytes: 4 << 30,
+            memory_bytes: 16 << 30,
+            file_size_bytes: 2 << 30,
+            open_files: 4096,
+            processes: 512,
+            ..runpython_sandbox::Sandbox::default()
+        }
+    }
+
+    /// Refuses a requirement the code asked for that the allowlist does not name.
+    fn check(&self, requirements: &[Requirement]) -> Result<(), Error> {
+        let Some(allowed) = &self.allowed_packages else {
+            return Ok(());
+        };
+        for r in requirements {
+            if !r.source().is_operator() && !allowed.iter().any(|a| normalize_name(a) == r.name()) {
+                return Err(Error::NotAllowed {
+                    package: r.name().to_owned(),
+                    asked_by: r.source().clone(),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,6 +132,7 @@ pub struct Environments {
     root: PathBuf,
     provider: Arc<dyn EnvProvider>,
     timeout: Duration,
+    policy: InstallPolicy,
 }
 
 impl Environments {
@@ -64,6 +142,7 @@ impl Environments {
             root: root.into(),
             provider,
             timeout: DEFAULT_PREPARE_TIMEOUT,
+            policy: InstallPolicy::default(),
         }
     }
 
@@ -83,6 +162,24 @@ impl Environments {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+
+    /// What installs may do ([`InstallPolicy`]; default: sandboxed, wheels only for what the code
+    /// asks for, any package allowed).
+    #[must_use]
+    pub fn with_policy(mut self, policy: InstallPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How long one preparation may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The install policy.
+    pub fn policy(&self) -> &InstallPolicy {
+        &self.policy
     }
 
     /// The root directory.
@@ -123,7 +220,9 @@ impl Environments {
         if specs.is_empty() {
             return Some(no_env(interpreter));
         }
+        self.policy.check(requirements).ok()?;
         self.cached(&self.key_for(interpreter, &specs))
+            .map(|env| with_sources(env, requirements))
     }
 
     /// Makes `requirements` importable by `interpreter`: returns at once when the environment exists,
@@ -139,10 +238,11 @@ impl Environments {
         if specs.is_empty() {
             return Ok(no_env(interpreter));
         }
+        self.policy.check(requirements)?;
         let key = self.key_for(interpreter, &specs);
         if let Some(env) = self.cached(&key) {
             progress(Progress::Cached { key });
-            return Ok(env);
+            return Ok(with_sources(env, requirements));
         }
         let started = Instant::now();
         let deadline = started + self.timeout;
@@ -150,7 +250,7 @@ impl Environments {
         let _lock = KeyLock::acquire(&self.root, &key, deadline, &on_wait).await?;
         if let Some(env) = self.cached(&key) {
             progress(Progress::Cached { key });
-            return Ok(env);
+            return Ok(with_sources(env, requirements));
         }
         progress(Progress::Resolving {
             specs: specs.clone(),
@@ -159,6 +259,12 @@ impl Environments {
         let dir = building.path().to_path_buf();
         let site = dir.join(SITE);
         std::fs::create_dir(&site).map_err(|e| Error::io("create the site directory", &site, e))?;
+        let operator: Vec<String> = requirements
+            .iter()
+            .filter(|r| r.source().is_operator())
+            .map(|r| r.name().to_owned())
+            .collect();
+        let reads = install_reads(requirements);
         self.provider
             .install(InstallJob {
                 interpreter,
@@ -167,6 +273,12 @@ impl Environments {
                 root: &self.root,
                 deadline,
                 progress,
+                sandbox: &self.policy.sandbox,
+                reads: &reads,
+                source_builds: match self.policy.source_builds {
+                    true => SourceBuilds::Any,
+                    false => SourceBuilds::Only(&operator),
+                },
             })
             .await?;
 
@@ -199,13 +311,15 @@ impl Environments {
             key: key.clone(),
             elapsed: started.elapsed(),
         });
-        self.cached(&key).ok_or_else(|| {
-            Error::io(
-                "read back the new environment",
-                &final_dir,
-                std::io::ErrorKind::NotFound.into(),
-            )
-        })
+        self.cached(&key)
+            .map(|env| with_sources(env, requirements))
+            .ok_or_else(|| {
+                Error::io(
+                    "read back the new environment",
+                    &final_dir,
+                    std::io::ErrorKind::NotFound.into(),
+                )
+            })
     }
 
     /// The complete environment `key`, marking it used; `None` if absent or unreadable.
@@ -228,8 +342,86 @@ impl Environments {
             site_dir: Some(site),
             specs: manifest.specs,
             fingerprint: manifest.fingerprint,
+            installed: manifest
+                .installed
+                .iter()
+                .filter_map(|d| installed_of(d))
+                .collect(),
         })
     }
+}
+
+/// `name-version.dist-info` as a distribution.
+fn installed_of(dist_info: &str) -> Option<Installed> {
+    let stem = dist_info.strip_suffix(".dist-info")?;
+    let (name, version) = stem.split_once('-')?;
+    Some(Installed {
+        name: name.to_owned(),
+        version: version.to_owned(),
+        source: None,
+    })
+}
+
+/// Names who asked for each installed distribution, from this call's requirements.
+fn with_sources(mut env: PreparedEnv, requirements: &[Requirement]) -> PreparedEnv {
+    for installed in &mut env.installed {
+        let name = normalize_name(&installed.name);
+        installed.source = requirements
+            .iter()
+            .find(|r| r.name() == name)
+            .map(|r| r.source().clone());
+    }
+    env
+}
+
+/// What an install reads besides the system, the interpreter and the installer: the local paths in
+/// the installer's own configuration (indexes and find-links as paths or `file://` URLs, CA bundles,
+/// configuration files) and the operator's `name @ file://` requirements. Never a path the code
+/// named: its requirements' URLs are not read.
+fn install_reads(requirements: &[Requirement]) -> Vec<PathBuf> {
+    const PATHS: &[&str] = &[
+        "UV_FIND_LINKS",
+        "UV_INDEX_URL",
+        "UV_EXTRA_INDEX_URL",
+        "UV_DEFAULT_INDEX",
+        "UV_INDEX",
+        "UV_CONFIG_FILE",
+        "PIP_FIND_LINKS",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "PIP_CONFIG_FILE",
+        "PIP_CERT",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+    ];
+    let local = |text: &str| -> Option<PathBuf> {
+        // `name=url` entries of UV_INDEX, plain paths and file:// URLs.
+        let text = text.rsplit_once('=').map_or(text, |(_, url)| url);
+        let path = text.strip_prefix("file://").unwrap_or(text);
+        let path = Path::new(path);
+        (path.is_absolute() && path.exists()).then(|| path.to_owned())
+    };
+    let mut reads: Vec<PathBuf> = installer_env()
+        .into_iter()
+        .filter(|(name, _)| name.to_str().is_some_and(|n| PATHS.contains(&n)))
+        .flat_map(|(_, value)| {
+            value
+                .to_string_lossy()
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .filter_map(local)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    reads.extend(
+        requirements
+            .iter()
+            .filter(|r| r.source().is_operator())
+            .filter_map(|r| r.url().and_then(local)),
+    );
+    reads.sort();
+    reads.dedup();
+    reads
 }
 
 fn canonical_specs(requirements: &[Requirement]) -> Vec<String> {
@@ -246,6 +438,7 @@ fn no_env(interpreter: &Interpreter) -> PreparedEnv {
         site_dir: None,
         specs: Vec::new(),
         fingerprint: fingerprint(interpreter, &[]),
+        installed: Vec::new(),
     }
 }
 

@@ -9,9 +9,11 @@
 //! envs/<key>/env.json     the manifest; its mtime is the last use (for GC)
 //! building/<key>.<rand>/  environments being built; stale ones are crash leftovers, GC removes them
 //! locks/<key>.lock        one exclusive flock per key
-//! cache/{uv,pip}/         the installers' download and wheel caches
-//! tools/pip-venv-<id>/    the pip fallback's tools venv per interpreter
 //! ```
+//!
+//! Nothing else: an installer's cache lives in its sandbox's scratch and goes with it (see
+//! `sandboxed.rs`). Roots written before installs were sandboxed may hold `cache/` and `tools/`,
+//! which nothing reads any more.
 
 use std::path::{Path, PathBuf};
 
@@ -28,10 +30,6 @@ pub(crate) const BUILDING: &str = "building";
 /// Lock files. They are never deleted: removing a lock file that another process has open would let
 /// two holders coexist.
 pub(crate) const LOCKS: &str = "locks";
-/// The installers' caches, one directory per installer.
-pub(crate) const CACHE: &str = "cache";
-/// The pip fallback's tools venvs.
-pub(crate) const TOOLS: &str = "tools";
 
 /// A 128-bit hex digest of `parts`, each length-prefixed so that no two inputs collide by shifting.
 pub(crate) fn short_hash(parts: &[&[u8]]) -> String {

@@ -13,8 +13,12 @@
 //!   the fallback) into a relocatable site directory, keyed by content, prepared once (file lock,
 //!   build beside, atomic rename), bounded in time, and garbage-collected ([`gc`]).
 //!
-//! It never runs user code (the installers run only package build steps) and depends on no other
-//! runpython crate. The caller (runpython-core) starts the interpreter with `-I -S` and calls
+//! It never runs user code, and runs every installer, with the build backends it starts, inside
+//! runpython-sandbox: the installer sees the system, the interpreter, itself and the operator's local
+//! indexes read-only, writes only a size-capped scratch of its own (the install and its cache), and
+//! the host copies the installed tree out beneath a descriptor it held. What the code asked for
+//! installs wheels only; the operator's own requirements may be built from source ([`Source`],
+//! [`InstallPolicy`]). It depends on no runpython crate but runpython-sandbox. The caller (runpython-core) starts the interpreter with `-I -S` and calls
 //! `site.addsitedir(site_dir)` before the user's code.
 //!
 //! ```no_run
@@ -51,6 +55,7 @@ mod mapping;
 mod merge;
 mod provider;
 mod requirement;
+mod sandboxed;
 mod script;
 mod stdlib;
 
@@ -59,17 +64,19 @@ use std::path::{Path, PathBuf};
 use interpreter::MIN_VERSION;
 
 pub use detect::{detect_imports, detect_imports_async, ImportDetector, RuffImportDetector};
+pub use env::InstallPolicy;
 pub use env::{gc, Environments, GcReport, PreparedEnv};
 pub use interpreter::{cache_dir, Interpreter};
 pub use merge::{merge_requirements, DependencySources};
 pub use provider::{
-    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, UvProvider,
+    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, SourceBuilds,
+    UvProvider,
 };
 
 /// A boxed, sendable future, so that [`EnvProvider`] stays object safe: what
 /// [`EnvProvider::install`] returns. The same type as runpython-bridge's `BoxFuture`: futures-util's.
 pub use futures_util::future::BoxFuture;
-pub use requirement::Requirement;
+pub use requirement::{Requirement, Source};
 pub use script::{read_script_metadata, write_script_dependencies, ScriptMetadata};
 
 /// What can go wrong while finding an interpreter or preparing dependencies.
@@ -140,6 +147,21 @@ pub enum Error {
         status: String,
         /// The last lines of its output (stdout and stderr interleaved).
         output: String,
+    },
+    /// A package has no wheel for this interpreter, and building it from source (running its build
+    /// scripts) is the operator's choice: nothing was built.
+    #[error("{package} has no wheel for this Python, and building it from source would run its build scripts, which only the operator may allow; no build was run. Allow it by naming it as an operator dependency (`--dep {package}`, the builder's `dependency`, the Python package's `dependencies=`), or allow every source build with `--allow-source-builds` (builds run sandboxed)")]
+    SourceBuildRefused {
+        /// The package (normalized).
+        package: String,
+    },
+    /// The code asked for a package outside the operator's allowlist.
+    #[error("{package} (asked for by {asked_by}) is not in the allowed packages, so it was not installed; an operator allows it with `--allow-package {package}` or a line in `--packages-file`")]
+    NotAllowed {
+        /// The package (normalized).
+        package: String,
+        /// Who asked for it.
+        asked_by: Source,
     },
     /// The installer did not finish within the preparation timeout and was killed.
     #[error("installing {} with {program} did not finish within the preparation timeout and was killed; raise the timeout or install fewer packages. Last lines of its output:\n{output}", packages.join(" "))]

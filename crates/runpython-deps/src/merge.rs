@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use crate::mapping::{alternatives_for_import, distribution_for_import};
-use crate::requirement::Requirement;
+use crate::requirement::normalize_name;
+use crate::requirement::{Requirement, Source};
 use crate::script::read_script_metadata;
 use crate::stdlib::is_stdlib_module;
 use crate::Error;
@@ -29,20 +30,21 @@ pub struct DependencySources<'a> {
     pub python_version: (u32, u32, u32),
 }
 
-/// Merges `sources` into requirements sorted by base name, one per base name.
+/// Merges `sources` into requirements sorted by base name, one per base name, each with its
+/// [`Source`]: `defaults` are the operator's, `explicit` the run's.
 pub fn merge_requirements(sources: &DependencySources<'_>) -> Result<Vec<Requirement>, Error> {
     let mut merged: Merged = BTreeMap::new();
     for spec in sources.defaults {
         add(
             &mut merged,
-            Requirement::parse(spec)?,
+            Requirement::parse(spec)?.with_source(Source::Operator),
             "default dependencies",
         )?;
     }
     for spec in sources.explicit {
         add(
             &mut merged,
-            Requirement::parse(spec)?,
+            Requirement::parse(spec)?.with_source(Source::Request),
             "explicit dependencies",
         )?;
     }
@@ -55,7 +57,7 @@ pub fn merge_requirements(sources: &DependencySources<'_>) -> Result<Vec<Require
         for spec in &meta.dependencies {
             add(
                 &mut merged,
-                Requirement::parse(spec)?,
+                Requirement::parse(spec)?.with_source(Source::Script),
                 "the script's `# /// script` block",
             )?;
         }
@@ -79,9 +81,14 @@ pub fn merge_requirements(sources: &DependencySources<'_>) -> Result<Vec<Require
             .iter()
             .any(|alt| explicit_names.iter().any(|name| name == alt));
         if !satisfied {
+            let source = if normalize_name(&distribution) == normalize_name(top) {
+                Source::Import(module.clone())
+            } else {
+                Source::Mapped(module.clone())
+            };
             add(
                 &mut merged,
-                Requirement::bare(&distribution),
+                Requirement::bare(&distribution, source),
                 "detected import",
             )?;
         }

@@ -1,18 +1,14 @@
 //! Installers behind [`EnvProvider`]: uv when it is found, else a venv with pip.
 
-use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::OnceLock;
 
 use futures_util::future::BoxFuture;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::layout::{building_dir, short_hash, CACHE, TOOLS};
-use crate::lock::KeyLock;
+use crate::sandboxed::{self, needs_source_build, Installer, CACHE, STAGING};
 use crate::{Error, Interpreter};
 
 /// Where preparation reports what it is doing. Pass `&|_| {}` to ignore; to feed a channel:
@@ -57,6 +53,25 @@ pub enum Progress {
     },
 }
 
+/// Which packages an install may build from source (running their build scripts, sandboxed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceBuilds<'a> {
+    /// Any (`--allow-source-builds`).
+    Any,
+    /// Only these (normalized names: the operator's); wheels for everything else.
+    Only(&'a [String]),
+}
+
+impl SourceBuilds<'_> {
+    /// Whether `name` (normalized) may be built.
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(names) => names.iter().any(|n| n == name),
+        }
+    }
+}
+
 /// One installation: put `specs` into the empty directory `target`, usable by `interpreter` when the
 /// directory is added to `sys.path` with `site.addsitedir`.
 #[derive(Clone, Copy)]
@@ -67,12 +82,20 @@ pub struct InstallJob<'a> {
     pub specs: &'a [String],
     /// An empty directory to install into.
     pub target: &'a Path,
-    /// The environments' root: providers keep caches and tools under it.
+    /// The environments' root.
     pub root: &'a Path,
     /// When the whole preparation must be finished.
     pub deadline: Instant,
     /// Where to report progress.
     pub progress: &'a ProgressFn<'a>,
+    /// The sandbox the installer runs in (see the crate's docs: its scratch holds the install and the
+    /// installer's cache; its limits are the install's).
+    pub sandbox: &'a runpython_sandbox::Sandbox,
+    /// What the installer may read besides the system, the interpreter and itself: the operator's
+    /// local indexes, find-links directories and wheel files.
+    pub reads: &'a [PathBuf],
+    /// What it may build from source.
+    pub source_builds: SourceBuilds<'a>,
 }
 
 impl fmt::Debug for InstallJob<'_> {
@@ -82,7 +105,50 @@ impl fmt::Debug for InstallJob<'_> {
             .field("specs", &self.specs)
             .field("target", &self.target)
             .field("root", &self.root)
+            .field("reads", &self.reads)
+            .field("source_builds", &self.source_builds)
             .finish_non_exhaustive()
+    }
+}
+
+impl InstallJob<'_> {
+    /// Runs an installer whose arguments `args` makes (given the packages to build from source, none
+    /// at first) in the job's sandbox, and takes what it installed out into `target`. When it fails
+    /// for want of a wheel, the package is built from source if the job allows it (the installer runs
+    /// again with `args` naming it), else the install fails with [`Error::SourceBuildRefused`]; no
+    /// build script ran.
+    async fn run_sandboxed(
+        &self,
+        program: &Path,
+        program_prefix: bool,
+        args: impl Fn(&[String]) -> Vec<OsString>,
+    ) -> Result<(), Error> {
+        let mut build: Vec<String> = Vec::new();
+        loop {
+            let installer = Installer {
+                program,
+                program_prefix,
+                args: args(&build),
+            };
+            let err = match sandboxed::run(installer, self).await {
+                Ok(()) => return Ok(()),
+                Err(err) => err,
+            };
+            let Error::Install { output, .. } = &err else {
+                return Err(err);
+            };
+            let Some(package) = needs_source_build(output) else {
+                return Err(err);
+            };
+            if build.contains(&package) {
+                // Allowed to build and still wanting a wheel: the installer's own failure.
+                return Err(err);
+            }
+            if !self.source_builds.allows(&package) {
+                return Err(Error::SourceBuildRefused { package });
+            }
+            build.push(package);
+        }
     }
 }
 
@@ -140,68 +206,95 @@ impl EnvProvider for UvProvider {
 
     fn install<'a>(&'a self, job: InstallJob<'a>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let cache = job.root.join(CACHE).join("uv");
-            let mut args: Vec<OsString> = vec![
-                "pip".into(),
-                "install".into(),
-                "--target".into(),
-                job.target.into(),
-                "--python".into(),
-                job.interpreter.executable.clone().into(),
-                "--cache-dir".into(),
-                cache.into(),
-                // The sandbox cannot write `__pycache__` beside the packages; compile now.
-                "--compile-bytecode".into(),
-                "--no-python-downloads".into(),
-                "--".into(),
-            ];
-            args.extend(job.specs.iter().map(OsString::from));
-            run_installer(&self.uv, &args, &job).await
+            let args = |build: &[String]| {
+                let mut args: Vec<OsString> = vec![
+                    "pip".into(),
+                    "install".into(),
+                    "--target".into(),
+                    STAGING.into(),
+                    "--python".into(),
+                    job.interpreter.executable.clone().into(),
+                    "--cache-dir".into(),
+                    CACHE.into(),
+                    // The run cannot write `__pycache__` beside the packages; compile now.
+                    "--compile-bytecode".into(),
+                    "--no-python-downloads".into(),
+                ];
+                args.extend(binary_only(&job, build));
+                args.push("--".into());
+                args.extend(job.specs.iter().map(OsString::from));
+                args
+            };
+            job.run_sandboxed(&self.uv, false, args).await
         })
     }
 }
 
-/// The fallback when uv is absent: a tools venv (`python -m venv`, which brings pip through ensurepip)
-/// kept under the environments' root per interpreter, then `pip install --target`.
+/// `--only-binary :all:` (no build script runs) unless every package may be built, with
+/// `--no-binary` for each package that must be and may be built.
+fn binary_only(job: &InstallJob<'_>, build: &[String]) -> Vec<OsString> {
+    let mut args = Vec::new();
+    if job.source_builds != SourceBuilds::Any {
+        args.extend(["--only-binary".into(), ":all:".into()]);
+    }
+    for package in build {
+        args.extend(["--no-binary".into(), package.into()]);
+    }
+    args
+}
+
+/// The fallback when uv is absent: pip, run by the interpreter itself (`python -I -m pip`) or, where
+/// the interpreter has no pip, from the wheel its `ensurepip` bundles, in the same sandbox as uv.
 #[derive(Debug, Clone, Default)]
 pub struct PipProvider;
 
-impl PipProvider {
-    /// The tools venv for `interpreter`, created once (under a lock, built beside and renamed).
-    async fn tools_python(&self, job: &InstallJob<'_>) -> Result<PathBuf, Error> {
-        let id = short_hash(&[
-            job.interpreter.executable.as_os_str().as_encoded_bytes(),
-            job.interpreter.minor_version().as_bytes(),
-        ]);
-        let name = format!("pip-venv-{id}");
-        let tools = job.root.join(TOOLS);
-        let venv = tools.join(&name);
-        let python = venv.join("bin").join("python");
-        if python.is_file() {
-            return Ok(python);
-        }
-        let _lock = KeyLock::acquire(job.root, &name, job.deadline, &|| {}).await?;
-        if python.is_file() {
-            return Ok(python);
-        }
-        let building = building_dir(job.root, &name)?;
-        let args: Vec<OsString> = vec![
-            "-I".into(),
-            "-m".into(),
-            "venv".into(),
-            building.as_os_str().to_owned(),
-        ];
-        let created = run_installer(&job.interpreter.executable, &args, job).await;
-        let renamed = created.and_then(|()| {
-            std::fs::create_dir_all(&tools)
-                .and_then(|()| std::fs::rename(&building, &venv))
-                .map_err(|e| Error::io("move the new tools venv into place", &venv, e))
-        });
-        if renamed.is_err() {
-            let _ = std::fs::remove_dir_all(&building);
-        }
-        renamed.map(|()| python)
+/// How `interpreter` runs pip: `-m pip` when it has pip, else the path of ensurepip's bundled wheel
+/// (pip runs from its wheel). Asked once per interpreter, on the host: it runs only the interpreter's
+/// own standard library and site-packages.
+fn pip_entry(interpreter: &Interpreter) -> Result<Vec<OsString>, Error> {
+    /// Each interpreter's way of running pip.
+    type Entries = std::sync::Mutex<Vec<(PathBuf, Vec<OsString>)>>;
+    static FOUND: OnceLock<Entries> = OnceLock::new();
+    let found = FOUND.get_or_init(Default::default);
+    if let Some((_, entry)) = found.lock().ok().and_then(|f| {
+        f.iter()
+            .find(|(p, _)| *p == interpreter.executable)
+            .cloned()
+    }) {
+        return Ok(entry);
     }
+    const PROBE: &str = r#"
+import glob, importlib.util, os
+if importlib.util.find_spec("pip"):
+    print("-m pip")
+else:
+    import ensurepip
+    wheels = glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl"))
+    print(sorted(wheels)[-1] if wheels else "")
+"#;
+    let out = std::process::Command::new(&interpreter.executable)
+        .args(["-I", "-c", PROBE])
+        .env_clear()
+        .output()
+        .map_err(|e| Error::BadInterpreter {
+            path: interpreter.executable.clone(),
+            reason: format!("cannot ask it where pip is: {e}"),
+        })?;
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let entry: Vec<OsString> = match said.as_str() {
+        "-m pip" => vec!["-I".into(), "-m".into(), "pip".into()],
+        "" => {
+            return Err(Error::BadInterpreter {
+                path: interpreter.executable.clone(),
+                reason: "it has neither pip nor ensurepip's bundled pip; install uv (preferred) or pip for it".into(),
+            })
+        }
+        wheel => vec!["-I".into(), PathBuf::from(wheel).join("pip").into()],
+    };
+    if let Ok(mut f) = found.lock() {
+        f.push((interpreter.executable.clone(), entry.clone()));
+    }
+    Ok(entry)
 }
 
 impl EnvProvider for PipProvider {
@@ -211,25 +304,35 @@ impl EnvProvider for PipProvider {
 
     fn install<'a>(&'a self, job: InstallJob<'a>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let python = self.tools_python(&job).await?;
-            let cache = job.root.join(CACHE).join("pip");
-            let mut args: Vec<OsString> = vec![
-                "-I".into(),
-                "-m".into(),
-                "pip".into(),
-                "install".into(),
-                "--target".into(),
-                job.target.into(),
-                "--cache-dir".into(),
-                cache.into(),
-                "--no-input".into(),
-                "--disable-pip-version-check".into(),
-                "--no-warn-script-location".into(),
-                "--progress-bar".into(),
-                "off".into(),
-            ];
-            args.extend(job.specs.iter().map(OsString::from));
-            run_installer(&python, &args, &job).await
+            let interpreter = job.interpreter.clone();
+            let entry = tokio::task::spawn_blocking(move || pip_entry(&interpreter))
+                .await
+                .map_err(|e| Error::Detection {
+                    reason: format!("finding pip: {e}"),
+                })??;
+            let args = |build: &[String]| {
+                let mut args = entry.clone();
+                args.extend(
+                    [
+                        "install",
+                        "--target",
+                        STAGING,
+                        "--cache-dir",
+                        CACHE,
+                        "--no-input",
+                        "--disable-pip-version-check",
+                        "--no-warn-script-location",
+                        "--progress-bar",
+                        "off",
+                    ]
+                    .map(OsString::from),
+                );
+                args.extend(binary_only(&job, build));
+                args.extend(job.specs.iter().map(OsString::from));
+                args
+            };
+            job.run_sandboxed(&job.interpreter.executable, true, args)
+                .await
         })
     }
 }
@@ -267,147 +370,6 @@ fn allowed_env(vars: impl Iterator<Item = (OsString, OsString)>) -> Vec<(OsStrin
         .collect();
     env.push(("UV_PYTHON_DOWNLOADS".into(), "never".into()));
     env
-}
-
-const TAIL_LINES: usize = 20;
-const MAX_LINE_CHARS: usize = 400;
-
-/// Runs one installer command to completion within `job.deadline`, reporting its progress and
-/// keeping the tail of its output for the error. On timeout the whole process group is killed.
-async fn run_installer(
-    program: &Path,
-    args: &[OsString],
-    job: &InstallJob<'_>,
-) -> Result<(), Error> {
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env_clear()
-        .envs(installer_env())
-        .current_dir(job.root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        // Its own process group, so a timeout also kills build backends it started.
-        .process_group(0);
-    let program_text = program.display().to_string();
-    let mut child = command.spawn().map_err(|e| Error::Install {
-        packages: job.specs.to_vec(),
-        program: program_text.clone(),
-        status: format!("could not be started: {e}"),
-        output: String::new(),
-    })?;
-    let mut group = GroupGuard(child.id());
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(Error::Install {
-            packages: job.specs.to_vec(),
-            program: program_text,
-            status: "started without its output pipes".into(),
-            output: String::new(),
-        });
-    };
-    let mut tail = VecDeque::with_capacity(TAIL_LINES);
-    let run = async {
-        let (mut out_lines, mut err_lines) = (BufReader::new(stdout), BufReader::new(stderr));
-        let (mut out_open, mut err_open) = (true, true);
-        while out_open || err_open {
-            let line = tokio::select! {
-                line = next_line(&mut out_lines), if out_open => line.or_else(|| { out_open = false; None }),
-                line = next_line(&mut err_lines), if err_open => line.or_else(|| { err_open = false; None }),
-            };
-            if let Some(line) = line {
-                report(&line, job.progress);
-                if tail.len() == TAIL_LINES {
-                    tail.pop_front();
-                }
-                tail.push_back(line);
-            }
-        }
-        child.wait().await
-    };
-    let finished = tokio::time::timeout_at(job.deadline, run).await;
-    let status = match finished {
-        Ok(status) => {
-            group.0 = None; // Reaped: its id may be reused, never signal it again.
-            status
-        }
-        Err(_) => {
-            drop(group);
-            let _ = child.kill().await;
-            return Err(Error::InstallTimeout {
-                packages: job.specs.to_vec(),
-                program: program_text,
-                output: Vec::from(tail).join("\n"),
-            });
-        }
-    };
-    let output = Vec::from(tail).join("\n");
-    match status {
-        Ok(status) if status.success() => Ok(()),
-        Ok(status) => Err(Error::Install {
-            packages: job.specs.to_vec(),
-            program: program_text,
-            status: status.to_string(),
-            output,
-        }),
-        Err(e) => Err(Error::Install {
-            packages: job.specs.to_vec(),
-            program: program_text,
-            status: format!("could not be waited for: {e}"),
-            output,
-        }),
-    }
-}
-
-/// Kills the installer's process group when dropped before the installer was reaped: on timeout, and
-/// when the preparing future is dropped (`kill_on_drop` alone reaches only the direct child).
-struct GroupGuard(Option<u32>);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        let Some(pid) = self.0.and_then(|p| i32::try_from(p).ok()) else {
-            return;
-        };
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-}
-
-/// The next line, lossily decoded and cut to a sane length; `None` at end of stream or on a read error.
-async fn next_line<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) -> Option<String> {
-    let mut bytes = Vec::new();
-    match reader.read_until(b'\n', &mut bytes).await {
-        Ok(0) | Err(_) => None,
-        Ok(_) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let text = text.trim_end();
-            Some(match text.char_indices().nth(MAX_LINE_CHARS) {
-                Some((cut, _)) => format!("{}…", &text[..cut]),
-                None => text.to_owned(),
-            })
-        }
-    }
-}
-
-/// Turns an installer's output line into a progress event: uv's and pip's wording.
-fn report(line: &str, progress: &ProgressFn<'_>) {
-    let trimmed = line.trim();
-    if trimmed.starts_with("Downloading") || trimmed.starts_with("Downloaded") {
-        progress(Progress::Downloading {
-            detail: trimmed.to_owned(),
-        });
-    } else if trimmed.starts_with("Prepared")
-        || trimmed.starts_with("Installing")
-        || trimmed.starts_with("Installed")
-        || trimmed.starts_with("Successfully installed")
-    {
-        progress(Progress::Installing {
-            detail: trimmed.to_owned(),
-        });
-    }
 }
 
 #[cfg(test)]

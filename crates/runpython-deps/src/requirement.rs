@@ -22,20 +22,118 @@ pub(crate) fn normalize_name(name: &str) -> String {
     out
 }
 
+/// Who asked for a requirement. It decides what an install may do: only the operator's
+/// requirements may be built from source (their build scripts run, sandboxed), and only the
+/// operator's escape an allowlist of packages.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Source {
+    /// The operator configured it (the builder's `dependency`, `--dep`, the Python package's
+    /// `dependencies=`).
+    Operator,
+    /// It came with the run (`RunRequest::dependency`, MCP's `dependencies`, a nested run's, a
+    /// session's earlier cells).
+    Request,
+    /// The code's PEP 723 `# /// script` block.
+    Script,
+    /// The code imports this module, and the distribution has its name.
+    Import(String),
+    /// The code imports this module, and the mapping table names its distribution (`yaml` → `pyyaml`).
+    Mapped(String),
+}
+
+impl Source {
+    /// Whether the operator asked for it.
+    pub fn is_operator(&self) -> bool {
+        matches!(self, Self::Operator)
+    }
+
+    /// A short name for reports: `operator`, `request`, `pep723`, `import`, `mapping`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Request => "request",
+            Self::Script => "pep723",
+            Self::Import(_) => "import",
+            Self::Mapped(_) => "mapping",
+        }
+    }
+
+    /// The imported module, for [`Source::Import`] and [`Source::Mapped`].
+    pub fn module(&self) -> Option<&str> {
+        match self {
+            Self::Import(m) | Self::Mapped(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Operator => f.write_str("the operator's dependencies"),
+            Self::Request => f.write_str("the run's dependencies"),
+            Self::Script => f.write_str("the code's `# /// script` block"),
+            Self::Import(m) => write!(f, "the code's `import {m}`"),
+            Self::Mapped(m) => write!(f, "the code's `import {m}`, through the mapping table"),
+        }
+    }
+}
+
 /// One requirement: `six`, `six==1.15.0`, `pkg[extra]>=2,<3`, `pkg @ file:///wheels/pkg.whl`,
 /// optionally followed by `; marker`. Names and extras are PEP 503 normalized; [`fmt::Display`] writes
-/// the canonical form handed to installers.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// the canonical form handed to installers. It carries who asked for it ([`Requirement::source`]),
+/// which is not part of what it is: two requirements with the same spec are equal whoever asked.
+#[derive(Debug, Clone)]
 pub struct Requirement {
     name: String,
     extras: Vec<String>,
     version: String,
     url: Option<String>,
     marker: Option<String>,
+    source: Source,
 }
 
 impl Requirement {
-    /// Parses a spec. Refuses anything that is not a requirement, notably text that an installer would
+    fn spec(&self) -> (&str, &[String], &str, Option<&str>, Option<&str>) {
+        (
+            &self.name,
+            &self.extras,
+            &self.version,
+            self.url.as_deref(),
+            self.marker.as_deref(),
+        )
+    }
+}
+
+impl PartialEq for Requirement {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec() == other.spec()
+    }
+}
+
+impl Eq for Requirement {}
+
+impl std::hash::Hash for Requirement {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.spec().hash(state);
+    }
+}
+
+impl PartialOrd for Requirement {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Requirement {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.spec().cmp(&other.spec())
+    }
+}
+
+impl Requirement {
+    /// Parses a spec (asked for by the operator: see [`Requirement::with_source`]). Refuses anything that is not a requirement, notably text that an installer would
     /// read as an option (`--index-url …`, `-r file`).
     pub fn parse(spec: &str) -> Result<Self, Error> {
         parse(spec).map_err(|reason| Error::InvalidRequirement {
@@ -45,14 +143,27 @@ impl Requirement {
     }
 
     /// A requirement on `name` with no extras, version or URL (what detection yields).
-    pub(crate) fn bare(name: &str) -> Self {
+    pub(crate) fn bare(name: &str, source: Source) -> Self {
         Self {
             name: normalize_name(name),
             extras: Vec::new(),
             version: String::new(),
             url: None,
             marker: None,
+            source,
         }
+    }
+
+    /// Who asked for it ([`Source::Operator`] unless [`Requirement::with_source`] said otherwise).
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// The same requirement, asked for by `source`.
+    #[must_use]
+    pub fn with_source(mut self, source: Source) -> Self {
+        self.source = source;
+        self
     }
 
     /// The normalized base name (`pyyaml` for `PyYAML>=6`).
@@ -194,6 +305,7 @@ fn parse(spec: &str) -> Result<Requirement, String> {
         version,
         url,
         marker,
+        source: Source::Operator,
     })
 }
 

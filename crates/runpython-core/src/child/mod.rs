@@ -7,7 +7,6 @@ mod env;
 mod forked;
 mod output;
 mod pool;
-mod run_dir;
 mod spawn;
 mod template;
 
@@ -23,14 +22,14 @@ pub(crate) use code_dir::{bytecode_ready, code_dir, code_version, ensure_bytecod
 pub(crate) use output::{capture, take_capture, Captured, Closed, FullStream, HeadTail};
 pub use pool::PoolConfig;
 pub(crate) use pool::{Pool, PoolKey};
-pub(crate) use run_dir::discard_run_dir;
+pub(crate) use runpython_sandbox::discard_run_dir;
 pub(crate) use spawn::{Spawned, SpawnedParts, BRIDGE_FD};
 pub use template::TemplateStatus;
 pub(crate) use template::Templates;
 
 use crate::envelope::Isolation;
 use crate::error::Error;
-use crate::sandbox::Sandbox;
+use runpython_sandbox::Sandbox;
 
 /// An interpreter started for a run (cold, or ahead of time by the pool).
 #[derive(Debug)]
@@ -101,19 +100,24 @@ impl SlotSpec {
         warm_up: &[String],
         session: bool,
     ) -> Result<Slot, Error> {
-        let (run_dir, work_dir) = run_dir::create()?;
-        let plan = crate::sandbox::prepare(
+        let (run_dir, _) = runpython_sandbox::create_run_dir()?;
+        let mut reads = vec![code_dir];
+        reads.extend_from_slice(env_reads);
+        let plan = runpython_sandbox::prepare(
+            runpython_sandbox::Role::Run,
             &self.sandbox,
-            python,
-            code_dir,
-            env_reads,
-            run_dir.path(),
-            self.timeout,
+            &runpython_sandbox::Target {
+                program: python,
+                program_prefix: true,
+                reads: &reads,
+                run_dir: run_dir.path(),
+                timeout: self.timeout,
+            },
         )?;
-        let isolation = plan.report.clone();
+        let isolation = plan.isolation().clone();
         // The scratch as the code sees it: inside the view, or the host's run directory.
         let scratch_path = if plan.has_view() {
-            PathBuf::from(crate::sandbox::SCRATCH)
+            PathBuf::from(runpython_sandbox::SCRATCH)
         } else {
             run_dir.path().to_owned()
         };
@@ -142,7 +146,6 @@ impl SlotSpec {
             python,
             code_dir,
             warm_up,
-            &work_dir,
             &env,
             plan,
             spawn::ChildFds {
@@ -154,7 +157,7 @@ impl SlotSpec {
             (Some(held), _) => held,
             (None, Some(handoff)) => {
                 // The run's first process sent it before the interpreter could start.
-                let fd = crate::sandbox::recv_fd(handoff.as_raw_fd())
+                let fd = runpython_sandbox::recv_fd(handoff.as_raw_fd())
                     .and_then(|fd| BeneathDir::from_fd(fd.as_fd()))
                     .map_err(|source| Error::SandboxSetup {
                         step: "handing the run's scratch directory to the host",

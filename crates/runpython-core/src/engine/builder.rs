@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::nested::Nesting;
 use crate::persist::Keeping;
 use crate::request::{Limits, RUN_PYTHON_TOOL};
-use crate::sandbox::Sandbox;
+use runpython_sandbox::Sandbox;
 
 /// Builds a [`RunPython`].
 #[derive(Debug, Default)]
@@ -148,9 +148,20 @@ impl RunPythonBuilder {
         self.sandbox.run_memory_bytes = bytes;
         self
     }
+    /// Each of the run's processes' address space (`RLIMIT_AS`, default 4 GiB; see
+    /// [`Sandbox::memory_bytes`]): the memory limit where the host has no cgroup for the run.
+    pub fn address_space_limit(mut self, bytes: u64) -> Self {
+        self.sandbox.memory_bytes = bytes;
+        self
+    }
     /// Everything the run may write in total (default 1 GiB; see [`Sandbox::disk_bytes`]).
     pub fn disk_limit(mut self, bytes: u64) -> Self {
         self.sandbox.disk_bytes = bytes;
+        self
+    }
+    /// Processes and threads the run may have at once (default 256; see [`Sandbox::processes`]).
+    pub fn max_processes(mut self, n: u64) -> Self {
+        self.sandbox.processes = n;
         self
     }
 
@@ -197,6 +208,34 @@ impl RunPythonBuilder {
         self.deps.defaults.push(spec.into());
         self
     }
+    /// Lets any package be built from source (its build scripts run, inside the install sandbox).
+    /// By default only the operator's requirements ([`RunPythonBuilder::dependency`]) may be; what
+    /// the code asks for (its imports, its PEP 723 block, a run's `dependencies`) installs wheels, and
+    /// a package without one is a `DependencyError` that says how to allow it.
+    pub fn allow_source_builds(mut self, allow: bool) -> Self {
+        self.deps.policy.source_builds = allow;
+        self
+    }
+
+    /// Adds a distribution to the packages the code may install. Without any, it may install any;
+    /// with some, a package the code asks for outside them is a `DependencyError` naming it (what an
+    /// allowed package depends on comes with it; the operator's own requirements are always allowed).
+    pub fn allow_package(mut self, name: impl Into<String>) -> Self {
+        self.deps
+            .policy
+            .allowed_packages
+            .get_or_insert_with(Vec::new)
+            .push(name.into());
+        self
+    }
+
+    /// The sandbox installers run in (default: [`runpython_deps::InstallPolicy::default_sandbox`], every layer with
+    /// the network, 2 GiB of scratch, 4 GiB of memory); its limits are the install's.
+    pub fn install_sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.deps.policy.sandbox = sandbox;
+        self
+    }
+
     /// Whether imports detected in the code become dependencies (default: on). Off, only explicit specs
     /// and the PEP 723 block count.
     pub fn auto_deps(mut self, on: bool) -> Self {

@@ -30,7 +30,7 @@ use crate::error::Error;
 use crate::nested::{NestEngine, Nesting};
 use crate::persist::Keeping;
 use crate::request::{Event, Limits, RunRequest};
-use crate::sandbox::Sandbox;
+use runpython_sandbox::Sandbox;
 
 /// Runs LLM-authored Python in an isolated CPython subprocess and returns an [`Envelope`].
 ///
@@ -124,16 +124,16 @@ impl RunPython {
     pub fn isolation_report(&self) -> Result<Isolation, Error> {
         let templates = self.inner.templates.as_ref().is_some_and(|t| t.eligible());
         let report =
-            crate::sandbox::report(&self.inner.sandbox, self.inner.limits.timeout, templates)?;
+            runpython_sandbox::report(&self.inner.sandbox, self.inner.limits.timeout, templates)?;
         Ok(Isolation {
             bridge: Some(self.bridge_report()),
             ..report
         })
     }
 
-    /// The installer that prepares dependency environments (`uv`, `pip`) and where.
-    pub(crate) fn installer(&self) -> (String, std::path::PathBuf) {
-        self.inner.deps.installer()
+    /// The dependency policy: the installer, where it prepares environments, what installs may do.
+    pub(crate) fn deps(&self) -> &crate::deps::Deps {
+        &self.inner.deps
     }
 
     /// The bounds of a run's tool bridge, for the isolation report.

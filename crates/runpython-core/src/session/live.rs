@@ -129,7 +129,7 @@ impl Live {
         loop {
             self.control.writable().await.map_err(io)?;
             match self.control.try_io(tokio::io::Interest::WRITABLE, || {
-                crate::sandbox::send_with_fds(self.control.as_raw_fd(), &header, fds)
+                runpython_sandbox::send_with_fds(self.control.as_raw_fd(), &header, fds)
             }) {
                 Ok(()) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,

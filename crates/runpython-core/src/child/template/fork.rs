@@ -18,7 +18,7 @@ use super::super::{code_dir, Slot};
 use super::{async_fd, receive_raw, Template};
 use crate::envelope::Isolation;
 use crate::error::Error;
-use crate::sandbox::{self, RunCgroup, Sandbox, Step, StepError};
+use runpython_sandbox::{self as sandbox, RunCgroup, Sandbox, Step, StepError};
 
 /// How long a forked run may take to set itself up (mounts and namespaces on a busy machine).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -98,9 +98,10 @@ impl Template {
         timeout: Duration,
     ) -> Result<ReadyRun, Error> {
         let code_dir = code_dir()?;
-        let reads: Vec<&Path> = self.key.1.as_deref().into_iter().collect();
-        let plan = sandbox::prepare_fork(config, &self.key.0, code_dir, &reads, timeout)?;
-        let (status, status_w) = crate::sandbox::pipe_pair()
+        let mut reads: Vec<&Path> = vec![code_dir];
+        reads.extend(self.key.1.as_deref());
+        let plan = sandbox::prepare_fork(config, &self.key.0, &reads, timeout)?;
+        let (status, status_w) = runpython_sandbox::pipe_pair()
             .map_err(|e| Error::io_pathless("creating a run's status pipe", e))?;
         let mut named: Vec<(&str, RawFd)> = vec![("status", status_w.as_raw_fd())];
         named.extend(plan.fds());
@@ -156,7 +157,8 @@ impl Template {
     /// Starts the run on `ready`: its pipes made and sent; the slot drives it like any other.
     fn hand_over(self: &Arc<Self>, ready: ReadyRun, timeout: Duration) -> Result<Slot, Error> {
         let pipe = || {
-            crate::sandbox::pipe_pair().map_err(|e| Error::io_pathless("creating a run's pipes", e))
+            runpython_sandbox::pipe_pair()
+                .map_err(|e| Error::io_pathless("creating a run's pipes", e))
         };
         let (stdin_r, stdin_w) = pipe()?;
         let (stdout_r, stdout_w) = pipe()?;
@@ -181,7 +183,7 @@ impl Template {
             result_w.as_raw_fd(),
             bridge_child.as_raw_fd(),
         ];
-        crate::sandbox::send_with_fds(socket.as_raw_fd(), b"G", &fds)
+        runpython_sandbox::send_with_fds(socket.as_raw_fd(), b"G", &fds)
             .map_err(|e| Error::io_pathless("handing a run its descriptors", e))?;
         drop((stdin_r, stdout_w, stderr_w, result_w, bridge_child, socket));
         let io = |what: &'static str| move |e: std::io::Error| Error::io_pathless(what, e);
@@ -216,7 +218,7 @@ impl Template {
                 handoff: None,
             },
             scratch: Arc::new(scratch),
-            saved_dir: Path::new(crate::sandbox::SCRATCH).join("saved"),
+            saved_dir: Path::new(runpython_sandbox::SCRATCH).join("saved"),
             bridge,
             control: None,
             isolation,

@@ -3,10 +3,10 @@
 //! interpreter's start and its imports, and even those are paid ahead of it.
 //!
 //! The template (T) is started like any interpreter, in a base sandbox of its own
-//! ([`crate::sandbox::prepare_template`]), with the runner in template mode (`runpython_template.py`):
+//! ([`runpython_sandbox::prepare_template`]), with the runner in template mode (`runpython_template.py`):
 //! it imports the environment and the warm modules, stops library threads, says it is ready, and waits
 //! for commands on a `SOCK_SEQPACKET` control socket (its stdin). For each run the host prepares the
-//! run's share of the sandbox ([`crate::sandbox::prepare_fork`]: cgroup, Landlock ruleset, seccomp
+//! run's share of the sandbox ([`runpython_sandbox::prepare_fork`]: cgroup, Landlock ruleset, seccomp
 //! program, uid, limits) and sends it with a fork command; T answers with a pidfd of the run's init
 //! (the host kills the run through it) and a socket to the run's interpreter, which takes its sandbox,
 //! hands the host its scratch (or names the step that failed), and waits. That happens ahead of the
@@ -35,10 +35,10 @@ use serde_json::{json, Value};
 use tokio::io::unix::AsyncFd;
 
 use super::spawn::{self, RunProcess, Spawned, SpawnedParts};
-use super::{code_dir, env, run_dir, HeadTail, PoolKey, Slot, SlotSpec};
+use super::{code_dir, env, HeadTail, PoolKey, Slot, SlotSpec};
 use crate::error::Error;
-use crate::sandbox::{self, Sandbox};
 use fork::ReadyRun;
+use runpython_sandbox::{self as sandbox, Sandbox};
 
 /// How long a template may take to start (its warm imports included).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -298,23 +298,32 @@ impl Template {
         let mut warm_list = vec!["_ast".to_owned()];
         warm_list.extend(warm.iter().cloned());
         args.extend(["--warm".into(), warm_list.join(",")]);
-        let reads: Vec<&Path> = site.as_deref().into_iter().collect();
-        let (run_dir, work_dir) = run_dir::create().map_err(|e| e.to_string())?;
-        let plan =
-            sandbox::prepare_template(&spec.sandbox, python, code_dir, &reads, run_dir.path())
-                .map_err(|e| e.to_string())?;
+        let mut reads: Vec<&Path> = vec![code_dir];
+        reads.extend(site.as_deref());
+        let (run_dir, _) = sandbox::create_run_dir().map_err(|e| e.to_string())?;
+        let plan = sandbox::prepare(
+            sandbox::Role::Template,
+            &spec.sandbox,
+            &sandbox::Target {
+                program: python,
+                program_prefix: true,
+                reads: &reads,
+                run_dir: run_dir.path(),
+                timeout: Duration::ZERO,
+            },
+        )
+        .map_err(|e| e.to_string())?;
         let env = env::child_env(
             &spec.env_passthrough,
-            Path::new(crate::sandbox::SCRATCH),
+            Path::new(runpython_sandbox::SCRATCH),
             plan.has_view(),
         );
-        let (host_ctl, child_ctl) = crate::sandbox::seqpacket_pair()
+        let (host_ctl, child_ctl) = runpython_sandbox::seqpacket_pair()
             .map_err(|e| format!("creating the template's control socket: {e}"))?;
         let mut spawned: Spawned = spawn::spawn_runner(
             python,
             code_dir,
             &args,
-            &work_dir,
             &env,
             plan,
             spawn::ChildFds {
@@ -458,7 +467,7 @@ impl Template {
                         }
                         Ok(())
                     } else {
-                        crate::sandbox::send_with_fds(fd.as_raw_fd(), &data, fds)
+                        runpython_sandbox::send_with_fds(fd.as_raw_fd(), &data, fds)
                     }
                 });
                 match sent {
@@ -503,7 +512,7 @@ async fn receive_raw(socket: &mut AsyncFd<OwnedFd>) -> std::io::Result<(Vec<u8>,
     let mut buf = vec![0u8; MAX_REPLY];
     loop {
         let mut ready = socket.readable().await?;
-        match ready.try_io(|fd| crate::sandbox::recv_with_fds(fd.as_raw_fd(), &mut buf)) {
+        match ready.try_io(|fd| runpython_sandbox::recv_with_fds(fd.as_raw_fd(), &mut buf)) {
             Ok(Ok((n, fds))) => {
                 buf.truncate(n);
                 return Ok((buf, fds));

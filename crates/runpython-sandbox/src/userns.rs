@@ -13,7 +13,7 @@ pub(crate) const RUN_UID_BASE: u32 = 0x4000_0000;
 pub(crate) const RUN_UID_COUNT: u32 = 0x0100_0000;
 
 /// Whether `uid` is one of those runs are given when the host is root.
-pub(crate) fn is_run_uid(uid: u32) -> bool {
+pub fn is_run_uid(uid: u32) -> bool {
     (RUN_UID_BASE..RUN_UID_BASE + RUN_UID_COUNT).contains(&uid)
 }
 
@@ -167,7 +167,7 @@ pub(crate) fn drop_ids(uid: u32, gid: u32) -> Result<(), StepError> {
 
 /// Kills every process of `uid` (the fallback sweep when there is no PID namespace): a forked helper
 /// takes the uid and sends SIGKILL to everything it may signal.
-pub(crate) fn kill_all_of_uid(uid: u32) {
+pub fn kill_all_of_uid(uid: u32) {
     let _ = super::sys::in_forked_child(Step::Fork, || {
         // SAFETY: raw system calls with integer arguments in the forked helper.
         unsafe {

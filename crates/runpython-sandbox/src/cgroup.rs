@@ -230,7 +230,7 @@ fn sweep(parents: &[PathBuf]) {
 
 /// One run's cgroup(s). Dropping it hands them to the reaper, which removes them once empty.
 #[derive(Debug)]
-pub(crate) struct RunCgroup {
+pub struct RunCgroup {
     dirs: Vec<PathBuf>,
     /// Each cgroup's `tasks` (v1) or `cgroup.procs` (v2), opened for the run's first process to write
     /// itself into.
@@ -307,12 +307,12 @@ impl RunCgroup {
     }
 
     /// The descriptors the run's first process writes itself into.
-    pub(crate) fn procs_fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+    pub fn procs_fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
         self.procs.iter().map(AsRawFd::as_raw_fd)
     }
 
     /// Whether the kernel killed a process of the run for going over its memory limit.
-    pub(crate) fn oom_killed(&self) -> bool {
+    pub fn oom_killed(&self) -> bool {
         fs::read_to_string(&self.oom_file)
             .ok()
             .and_then(|text| {

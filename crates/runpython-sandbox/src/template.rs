@@ -16,13 +16,15 @@ use serde_json::{json, Value};
 use super::decide::{decide, START_TEMPLATE};
 use super::layers::{cgroup_for, landlock_for, rlimits_for};
 use super::sys::geteuid;
-use super::{cpu_seconds, host, probe, read_dirs, seccomp, userns, view, RunCgroup, Sandbox};
-use crate::envelope::Isolation;
+use crate::cgroup::RunCgroup;
 use crate::error::Error;
+use crate::plan::{cpu_seconds, host, read_dirs};
+use crate::report::Isolation;
+use crate::{probe, seccomp, userns, view, Sandbox};
 
 /// One forked run's share of the sandbox, prepared in the host.
 #[derive(Debug)]
-pub(crate) struct ForkPlan {
+pub struct ForkPlan {
     /// What is in force for the run (`start: "template"`).
     pub report: Isolation,
     /// The run's cgroup: its init writes itself into it first.
@@ -36,7 +38,7 @@ pub(crate) struct ForkPlan {
 impl ForkPlan {
     /// The descriptors that go with the command besides the run's pipes, named as the template
     /// expects them.
-    pub(crate) fn fds(&self) -> Vec<(&'static str, RawFd)> {
+    pub fn fds(&self) -> Vec<(&'static str, RawFd)> {
         let mut fds = Vec::new();
         if let Some(ruleset) = &self.landlock {
             fds.push(("landlock", ruleset.as_raw_fd()));
@@ -51,14 +53,13 @@ impl ForkPlan {
 /// Decides the run's layers as for a fresh run of `config` and prepares what the forked run takes:
 /// `Err(TemplateUnavailable)` when this configuration cannot be forked here, `Err(IsolationUnavailable)`
 /// when a required layer is missing.
-pub(crate) fn prepare_fork(
+pub fn prepare_fork(
     config: &Sandbox,
-    python: &Path,
-    code_dir: &Path,
-    extra_reads: &[&Path],
+    program: &Path,
+    reads: &[&Path],
     timeout: Duration,
 ) -> Result<ForkPlan, Error> {
-    let read_dirs = read_dirs(config, python, code_dir, extra_reads);
+    let read_dirs = read_dirs(config, program, true, reads);
     let mut decision = decide(config, probe::kernel(), host(), || None);
     decision
         .template_eligible(host())

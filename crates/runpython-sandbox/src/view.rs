@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use crate::error::Error;
 
 /// Where the scratch is mounted inside the view.
-pub(crate) const SCRATCH: &str = "/runpython";
+pub const SCRATCH: &str = "/runpython";
 
 /// The directories of the scratch, relative to it: the code's cwd, `/tmp`, `/dev/shm`, saved
 /// artifacts, and `HOME` (with the caches and configuration libraries write, never collected).
-pub(crate) const SCRATCH_DIRS: [(&str, u32); 5] = [
+pub const SCRATCH_DIRS: [(&str, u32); 5] = [
     ("work", 0o700),
     ("tmp", 0o1777),
     ("shm", 0o1777),

@@ -130,7 +130,7 @@ pub(crate) fn take() -> Option<ReadyNetns> {
 
 /// Asks the pool to make up for the namespaces taken: called when a run ends, so that making a
 /// namespace competes with no run's setup or interpreter start for the CPU.
-pub(crate) fn refill() {
+pub fn refill() {
     let pool = pool();
     let state = lock(pool);
     if state.running {

@@ -13,7 +13,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 /// A step of the sandbox's setup (or of a probe), named in errors and in `isolation.missing`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
-pub(crate) enum Step {
+#[allow(missing_docs)]
+#[non_exhaustive]
+pub enum Step {
     Unshare = 1,
     WriteSetgroups,
     WriteUidMap,
@@ -103,7 +105,7 @@ impl Step {
     ];
 
     /// What the step does, for a person.
-    pub(crate) fn describe(self) -> &'static str {
+    pub fn describe(self) -> &'static str {
         match self {
             Step::Unshare => "creating the run's namespaces (unshare)",
             Step::WriteSetgroups => "writing /proc/self/setgroups",
@@ -151,7 +153,7 @@ impl Step {
 
     /// The step a run forked from a template names in its report (`runpython_template.py` uses
     /// these names); [`Step::ForkedSetup`] for a name it does not know.
-    pub(crate) fn from_name(name: &str) -> Step {
+    pub fn from_name(name: &str) -> Step {
         match name {
             "unshare" => Step::Unshare,
             "write_setgroups" => Step::WriteSetgroups,
@@ -189,8 +191,10 @@ impl Step {
 
 /// A setup step that failed, with the errno it failed with. `Copy` and allocation-free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StepError {
+pub struct StepError {
+    /// The step.
     pub step: Step,
+    /// The errno it failed with.
     pub errno: i32,
 }
 
@@ -198,7 +202,7 @@ pub(crate) struct StepError {
 const STEP_SHIFT: u32 = 16;
 
 impl StepError {
-    pub(crate) fn new(step: Step, errno: i32) -> Self {
+    pub fn new(step: Step, errno: i32) -> Self {
         Self { step, errno }
     }
 
@@ -233,7 +237,7 @@ impl StepError {
     }
 
     /// The inverse of [`StepError::to_io`]; `None` for a plain OS error.
-    pub(crate) fn from_io(error: &io::Error) -> Option<Self> {
+    pub fn from_io(error: &io::Error) -> Option<Self> {
         let code = error.raw_os_error()?;
         let step = u16::try_from(code >> STEP_SHIFT)
             .ok()
@@ -242,7 +246,7 @@ impl StepError {
     }
 
     /// The errno as an `io::Error`.
-    pub(crate) fn source(self) -> io::Error {
+    pub fn source(self) -> io::Error {
         io::Error::from_raw_os_error(self.errno)
     }
 }
@@ -295,7 +299,7 @@ pub(crate) fn getegid() -> u32 {
 }
 
 /// A close-on-exec pipe: (read end, write end).
-pub(crate) fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1; 2];
     // SAFETY: pipe2 fills the two-element array.
     cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
@@ -316,7 +320,7 @@ pub(crate) fn open_high(path: &str) -> io::Result<OwnedFd> {
 }
 
 /// Moves `fd` above the child's fixed descriptor slots (0..=4), close-on-exec.
-pub(crate) fn dup_high(fd: OwnedFd) -> io::Result<OwnedFd> {
+pub fn dup_high(fd: OwnedFd) -> io::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
     // SAFETY: F_DUPFD_CLOEXEC on a live descriptor; the duplicate is a fresh descriptor we own.
     let high = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) })?;
@@ -368,7 +372,7 @@ pub(crate) fn read_exact_fd<const N: usize>(fd: RawFd) -> Option<[u8; N]> {
     Some(buf)
 }
 
-pub(crate) fn set_pdeathsig() -> io::Result<()> {
+pub fn set_pdeathsig() -> io::Result<()> {
     // SAFETY: prctl with integer arguments.
     cvt(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }).map(drop)
 }
@@ -455,7 +459,7 @@ pub(crate) const MAX_FDS: usize = 16;
 
 /// Sends `data` (small: one `sendmsg`) with `fds` attached (`SCM_RIGHTS`, at most [`MAX_FDS`]).
 /// Async-signal-safe: the control message is built on the stack. A short write is an error.
-pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: data.as_ptr().cast_mut().cast(),
         iov_len: data.len(),
@@ -494,7 +498,7 @@ pub(crate) fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Resu
 }
 
 /// A connected pair of close-on-exec `SOCK_SEQPACKET` Unix sockets.
-pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [-1; 2];
     // SAFETY: socketpair fills the two-element array.
     cvt(unsafe {
@@ -510,7 +514,7 @@ pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Receives one descriptor sent with [`send_fd`] on `sock`, without waiting: it must be there already.
-pub(crate) fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
+pub fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
     let mut byte = [0u8; 1];
     let (_, fds) = recv_with_fds(sock, &mut byte)?;
     fds.into_iter()
@@ -521,7 +525,7 @@ pub(crate) fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
 /// Receives one message (a datagram or a `SOCK_SEQPACKET` record) into `buf` with the descriptors
 /// attached to it, without waiting (`WouldBlock` when none is there). `Ok((0, []))` is end of file. A
 /// message longer than `buf` is an error (its rest would be lost).
-pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -563,7 +567,7 @@ pub(crate) fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, V
 
 /// Sends `signal` to the process behind the pidfd `fd` (`pidfd_send_signal`); a process that is gone
 /// already is not an error.
-pub(crate) fn pidfd_signal(fd: RawFd, signal: libc::c_int) -> io::Result<()> {
+pub fn pidfd_signal(fd: RawFd, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: the system call takes a descriptor, a signal number, no siginfo and no flags.
     let rc = unsafe {
         libc::syscall(
@@ -622,7 +626,7 @@ pub(crate) fn zero_host_args((start, end): (usize, usize)) {
 /// Leaves the calling process the way a child with wait `status` left: the same exit code, or killed
 /// by the same signal. For a process that stands between the host and what it started, so the host
 /// sees the status it would have seen without it. Async-signal-safe.
-pub(crate) fn exit_like(status: libc::c_int) -> ! {
+pub fn exit_like(status: libc::c_int) -> ! {
     // SAFETY: signal, sigprocmask, kill and _exit on this process only.
     unsafe {
         if libc::WIFSIGNALED(status) {
@@ -644,7 +648,7 @@ pub(crate) fn exit_like(status: libc::c_int) -> ! {
 }
 
 /// Closes every descriptor from `first` up. Async-signal-safe.
-pub(crate) fn close_from(first: u32) {
+pub fn close_from(first: u32) {
     // SAFETY: close_range on the rest of the table; the fallback closes one by one.
     unsafe {
         if libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) != 0 {

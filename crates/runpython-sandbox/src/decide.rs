@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::probe::{Kernel, NS_NAMES};
 use super::seccomp::Extra;
 use super::Sandbox;
-use crate::envelope::{Isolation, LimitReport, RlimitReport};
+use crate::report::{Isolation, LimitReport, RlimitReport};
 
 /// Who the host is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

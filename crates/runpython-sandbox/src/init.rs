@@ -23,7 +23,7 @@ use super::{cgroup, landlock, mounts, seccomp, Plan};
 /// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
 /// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
 /// A failure reaches the host's `spawn` as an `io::Error` that [`StepError::from_io`] decodes.
-pub(crate) fn enter(plan: &Plan) -> io::Result<()> {
+pub fn enter(plan: &Plan) -> io::Result<()> {
     enter_steps(plan).map_err(StepError::to_io)
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::error::Error;
 
 /// A fresh private run directory with its `work` (the code's cwd without a view), `saved` and `home`.
-pub(crate) fn create() -> Result<(tempfile::TempDir, std::path::PathBuf), Error> {
+pub fn create_run_dir() -> Result<(tempfile::TempDir, std::path::PathBuf), Error> {
     sweep_stale_run_dirs();
     let tmp = std::env::temp_dir();
     let run_dir = tempfile::Builder::new()
@@ -18,7 +18,7 @@ pub(crate) fn create() -> Result<(tempfile::TempDir, std::path::PathBuf), Error>
         .map_err(|source| Error::io("creating the run directory", &tmp, source))?;
     // Without a filesystem view the code works here; with one, these stay empty (its scratch, with
     // the same layout, is a tmpfs inside the view).
-    for (dir, mode) in crate::sandbox::SCRATCH_DIRS {
+    for (dir, mode) in crate::view::SCRATCH_DIRS {
         if dir == "tmp" || dir == "shm" {
             continue;
         }
@@ -34,7 +34,7 @@ pub(crate) fn create() -> Result<(tempfile::TempDir, std::path::PathBuf), Error>
 }
 
 /// Run directories are `<tmp>/runpython-<host pid>-<random>`.
-pub(crate) const RUN_DIR_PREFIX: &str = "runpython-";
+const RUN_DIR_PREFIX: &str = "runpython-";
 
 /// A run directory whose host is gone is removed once it is this old: a host killed with SIGKILL (or
 /// one that exits without dropping its pooled interpreters) cannot remove its own.
@@ -44,7 +44,7 @@ const STALE_RUN_DIR_AGE: Duration = Duration::from_secs(3600);
 /// (their pid no longer exists) and that are older than [`STALE_RUN_DIR_AGE`] (a pid from another
 /// PID namespace sharing this `/tmp` looks gone too; the age keeps its live runs safe). Only
 /// directories this user made are touched: its own uid's, or as root the uids runs are given.
-pub(crate) fn sweep_stale_run_dirs() {
+fn sweep_stale_run_dirs() {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(|| {
         let _ = std::thread::Builder::new()
@@ -75,7 +75,7 @@ fn sweep_run_dirs_in(dir: &Path, min_age: Duration) -> usize {
         let Ok(meta) = entry.path().symlink_metadata() else {
             continue;
         };
-        let ours = meta.uid() == euid || (euid == 0 && crate::sandbox::is_run_uid(meta.uid()));
+        let ours = meta.uid() == euid || (euid == 0 && crate::userns::is_run_uid(meta.uid()));
         let old = meta
             .modified()
             .ok()
@@ -96,7 +96,7 @@ fn sweep_run_dirs_in(dir: &Path, min_age: Duration) -> usize {
 /// gone when the run returns), deleted by a blocking task, which a runtime shutting down still waits
 /// for. Where the rename fails, or outside a runtime (an engine dropped by a thread of its own, as the
 /// Python package drops one), it is deleted in place.
-pub(crate) fn discard_run_dir(run_dir: tempfile::TempDir) {
+pub fn discard_run_dir(run_dir: tempfile::TempDir) {
     let path = run_dir.keep();
     let mut trash = path.clone().into_os_string();
     trash.push(".done");

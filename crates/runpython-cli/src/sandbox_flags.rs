@@ -1,0 +1,143 @@
+//! The flags that set the sandbox's limits and what installs may do, shared by every command that
+//! makes runs (`run`, `resume`, `mcp`, `serve`, `repl`, `doctor`, `tool-spec`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use runpython_core::{InstallPolicy, RunPythonBuilder};
+
+/// A run's limits.
+#[derive(Debug, Args)]
+pub(crate) struct SandboxArgs {
+    /// The run's memory in all (every process, shared memory and its files' pages), as 512M, 2G
+    /// (default 4G); without a cgroup, each process's address space instead.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Everything the run may write in total (its working directory, /tmp, /dev/shm), as 512M, 2G
+    /// (default 1G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    disk: Option<u64>,
+    /// Processes and threads the run may have at once (default 256).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_processes: Option<u64>,
+}
+
+/// What installs may do.
+#[derive(Debug, Args)]
+pub(crate) struct InstallArgs {
+    /// Let any package be built from source (its build scripts run inside the install sandbox). By
+    /// default only --dep specs may be; what the code imports installs wheels.
+    #[arg(long)]
+    allow_source_builds: bool,
+    /// A distribution the code may install (repeatable). With any of these (or --packages-file), an
+    /// import of anything else is a DependencyError; --dep specs are always allowed.
+    #[arg(long = "allow-package", value_name = "NAME")]
+    allow_packages: Vec<String>,
+    /// Distributions the code may install, one per line (`#` comments allowed), as with --allow-package.
+    #[arg(long, value_name = "FILE")]
+    packages_file: Option<PathBuf>,
+    /// How long preparing an environment may take (default 600).
+    #[arg(long, value_name = "SECONDS", value_parser = crate::parse_timeout)]
+    install_timeout: Option<Duration>,
+    /// An install's memory in all, its scratch's pages included (default 4G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    install_memory: Option<u64>,
+    /// Everything an install may write: the packages and the installer's cache (default 2G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    install_disk: Option<u64>,
+}
+
+impl SandboxArgs {
+    pub(crate) fn apply(&self, mut builder: RunPythonBuilder) -> RunPythonBuilder {
+        if let Some(bytes) = self.memory {
+            builder = builder.memory_limit(bytes).address_space_limit(bytes);
+        }
+        if let Some(bytes) = self.disk {
+            builder = builder.disk_limit(bytes);
+        }
+        if let Some(n) = self.max_processes {
+            builder = builder.max_processes(n);
+        }
+        builder
+    }
+}
+
+impl InstallArgs {
+    pub(crate) fn apply(&self, mut builder: RunPythonBuilder) -> anyhow::Result<RunPythonBuilder> {
+        if self.allow_source_builds {
+            builder = builder.allow_source_builds(true);
+        }
+        for name in &self.allow_packages {
+            builder = builder.allow_package(name);
+        }
+        if let Some(path) = &self.packages_file {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the packages file {}", path.display()))?;
+            for line in text.lines() {
+                let name = line.split('#').next().unwrap_or_default().trim();
+                if !name.is_empty() {
+                    builder = builder.allow_package(name);
+                }
+            }
+        }
+        if let Some(timeout) = self.install_timeout {
+            builder = builder.prepare_timeout(timeout);
+        }
+        if self.install_memory.is_some() || self.install_disk.is_some() {
+            let mut sandbox = InstallPolicy::default_sandbox();
+            if let Some(bytes) = self.install_memory {
+                sandbox.run_memory_bytes = bytes;
+            }
+            if let Some(bytes) = self.install_disk {
+                sandbox.disk_bytes = bytes;
+            }
+            builder = builder.install_sandbox(sandbox);
+        }
+        Ok(builder)
+    }
+}
+
+/// `512M`, `2G`, `1.5G`, `4096` (bytes), `64K`; binary units (`M` is MiB), an optional `iB`/`B`.
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    let text = s.trim();
+    let upper = text.to_ascii_uppercase();
+    let number = upper
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+        .trim_end();
+    let (digits, shift) = match number.chars().last() {
+        Some('K') => (&number[..number.len() - 1], 10),
+        Some('M') => (&number[..number.len() - 1], 20),
+        Some('G') => (&number[..number.len() - 1], 30),
+        Some('T') => (&number[..number.len() - 1], 40),
+        _ => (number, 0),
+    };
+    let value: f64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; write it as 512M, 2G or a number of bytes"))?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 4096.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{s:?} is out of range: give at least 4K"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_are_read_in_binary_units() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("8192"), Ok(8192));
+        assert!(parse_size("lots").unwrap_err().contains("512M"));
+        assert!(parse_size("1").unwrap_err().contains("at least"));
+        assert!(parse_size("-5G").is_err());
+    }
+}

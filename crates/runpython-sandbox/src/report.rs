@@ -1,0 +1,90 @@
+//! The isolation report: which layers were in force for a sandboxed process (a run's envelope
+//! carries it as `isolation`, an install's as part of its error or `doctor`'s output). Field names are
+//! a public contract; new fields may be added.
+
+use serde::{Deserialize, Serialize};
+
+/// Which isolation layers were in force for a run (the envelope's `isolation`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// Namespaces the code runs in: any of `user`, `pid`, `mount`, `ipc`, `uts`, `net`.
+    pub namespaces: Vec<String>,
+    /// `"abi-N"` when Landlock restricts the code, `"off"` when not asked for, `"unavailable"`.
+    pub landlock: String,
+    /// Limits set on the interpreter; `null` fields are not enforced.
+    pub rlimits: RlimitReport,
+    /// `"deny-list"` when the seccomp filter is installed, `"off"` when not asked for, `"unavailable"`.
+    #[serde(default)]
+    pub seccomp: String,
+    /// `"off"` (an empty network namespace) or `"host"`.
+    pub network: String,
+    /// The host uid the code runs as.
+    pub uid: u32,
+    /// How the run's processes are ended: `"pid-namespace"` or `"process-group"`.
+    pub kill: String,
+    /// `"allowlist"` when the code sees a fresh root holding only allowlisted directories (the system
+    /// read-only, its code and environment read-only, its scratch, a minimal `/dev`, its own `/proc`);
+    /// `"host"` when it sees the host's tree (Landlock alone restricts it).
+    #[serde(default)]
+    pub filesystem: String,
+    /// The run's total memory (every process, shared memory and tmpfs pages together) and what
+    /// enforces it: `"cgroup-v2"`, `"cgroup-v1"`, or `"rlimit"` (each process's address space only;
+    /// `memfd_create` and SysV shared memory are then refused).
+    #[serde(default)]
+    pub memory: LimitReport,
+    /// Everything the run may write (its working directory, `/tmp`, `/dev/shm`) and what enforces it:
+    /// `"tmpfs"`, or `"none"`.
+    #[serde(default)]
+    pub disk: LimitReport,
+    /// The tool bridge's bounds: one connection, the bytes of calls the host holds at once, the calls
+    /// served at once (which also bounds the run's host command-tool processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<BridgeReport>,
+    /// How the run's interpreter started: `"fresh"` (an interpreter of its own, started for the run
+    /// or ahead of it by the pool) or `"template"` (forked from a warm template, taking every layer
+    /// above for itself before the code ran).
+    #[serde(default = "fresh")]
+    pub start: String,
+    /// Requested layers that were not available, each with the reason.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+}
+
+/// The bounds of a run's tool bridge.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BridgeReport {
+    /// Connections the run may make (always 1: an inherited socket pair).
+    pub connections: u32,
+    /// Bytes of tool-call arguments the host holds for the run at once.
+    pub bytes_in_flight: u64,
+    /// Tool calls served at once.
+    pub concurrent_calls: u64,
+}
+
+/// A limit on the whole run and what enforces it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReport {
+    /// The limit, `null` when none holds.
+    pub bytes: Option<u64>,
+    /// What enforces it.
+    pub enforced_by: String,
+}
+
+/// The rlimits in force; `null` when not enforced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RlimitReport {
+    /// `RLIMIT_AS`.
+    pub address_space_bytes: Option<u64>,
+    /// `RLIMIT_CPU` (soft limit; the code gets SIGXCPU there, SIGKILL a second later).
+    pub cpu_seconds: Option<u64>,
+    /// `RLIMIT_FSIZE`.
+    pub file_size_bytes: Option<u64>,
+    /// `RLIMIT_NOFILE`.
+    pub open_files: Option<u64>,
+    /// `RLIMIT_NPROC` (counted inside the run's user namespace, or for its own uid).
+    pub processes: Option<u64>,
+}
+
+fn fresh() -> String {
+    "fresh".into()
+}
