@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. As root it also runs the sandbox, run, pool and template suites as an unprivileged user
+//!   exists. As root it also runs the sandbox, run, pool, template and hostile-install suites as an
+//!   unprivileged user
 //!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
 //!   forked from a template; the acceptance cases run again with templates too.
 //!   A fresh clone passes with this one command.
@@ -126,7 +127,7 @@ fn ci() -> Result<()> {
                 .env(var, value),
         )?;
     }
-    unprivileged_suites()?;
+    unprivileged_suites(&tools)?;
     step(
         "doc",
         cargo()
@@ -169,11 +170,11 @@ fn ci() -> Result<()> {
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
-/// The sandbox, run, pool and template suites again as an unprivileged user. Users are not root, and
-/// the sandbox takes another path for them: their own uid mapped into the user namespace instead of a
-/// fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces made ahead of time, a
-/// template without a uid range to give its runs.
-fn unprivileged_suites() -> Result<()> {
+/// The sandbox, run, pool, template and hostile-install suites again as an unprivileged user. Users
+/// are not root, and the sandbox takes another path for them: their own uid mapped into the user
+/// namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
+/// made ahead of time, a template without a uid range to give its runs.
+fn unprivileged_suites(tools: &Path) -> Result<()> {
     const NAME: &str = "sandbox suites as an unprivileged user";
     let status =
         std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
@@ -200,8 +201,12 @@ fn unprivileged_suites() -> Result<()> {
             "--message-format=json",
             "-p",
             "runpython-tests",
+            "-p",
+            "runpython-cli",
         ])
         .args([
+            "--test",
+            "hostile_install",
             "--test",
             "hostile",
             "--test",
@@ -225,8 +230,8 @@ fn unprivileged_suites() -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    if suites.len() != 5 {
-        bail!("{NAME}: expected 5 test executables, cargo built {suites:?}");
+    if suites.len() != 6 {
+        bail!("{NAME}: expected 6 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites
@@ -281,6 +286,8 @@ fn unprivileged_suites() -> Result<()> {
                 .args(["env", "-i"])
                 .arg(format!("HOME={}", home.display()))
                 .arg("PATH=/usr/local/bin:/usr/bin:/bin")
+                // uv, for the hostile-install suite's installs.
+                .arg(format!("RUNPYTHON_TOOLS_BIN={}", tools.display()))
                 .args(extra)
                 .arg(suite)
                 .current_dir(&home),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use runpython_core::{InstallPolicy, RunPythonBuilder};
+use runpython_core::{parse_size, InstallPolicy, RunPythonBuilder};
 
 /// A run's limits.
 #[derive(Debug, Args)]
@@ -96,48 +96,5 @@ impl InstallArgs {
             builder = builder.install_sandbox(sandbox);
         }
         Ok(builder)
-    }
-}
-
-/// `512M`, `2G`, `1.5G`, `4096` (bytes), `64K`; binary units (`M` is MiB), an optional `iB`/`B`.
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let text = s.trim();
-    let upper = text.to_ascii_uppercase();
-    let number = upper
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-        .trim_end();
-    let (digits, shift) = match number.chars().last() {
-        Some('K') => (&number[..number.len() - 1], 10),
-        Some('M') => (&number[..number.len() - 1], 20),
-        Some('G') => (&number[..number.len() - 1], 30),
-        Some('T') => (&number[..number.len() - 1], 40),
-        _ => (number, 0),
-    };
-    let value: f64 = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size; write it as 512M, 2G or a number of bytes"))?;
-    let bytes = value * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes < 4096.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{s:?} is out of range: give at least 4K"));
-    }
-    Ok(bytes as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_are_read_in_binary_units() {
-        assert_eq!(parse_size("512M"), Ok(512 << 20));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(parse_size("8192"), Ok(8192));
-        assert!(parse_size("lots").unwrap_err().contains("512M"));
-        assert!(parse_size("1").unwrap_err().contains("at least"));
-        assert!(parse_size("-5G").is_err());
     }
 }

@@ -10,6 +10,7 @@ use runpython_deps::{
 };
 use tokio::sync::mpsc;
 
+use crate::envelope::{Dependencies, Dependency, RefusedDependency};
 use crate::error::Error;
 use crate::request::{Event, RunRequest};
 
@@ -150,4 +151,61 @@ impl Deps {
         specs.sort_unstable();
         format!("auto={}|{}", self.auto, specs.join("\u{0}"))
     }
+}
+
+/// The envelope's `dependencies` for a run of `env`: its distributions, those a requirement named
+/// first.
+pub(crate) fn report(env: &PreparedEnv) -> Option<Dependencies> {
+    if env.installed.is_empty() {
+        return None;
+    }
+    let mut listed: Vec<Dependency> = env
+        .installed
+        .iter()
+        .map(|d| Dependency {
+            name: d.name.clone(),
+            version: d.version.clone(),
+            source: d
+                .source
+                .as_ref()
+                .map_or("dependency", |s| s.kind())
+                .to_owned(),
+            module: d
+                .source
+                .as_ref()
+                .and_then(|s| s.module())
+                .map(str::to_owned),
+        })
+        .collect();
+    listed.sort_by_key(|d| d.source == "dependency");
+    let omitted = listed.len().saturating_sub(Dependencies::MAX_LISTED) as u64;
+    listed.truncate(Dependencies::MAX_LISTED);
+    Some(Dependencies {
+        installed: listed,
+        omitted,
+        refused: Vec::new(),
+    })
+}
+
+/// The envelope's `dependencies` for an install that refused a package.
+pub(crate) fn refused(error: &runpython_deps::Error) -> Option<Dependencies> {
+    let (name, source, reason) = match error {
+        runpython_deps::Error::NotAllowed { package, asked_by } => {
+            (package, asked_by.kind(), "not allowed")
+        }
+        runpython_deps::Error::SourceBuildRefused { package, asked_by } => (
+            package,
+            asked_by.as_ref().map_or("dependency", |s| s.kind()),
+            "source build",
+        ),
+        _ => return None,
+    };
+    Some(Dependencies {
+        refused: vec![RefusedDependency {
+            name: name.clone(),
+            source: source.to_owned(),
+            reason: reason.to_owned(),
+        }],
+        ..Dependencies::default()
+    })
 }

@@ -81,6 +81,63 @@ pub struct Envelope {
     /// The store's error when `kept` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_error: Option<String>,
+    /// What the run's environment holds (distributions, versions, who asked for each) or what was
+    /// refused; absent for a run that needed nothing beyond the standard library.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependencies: Option<Dependencies>,
+}
+
+/// The envelope's `dependencies`: what the run's environment holds, or what an install refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependencies {
+    /// The environment's distributions (at most [`Dependencies::MAX_LISTED`], those a requirement
+    /// named first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub installed: Vec<Dependency>,
+    /// Distributions not listed for want of room.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub omitted: u64,
+    /// What was refused, and why (nothing was installed then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedDependency>,
+}
+
+impl Dependencies {
+    /// At most this many distributions are listed.
+    pub const MAX_LISTED: usize = 32;
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One distribution of a run's environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    /// Its name (`PyYAML`).
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// Who asked for it: `operator` (the builder's `dependency`, `--dep`), `request` (the run's
+    /// `dependencies`), `pep723` (the code's `# /// script` block), `import` (the code imports a
+    /// module of that name), `mapping` (the code imports `module` and the mapping table names the
+    /// distribution), `dependency` (another distribution needs it).
+    pub source: String,
+    /// The module the code imports, for `import` and `mapping`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+}
+
+/// A distribution an install refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedDependency {
+    /// Its name.
+    pub name: String,
+    /// Who asked for it (as in [`Dependency::source`]).
+    pub source: String,
+    /// Why: `not allowed` (outside the operator's allowlist) or `source build` (no wheel, and only
+    /// the operator may let a package's build scripts run).
+    pub reason: String,
 }
 
 fn kept_default() -> bool {
@@ -199,6 +256,7 @@ impl Envelope {
             return_repr: None,
             kept: true,
             store_error: None,
+            dependencies: None,
         }
     }
 

@@ -48,13 +48,13 @@ pub use command_tool::{CommandTool, CALL_ID_ENV};
 pub use doctor::Doctor;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
 pub use envelope::{
-    BridgeReport, Envelope, ErrorInfo, Isolation, LimitReport, ListTruncation, RlimitReport,
-    Status, StreamTruncation, Truncated,
+    BridgeReport, Dependencies, Dependency, Envelope, ErrorInfo, Isolation, LimitReport,
+    ListTruncation, RefusedDependency, RlimitReport, Status, StreamTruncation, Truncated,
 };
 pub use error::Error;
 #[cfg(feature = "mcp")]
 pub use mcp_tools::{McpServer, CALL_ID_META};
-pub use request::{Event, Limits, RunRequest, RUN_PYTHON_TOOL};
+pub use request::{parse_size, Event, Limits, RunRequest, RUN_PYTHON_TOOL};
 pub use resume::{resumable_runs, ResumableRun, ResumableState};
 pub use runpython_sandbox::{KernelReport, Sandbox};
 pub use session::SessionConfig;

@@ -280,7 +280,17 @@ impl Environments {
                     false => SourceBuilds::Only(&operator),
                 },
             })
-            .await?;
+            .await
+            .map_err(|e| match e {
+                Error::SourceBuildRefused { package, .. } => Error::SourceBuildRefused {
+                    asked_by: requirements
+                        .iter()
+                        .find(|r| r.name() == package)
+                        .map(|r| r.source().clone()),
+                    package,
+                },
+                other => other,
+            })?;
 
         let installed = installed_distributions(&site)?;
         let manifest = Manifest {

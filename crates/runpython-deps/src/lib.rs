@@ -154,9 +154,11 @@ pub enum Error {
     SourceBuildRefused {
         /// The package (normalized).
         package: String,
+        /// Who asked for it; `None` when another package needs it.
+        asked_by: Option<Source>,
     },
     /// The code asked for a package outside the operator's allowlist.
-    #[error("{package} (asked for by {asked_by}) is not in the allowed packages, so it was not installed; an operator allows it with `--allow-package {package}` or a line in `--packages-file`")]
+    #[error("{package} (asked for by {asked_by}) is not in the allowed packages, so it was not installed; an operator allows it with `--allow-package {package}` (a line in `--packages-file`, the builder's `allow_package`, the Python package's `allowed_packages=`)")]
     NotAllowed {
         /// The package (normalized).
         package: String,

@@ -145,7 +145,10 @@ impl InstallJob<'_> {
                 return Err(err);
             }
             if !self.source_builds.allows(&package) {
-                return Err(Error::SourceBuildRefused { package });
+                return Err(Error::SourceBuildRefused {
+                    package,
+                    asked_by: None,
+                });
             }
             build.push(package);
         }

@@ -120,12 +120,14 @@ pub(crate) async fn run(installer: Installer<'_>, job: &InstallJob<'_>) -> Resul
             let mut status = status.to_string();
             if child.oom_killed() {
                 status.push_str(&format!(
-                    ", killed at the install's memory limit ({} bytes)",
+                    ", killed at the install's memory limit ({} bytes: raise it with --install-memory, \
+                     the builder's install_sandbox)",
                     job.sandbox.run_memory_bytes
                 ));
             } else if output.contains("No space left on device") {
                 status.push_str(&format!(
-                    ", out of the install's disk ({} bytes)",
+                    ", out of the install's disk ({} bytes: raise it with --install-disk, the \
+                     builder's install_sandbox)",
                     job.sandbox.disk_bytes
                 ));
             }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use runpython_core::{
-    PoolConfig, RunPython, RunPythonBuilder, RunRequest, Sandbox, SessionConfig, Store, Tier,
-    ToolFormat,
+    InstallPolicy, PoolConfig, RunPython, RunPythonBuilder, RunRequest, Sandbox, SessionConfig,
+    Store, Tier, ToolFormat,
 };
 use serde_json::Value;
 
@@ -71,6 +71,9 @@ impl PyRunPython {
         pool = None,
         sandbox = None,
         sessions = None,
+        allow_source_builds = None,
+        allowed_packages = None,
+        install_sandbox = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -101,6 +104,9 @@ impl PyRunPython {
         pool: Option<&Bound<'_, PyAny>>,
         sandbox: Option<&Bound<'_, PyAny>>,
         sessions: Option<&Bound<'_, PyAny>>,
+        allow_source_builds: Option<&Bound<'_, PyAny>>,
+        allowed_packages: Option<&Bound<'_, PyAny>>,
+        install_sandbox: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut b = RunPython::builder();
         if let Some(v) = given(timeout) {
@@ -221,6 +227,21 @@ impl PyRunPython {
             sandbox_config.allow_network = boolean("allow_network", &v)?;
         }
         b = b.sandbox(sandbox_config);
+        if let Some(v) = given(allow_source_builds) {
+            b = b.allow_source_builds(boolean("allow_source_builds", &v)?);
+        }
+        if let Some(v) = given(allowed_packages) {
+            for name in strings("allowed_packages", &v)? {
+                b = b.allow_package(name);
+            }
+        }
+        if let Some(v) = given(install_sandbox) {
+            b = b.install_sandbox(parse_sandbox_from(
+                "install_sandbox",
+                &v,
+                InstallPolicy::default_sandbox(),
+            )?);
+        }
         Ok(Self {
             engine: InRuntime::new(build(b)?),
             tool_names: tool_names.into(),
@@ -613,27 +634,56 @@ fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig> {
     Ok(sessions)
 }
 
-const SANDBOX_KEYS: &str = "namespaces, landlock, rlimits, seccomp, drop_privileges, require, allow_network, \
-                            memory_bytes, run_memory_bytes, disk_bytes, cgroups, file_size_bytes, open_files, processes, read_paths";
+const SANDBOX_KEYS: &str = "memory, disk, max_processes, namespaces, landlock, rlimits, seccomp, drop_privileges, \
+                            require, allow_network, memory_bytes, run_memory_bytes, disk_bytes, cgroups, file_size_bytes, \
+                            open_files, processes, read_paths";
 
 fn parse_sandbox(value: &Bound<'_, PyAny>) -> PyResult<Sandbox> {
+    parse_sandbox_from("sandbox", value, Sandbox::default())
+}
+
+/// A size: an int of bytes or a string as `512M`, `2G`.
+fn size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(text) = value.extract::<String>() {
+        return runpython_core::parse_size(&text).map_err(|e| config(format!("{name}: {e}")));
+    }
+    let bytes: u64 = count(name, value)?;
+    if bytes < 4096 {
+        return Err(config(format!(
+            "{name} is {bytes} bytes: give at least 4096, or a size as \"512M\""
+        )));
+    }
+    Ok(bytes)
+}
+
+/// `sandbox=` or `install_sandbox=`: a bool (every layer, or none) or a dict of settings over `base`.
+fn parse_sandbox_from(knob: &str, value: &Bound<'_, PyAny>, base: Sandbox) -> PyResult<Sandbox> {
     if value.is_instance_of::<pyo3::types::PyBool>() {
-        return Ok(if boolean("sandbox", value)? {
-            Sandbox::default()
+        return Ok(if boolean(knob, value)? {
+            base
         } else {
             Sandbox::off()
         });
     }
-    let settings = dict("sandbox", value).map_err(|_| {
+    let settings = dict(knob, value).map_err(|_| {
         config(format!(
-            "sandbox must be a bool or a dict of settings ({SANDBOX_KEYS})"
+            "{knob} must be a bool or a dict of settings ({SANDBOX_KEYS})"
         ))
     })?;
-    let mut sandbox = Sandbox::default();
+    let mut sandbox = base;
     for (key, v) in settings.iter() {
         let key: String = key.extract()?;
-        let name = format!("sandbox[{key:?}]");
+        let name = format!("{knob}[{key:?}]");
         match key.as_str() {
+            // What a person sets: the run's memory (its total, and each process's address space,
+            // which is the limit where the host has no cgroup), its disk, its processes.
+            "memory" => {
+                let bytes = size(&name, &v)?;
+                sandbox.run_memory_bytes = bytes;
+                sandbox.memory_bytes = bytes;
+            }
+            "disk" => sandbox.disk_bytes = size(&name, &v)?,
+            "max_processes" => sandbox.processes = count(&name, &v)?,
             "namespaces" => sandbox.namespaces = boolean(&name, &v)?,
             "landlock" => sandbox.landlock = boolean(&name, &v)?,
             "rlimits" => sandbox.rlimits = boolean(&name, &v)?,
@@ -653,7 +703,7 @@ fn parse_sandbox(value: &Bound<'_, PyAny>) -> PyResult<Sandbox> {
             }
             _ => {
                 return Err(config(format!(
-                    "sandbox has no setting {key:?}; the settings are {SANDBOX_KEYS}"
+                    "{knob} has no setting {key:?}; the settings are {SANDBOX_KEYS}"
                 )))
             }
         }

@@ -123,6 +123,16 @@ impl PyEnvelope {
             .map(|v| serialize_to_py(py, v))
             .transpose()
     }
+    /// What the run's environment holds (`installed`: name, version, source) or what an install
+    /// refused (`refused`); `None` when the run needed only the standard library.
+    #[getter]
+    fn dependencies(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.inner
+            .dependencies
+            .as_ref()
+            .map(|v| serialize_to_py(py, v))
+            .transpose()
+    }
     /// The session a cell ran in; `None` for a run of its own.
     #[getter]
     fn session_id(&self) -> Option<&str> {

@@ -77,6 +77,9 @@ def test_output_is_bounded_by_max_output_chars() -> None:
         ({"tier": "forever"}, 'tier must be "ephemeral", "persistent"'),
         ({"sandbox": {"landlok": False}}, 'sandbox has no setting "landlok"'),
         ({"sandbox": {"network": True}}, "require, allow_network, memory_bytes"),
+        ({"sandbox": {"memory": "lots"}}, 'sandbox["memory"]: "lots" is not a size'),
+        ({"install_sandbox": {"disk": 1}}, 'install_sandbox["disk"]'),
+        ({"allowed_packages": "numpy"}, "allowed_packages must be a list of str"),
         ({"pool": {"sise": 2}}, 'pool has no setting "sise"'),
         ({"allow_network": "yes"}, "allow_network must be a bool"),
         ({"tools": print}, "tools must be a list of callables"),
@@ -136,6 +139,28 @@ def test_store_keeps_artifacts_readable_by_id(tmp_path) -> None:
 def test_reading_artifacts_without_a_store_is_a_config_error(rp: RunPython) -> None:
     with pytest.raises(ConfigError, match="configure a store"):
         rp.get_run_artifact("0" * 64)
+
+
+def test_sandbox_sizes_are_written_as_people_write_them_and_reported() -> None:
+    rp = RunPython(pool=False, sandbox={"memory": "512M", "disk": "64M", "max_processes": 64})
+    report = rp.isolation_report()
+    assert report["memory"]["bytes"] == 512 << 20
+    assert report["disk"]["bytes"] == 64 << 20
+    if report["rlimits"]["processes"] is not None:
+        assert report["rlimits"]["processes"] == 64
+    e = rp.run("open('big', 'wb').write(b'x' * (100 << 20))")
+    assert e.status == "error" and e.error is not None and e.error.type == "OSError"
+
+
+def test_a_package_outside_the_allowlist_is_refused_before_any_install() -> None:
+    rp = RunPython(pool=False, allowed_packages=["tabulate"])
+    e = rp.run("import yaml")
+    assert e.status == "error" and e.error is not None and e.error.type == "DependencyError"
+    assert "--allow-package pyyaml" in e.error.message
+    assert e.dependencies == {
+        "refused": [{"name": "pyyaml", "source": "mapping", "reason": "not allowed"}]
+    }
+    assert rp.run("1 + 1").dependencies is None
 
 
 def test_isolation_report_and_repr(rp: RunPython) -> None:

@@ -51,6 +51,9 @@ impl RunPython {
             .await
         {
             Ok(Some(env)) => {
+                // A cell that adds requirements says what the session's environment now holds.
+                let added = env.specs.iter().any(|spec| !e.deps.contains(spec));
+                e.added_deps = added.then(|| crate::deps::report(&env)).flatten();
                 for spec in &env.specs {
                     if !e.deps.contains(spec) {
                         e.deps.push(spec.clone());
@@ -60,7 +63,7 @@ impl RunPython {
             }
             Ok(None) => Vec::new(),
             Err(err) => {
-                let envelope = Envelope::failed(
+                let mut envelope = Envelope::failed(
                     Status::Error,
                     ErrorInfo::new(
                         "DependencyError",
@@ -68,6 +71,7 @@ impl RunPython {
                     ),
                     new_run_id(),
                 );
+                envelope.dependencies = crate::deps::refused(&err);
                 return Ok(Err(envelope));
             }
         };
@@ -196,6 +200,7 @@ impl RunPython {
             started,
         )?;
         e.cells += 1;
+        envelope.dependencies = e.added_deps.take();
         envelope.session_id = Some(e.id.clone());
         envelope.cell = Some(e.cells);
         if envelope.status == Status::Timeout && raw.lost.is_none() {

@@ -226,10 +226,12 @@ impl RunPython {
                     ErrorInfo::new("DependencyError", e.to_string()),
                     run_id,
                 );
+                envelope.dependencies = crate::deps::refused(&e);
                 envelope.duration_ms = elapsed_ms(started);
                 return Ok((envelope, false));
             }
         };
+        let dependencies = env.as_ref().and_then(crate::deps::report);
         let prepared = Prepared { interpreter, env };
         let slot = self.slot_for(&prepared).await?;
         let site_dir = prepared.env.as_ref().and_then(|env| env.site_dir.clone());
@@ -277,6 +279,7 @@ impl RunPython {
             timeout,
             started,
         )?;
+        envelope.dependencies = dependencies;
         crate::nested::report_calls(self.inner.nesting.as_ref(), bridge_stats.as_deref());
         if let Some(keep) = &self.inner.keep {
             // The code ran: a store that fails from here on is named in the envelope, never an

@@ -51,6 +51,8 @@ pub(crate) struct Entry {
     pub last_used: Instant,
     /// Requirement specs the session gathered.
     pub deps: Vec<String>,
+    /// The environment the running cell added requirements to, for its envelope's `dependencies`.
+    pub added_deps: Option<crate::envelope::Dependencies>,
     /// The record kept in the store (durable sessions), as last written.
     pub record: Option<SessionRecord>,
     /// Every per-cell environment variable given so far: a later cell's kept output is masked with
@@ -101,6 +103,7 @@ impl Registry {
                 lost: None,
                 last_used: Instant::now(),
                 deps: Vec::new(),
+                added_deps: None,
                 record: None,
                 secrets: std::collections::BTreeMap::new(),
             }))

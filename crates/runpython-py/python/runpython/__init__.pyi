@@ -132,6 +132,9 @@ class Envelope:
     @property
     def isolation(self) -> dict[str, Any] | None: ...
     @property
+    def dependencies(self) -> dict[str, Any] | None:
+        """What the run's environment holds (`installed`) or what an install refused (`refused`)."""
+    @property
     def session_id(self) -> str | None:
         """The session a cell ran in; None for a run of its own."""
     @property
@@ -189,6 +192,9 @@ class _SessionSettings(TypedDict, total=False):
     idle: _Seconds
 
 class _SandboxSettings(TypedDict, total=False):
+    memory: int | str
+    disk: int | str
+    max_processes: int
     namespaces: bool
     landlock: bool
     rlimits: bool
@@ -276,6 +282,9 @@ class RunPython:
         pool: bool | int | _PoolSettings | None = None,
         sandbox: bool | _SandboxSettings | None = None,
         sessions: _SessionSettings | None = None,
+        allow_source_builds: bool | None = None,
+        allowed_packages: Sequence[str] | None = None,
+        install_sandbox: bool | _SandboxSettings | None = None,
     ) -> RunPython: ...
     def run(
         self,
