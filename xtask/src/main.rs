@@ -371,10 +371,13 @@ fn bench(args: &[String]) -> Result<()> {
             "runpython",
         ]),
     )?;
-    let bench_python = pypkg::bench_python(&bootstrap_tools()?)?;
+    let tools = bootstrap_tools()?;
+    let bench_python = pypkg::bench_python(&tools)?;
     let out = Command::new(root().join("target/release/runpython-bench"))
         .current_dir(root())
         .env("RUNPYTHON_BENCH_PYTHON", bench_python)
+        // uv, for the install figures.
+        .env("RUNPYTHON_TOOLS_BIN", &tools)
         .output()
         .context("cannot start the bench harness")?;
     if !out.status.success() {

@@ -64,7 +64,18 @@ def _error_for(tool, remote):
 
 
 class _Bridge:
+    """One connection to the host. Plain calls may come from many threads at once: one thread at a
+    time sends a frame (`send_lock`, which also guards connecting) and one at a time reads
+    (`read_lock`); the reader dispatches every answer it reads, and while other threads wait it reads
+    in short slices so the lock passes to them (`_thread`'s locks: `threading` costs milliseconds to
+    import)."""
+
     def __init__(self, path, fd, token, max_frame, loads, dumps):
+        import _thread
+
+        self.send_lock = _thread.allocate_lock()
+        self.read_lock = _thread.allocate_lock()
+        self.waiting = 0
         self.loads = loads
         self.dumps = dumps
         self.path = path
@@ -105,29 +116,48 @@ class _Bridge:
             try:
                 view = view[self.sock.send(view, self.dontwait):]
             except BlockingIOError:
-                # The host is not reading (it serves its cap of calls): take its answers meanwhile.
+                # The host is not reading (it serves its cap of calls): take its answers meanwhile,
+                # unless another thread is reading them.
                 import select
 
-                readable, _, _ = select.select([self.sock], [self.sock], [])
-                if readable:
-                    self._read_frames(block=False)
+                if self.read_lock.acquire(False):
+                    try:
+                        readable, _, _ = select.select([self.sock], [self.sock], [])
+                        if readable:
+                            self._read_frames(block=False)
+                    finally:
+                        self.read_lock.release()
+                else:
+                    select.select([], [self.sock], [], 0.01)
             except OSError as exc:  # a reset or a broken pipe: the host hung up
                 raise BridgeError("the host closed the tool bridge (%s)" % exc) from None
 
-    def _request(self, name, args, kwargs):
-        if self.sock is None:
-            self._connect()
-        self.next_id += 1
-        call_id = self.next_id
-        try:
-            self._send({"type": "call", "id": call_id, "tool": name, "args": list(args), "kwargs": kwargs})
-        except TypeError as exc:
-            raise TypeError("arguments of tool %r must be JSON values: %s" % (name, exc)) from None
+    def _request(self, name, args, kwargs, waits=False):
+        with self.send_lock:
+            if self.sock is None:
+                self._connect()
+            self.next_id += 1
+            call_id = self.next_id
+            if waits:
+                self.waiting += 1
+            try:
+                self._send({"type": "call", "id": call_id, "tool": name, "args": list(args), "kwargs": kwargs})
+            except BaseException as exc:
+                if waits:
+                    self.waiting -= 1
+                if isinstance(exc, TypeError):
+                    raise TypeError("arguments of tool %r must be JSON values: %s" % (name, exc)) from None
+                raise
         return call_id
 
-    def _read_frames(self, block=True):
-        """Read what the socket has (blocking for at least one byte unless `block` is false) and dispatch
-        every complete frame."""
+    def _read_frames(self, block=True, slice_seconds=None):
+        """Read what the socket has (blocking for at least one byte unless `block` is false, or for at
+        most `slice_seconds`) and dispatch every complete frame."""
+        if slice_seconds is not None:
+            import select
+
+            if not select.select([self.sock], [], [], slice_seconds)[0]:
+                return
         try:
             chunk = self.sock.recv(1 << 16, 0 if block else self.dontwait)
         except BlockingIOError:
@@ -155,9 +185,17 @@ class _Bridge:
                 self.done[call_id] = message
 
     def call(self, name, args, kwargs):
-        call_id = self._request(name, args, kwargs)
-        while call_id not in self.done:
-            self._read_frames()
+        call_id = self._request(name, args, kwargs, waits=True)
+        try:
+            while call_id not in self.done:
+                with self.read_lock:
+                    if call_id in self.done:
+                        break
+                    # Alone, block; with other threads waiting, read in slices so they get their turn.
+                    self._read_frames(slice_seconds=0.02 if self.waiting > 1 else None)
+        finally:
+            with self.send_lock:
+                self.waiting -= 1
         return _unwrap(name, self.done.pop(call_id))
 
     def start(self, name, args, kwargs):

@@ -208,28 +208,39 @@ impl ServerHandler for Server {
                 Some(json!({"code": "not_found", "uri": uri})),
             ));
         };
-        let bytes = self.shared.python.get_run_artifact(id).await.map_err(|e| {
-            let code = if e.code() == "not_found" || e.code() == "invalid_input" {
-                ErrorCode::RESOURCE_NOT_FOUND
-            } else {
-                ErrorCode::INTERNAL_ERROR
-            };
-            ErrorData::new(
-                code,
-                e.to_string(),
-                Some(json!({"code": e.code(), "uri": uri})),
-            )
-        })?;
-        if bytes.len() > MAX_RESOURCE_BYTES {
-            return Err(ErrorData::invalid_params(
-                format!(
-                    "artifact {id} is {} bytes, over the {MAX_RESOURCE_BYTES}-byte limit of resources/read; \
-                     read it in slices with get_run_artifact (offset, length)",
-                    bytes.len()
-                ),
-                Some(json!({"code": "too_large", "bytes": bytes.len()})),
-            ));
-        }
+        // A ranged read of at most the limit: an artifact over it is refused by its size alone,
+        // never read into memory.
+        let read = self
+            .shared
+            .python
+            .get_run_artifact_range(id, 0, None, MAX_RESOURCE_BYTES as u64)
+            .await;
+        let bytes = match read {
+            Ok((bytes, _)) => bytes,
+            Err(runpython_core::Error::Store(runpython_core::StoreError::TooLarge {
+                bytes, ..
+            })) => {
+                return Err(ErrorData::invalid_params(
+                    format!(
+                        "artifact {id} is {bytes} bytes, over the {MAX_RESOURCE_BYTES}-byte limit of resources/read; \
+                         read it in slices with get_run_artifact (offset, length)"
+                    ),
+                    Some(json!({"code": "too_large", "bytes": bytes})),
+                ));
+            }
+            Err(e) => {
+                let code = if e.code() == "not_found" || e.code() == "invalid_input" {
+                    ErrorCode::RESOURCE_NOT_FOUND
+                } else {
+                    ErrorCode::INTERNAL_ERROR
+                };
+                return Err(ErrorData::new(
+                    code,
+                    e.to_string(),
+                    Some(json!({"code": e.code(), "uri": uri})),
+                ));
+            }
+        };
         let contents = match std::str::from_utf8(&bytes) {
             Ok(text) => json!({"uri": uri, "mimeType": "text/plain", "text": text}),
             Err(_) => json!({

@@ -46,25 +46,21 @@ impl Tool for ReadArtifact {
                 .to_owned();
             let offset = arg(&args, "offset").and_then(Value::as_u64).unwrap_or(0);
             let length = arg(&args, "length").and_then(Value::as_u64);
-            let bytes = store.get_run_artifact(&id).await.map_err(|e| match e {
-                runpython_store::Error::NotFound { .. } => {
-                    ToolError::new("KeyError", format!("no artifact {id:?} in the store"))
-                }
-                other => ToolError::new("OSError", other.to_string()),
-            })?;
-            let total = bytes.len() as u64;
-            let start = offset.min(total);
-            let end = length.map_or(total, |n| start.saturating_add(n).min(total));
-            if end - start > MAX_READ {
-                return Err(ToolError::value_error(format!(
-                    "artifact {id} slice is {} bytes, over the {MAX_READ}-byte limit of one read; pass offset and length",
-                    end - start
-                )));
-            }
-            let slice =
-                &bytes[usize::try_from(start).unwrap_or(0)..usize::try_from(end).unwrap_or(0)];
+            // A ranged read: the host holds the slice, never the whole artifact.
+            let (slice, _total) = store
+                .get_run_artifact_range(&id, offset, length, MAX_READ)
+                .await
+                .map_err(|e| match e {
+                    runpython_store::Error::NotFound { .. } => {
+                        ToolError::new("KeyError", format!("no artifact {id:?} in the store"))
+                    }
+                    runpython_store::Error::TooLarge { bytes, .. } => ToolError::value_error(format!(
+                        "artifact {id} slice is {bytes} bytes, over the {MAX_READ}-byte limit of one read; pass offset and length"
+                    )),
+                    other => ToolError::new("OSError", other.to_string()),
+                })?;
             Ok(json!(
-                base64::engine::general_purpose::STANDARD.encode(slice)
+                base64::engine::general_purpose::STANDARD.encode(&slice)
             ))
         })
     }

@@ -153,10 +153,11 @@ impl Deps {
     }
 }
 
-/// The envelope's `dependencies` for a run of `env`: its distributions, those a requirement named
-/// first.
+/// The envelope's `dependencies` when `env` was installed for this run: its distributions, those a
+/// requirement named first. A run of an environment prepared before says nothing (a model pays for
+/// every byte of every envelope; the run that installed it said what it holds).
 pub(crate) fn report(env: &PreparedEnv) -> Option<Dependencies> {
-    if env.installed.is_empty() {
+    if env.installed.is_empty() || !env.installed_now {
         return None;
     }
     let mut listed: Vec<Dependency> = env

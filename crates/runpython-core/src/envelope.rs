@@ -81,8 +81,9 @@ pub struct Envelope {
     /// The store's error when `kept` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_error: Option<String>,
-    /// What the run's environment holds (distributions, versions, who asked for each) or what was
-    /// refused; absent for a run that needed nothing beyond the standard library.
+    /// What the run's environment holds (distributions, versions, who asked for each) when it was
+    /// installed for this run, or what was refused; absent otherwise (a run of an environment prepared
+    /// before, a run that needs only the standard library).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependencies: Option<Dependencies>,
 }

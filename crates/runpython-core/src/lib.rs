@@ -74,3 +74,5 @@ pub use runpython_store::{
     default_local_url, error_report, object_store, Artifact, ArtifactKind, CollectLimits, Listing,
     Store, StoreOptions, Tier,
 };
+/// The store's errors, as [`Error::Store`] carries them.
+pub use runpython_store::Error as StoreError;

@@ -46,13 +46,17 @@ pub(crate) async fn collect_run_files(
 ) -> Result<CollectedFiles, Error> {
     tokio::task::spawn_blocking(move || match scratch.dir("work") {
         Ok(work) => runpython_store::collect_files_in(&work, &limits),
-        Err(e) => CollectedFiles {
-            files: Vec::new(),
-            skipped: vec![runpython_store::SkippedFile {
-                name: "work".into(),
-                reason: format!("the working directory is no longer a directory ({e})"),
-            }],
-        },
+        Err(e) => {
+            let reason = format!("the working directory is no longer a directory ({e})");
+            CollectedFiles {
+                files: Vec::new(),
+                skipped: vec![runpython_store::SkippedFile {
+                    name: "work".into(),
+                    reason: reason.clone(),
+                }],
+                skipped_counts: [(reason, 1)].into(),
+            }
+        }
     })
     .await
     .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))
@@ -89,7 +93,12 @@ pub(crate) fn redact_envelope(mut envelope: Envelope, redactor: &Redactor) -> En
     envelope
 }
 
-/// The bytes of each input artifact, base64 for the runner's request.
+/// Input artifacts up to this size come with the runner's request; larger ones are read by the code
+/// through the bridge in slices, so the host never holds a whole large artifact.
+const INLINE_INPUT_ARTIFACT: u64 = 1 << 20;
+
+/// Each input artifact for the runner's request: its bytes as base64 when small, else its id and size
+/// (the runner reads it in slices).
 pub(crate) async fn fetch_input_artifacts(
     store: Option<&Store>,
     request: &RunRequest,
@@ -103,17 +112,24 @@ pub(crate) async fn fetch_input_artifacts(
         Error::InvalidInput("artifact inputs need an engine with a store (store())".into())
     })?;
     for (name, id) in &request.input_artifacts {
-        let bytes = store.get_run_artifact(id).await.map_err(|e| match e {
+        let missing = |e| match e {
             runpython_store::Error::NotFound { .. } => Error::InvalidInput(format!(
                 "input {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
                 store.url()
             )),
             other => Error::Store(other),
-        })?;
-        out.insert(
-            name.clone(),
-            Value::String(base64::engine::general_purpose::STANDARD.encode(&bytes)),
-        );
+        };
+        let size = store.artifact_size(id).await.map_err(missing)?;
+        let value = if size <= INLINE_INPUT_ARTIFACT {
+            let (bytes, _) = store
+                .get_run_artifact_range(id, 0, None, INLINE_INPUT_ARTIFACT)
+                .await
+                .map_err(missing)?;
+            Value::String(base64::engine::general_purpose::STANDARD.encode(&bytes))
+        } else {
+            serde_json::json!({"id": id, "bytes": size})
+        };
+        out.insert(name.clone(), value);
     }
     Ok(out)
 }
@@ -225,6 +241,7 @@ pub(crate) async fn keep_run(
         },
         files: files.files,
         skipped_files: files.skipped,
+        skipped_counts: files.skipped_counts,
         stored,
     };
     let manifest = keep.store.put_run(record).await?;

@@ -5,7 +5,7 @@ bytecode is cached) and writes one JSON request on stdin, on one line:
 
     {"code": str, "inputs": {name: json}, "env": {name: str}, "max_return_bytes": int, "inline_return_bytes": int,
      "code_dir": str | null, "site_dir": str | null,
-     "input_artifacts": {name: base64}, "artifact_helpers": bool,
+     "input_artifacts": {name: base64 | {"id": str, "bytes": int}}, "artifact_helpers": bool,
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
 
 The result goes back as one JSON object on file descriptor 3, a pipe that only the host reads, so nothing the
@@ -610,6 +610,27 @@ def _parse_artifact(data):
     return text
 
 
+READ_SLICE = 8 << 20
+
+
+def _read_slices(call, id, offset=0, length=None):
+    """`length` bytes of artifact `id` from `offset` (to its end without one), read through the host in
+    slices of at most READ_SLICE: the host holds one slice at a time, never the whole artifact."""
+    import binascii
+
+    parts = []
+    while length is None or length > 0:
+        want = READ_SLICE if length is None else min(length, READ_SLICE)
+        part = binascii.a2b_base64(call("runpython_read_artifact", id=id, offset=offset, length=want))
+        parts.append(part)
+        offset += len(part)
+        if length is not None:
+            length -= len(part)
+        if len(part) < want:
+            break
+    return b"".join(parts)
+
+
 def _artifact_helpers(namespace, spec, saved_dir):
     """read_artifact / load_artifact / save_artifact: data by reference through the host's store. The
     bridge client is imported on their first use, so a run that never touches artifacts pays nothing."""
@@ -621,10 +642,8 @@ def _artifact_helpers(namespace, spec, saved_dir):
         return tools.call(tool, **kwargs)
 
     def read_artifact(id, offset=0, length=None):
-        """The bytes of artifact `id` (or `length` bytes from `offset`)."""
-        import binascii
-
-        return binascii.a2b_base64(call("runpython_read_artifact", id=id, offset=offset, length=length))
+        """The bytes of artifact `id` (or `length` bytes from `offset`); more than 8 MiB is read in slices."""
+        return _read_slices(call, id, offset, length)
 
     def load_artifact(id):
         """Artifact `id` parsed: JSON as values, CSV as a list of row dicts, text as str, else bytes."""
@@ -776,8 +795,18 @@ def _bind_inputs(request, namespace):
     if request.get("input_artifacts"):
         import binascii
 
-        for name, encoded in request["input_artifacts"].items():
-            namespace[name] = _parse_artifact(binascii.a2b_base64(encoded))
+        for name, given in request["input_artifacts"].items():
+            if isinstance(given, dict):
+                # Too large to come with the request: read through the host in slices.
+                spec = request["bridge"]
+
+                def call(tool, **kwargs):
+                    tools = sys.modules.get("runpython_tools") or _install_bridge(spec, {})
+                    return tools.call(tool, **kwargs)
+
+                namespace[name] = _parse_artifact(_read_slices(call, given["id"]))
+            else:
+                namespace[name] = _parse_artifact(binascii.a2b_base64(given))
 
 
 def _run(request, namespace, loop=None):

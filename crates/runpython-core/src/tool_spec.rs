@@ -22,6 +22,8 @@ pub const CLOSE_SESSION_TOOL: &str = "close_session";
 /// Bytes `get_run_artifact` returns when the call gives no `length`: enough to read, small enough
 /// for a context window.
 const DEFAULT_ARTIFACT_SLICE: usize = 64 * 1024;
+/// The most one `get_run_artifact` call reads (a model asks for slices; the host holds one at a time).
+const MAX_ARTIFACT_SLICE: u64 = 8 << 20;
 
 /// The shape a model provider expects tool definitions in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,9 +313,11 @@ impl RunPython {
                     Error::InvalidInput("get_run_artifact needs `id`, a string".into())
                 })?;
                 let offset = optional_usize(input, "offset")?.unwrap_or(0);
-                let length = optional_usize(input, "length")?;
-                let bytes = self.get_run_artifact(id).await?;
-                Ok(artifact_slice(id, &bytes, offset, length))
+                let length = optional_usize(input, "length")?.unwrap_or(DEFAULT_ARTIFACT_SLICE);
+                let (bytes, total) = self
+                    .get_run_artifact_range(id, offset as u64, Some(length as u64), MAX_ARTIFACT_SLICE)
+                    .await?;
+                Ok(artifact_slice(id, &bytes, offset.min(total as usize), total))
             }
             RESUME_TOOL => {
                 reject_unknown(name, input, &["run_id", "decisions"])?;
@@ -486,17 +490,13 @@ fn optional_usize(input: &Map<String, Value>, key: &str) -> Result<Option<usize>
     }
 }
 
-fn artifact_slice(id: &str, bytes: &[u8], offset: usize, length: Option<usize>) -> Value {
-    let start = offset.min(bytes.len());
-    let end = start
-        .saturating_add(length.unwrap_or(DEFAULT_ARTIFACT_SLICE))
-        .min(bytes.len());
-    let slice = &bytes[start..end];
+/// A slice read from `offset` of an artifact of `total` bytes, for the model.
+fn artifact_slice(id: &str, slice: &[u8], offset: usize, total: u64) -> Value {
     let mut out = json!({
         "id": id,
-        "offset": start,
+        "offset": offset,
         "length": slice.len(),
-        "total_bytes": bytes.len(),
+        "total_bytes": total,
     });
     match std::str::from_utf8(slice) {
         Ok(text) => out["text"] = json!(text),
@@ -510,17 +510,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn artifact_slices_are_clamped_and_binary_is_base64() {
-        let v = artifact_slice("a", b"hello world", 6, Some(100));
+    fn artifact_slices_say_where_they_are_and_binary_is_base64() {
+        let v = artifact_slice("a", b"world", 6, 11);
         assert_eq!(v["text"], "world");
         assert_eq!(v["length"], 5);
         assert_eq!(v["total_bytes"], 11);
-        let v = artifact_slice("a", b"hi", 10, None);
+        let v = artifact_slice("a", b"", 2, 2);
         assert_eq!(
             (v["offset"].clone(), v["text"].clone()),
             (json!(2), json!(""))
         );
-        let v = artifact_slice("a", &[0xff, 0x00], 0, None);
+        let v = artifact_slice("a", &[0xff, 0x00], 0, 2);
         assert_eq!(v["base64"], "/wA=");
     }
 }

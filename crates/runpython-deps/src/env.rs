@@ -42,6 +42,9 @@ pub struct PreparedEnv {
     /// Every distribution installed, with who asked for it (`None`: a dependency of another).
     #[serde(default)]
     pub installed: Vec<Installed>,
+    /// True when this call installed it; false when it was prepared before.
+    #[serde(skip)]
+    pub installed_now: bool,
 }
 
 /// One distribution of a prepared environment.
@@ -322,7 +325,10 @@ impl Environments {
             elapsed: started.elapsed(),
         });
         self.cached(&key)
-            .map(|env| with_sources(env, requirements))
+            .map(|env| PreparedEnv {
+                installed_now: true,
+                ..with_sources(env, requirements)
+            })
             .ok_or_else(|| {
                 Error::io(
                     "read back the new environment",
@@ -357,6 +363,7 @@ impl Environments {
                 .iter()
                 .filter_map(|d| installed_of(d))
                 .collect(),
+            installed_now: false,
         })
     }
 }
@@ -449,6 +456,7 @@ fn no_env(interpreter: &Interpreter) -> PreparedEnv {
         specs: Vec::new(),
         fingerprint: fingerprint(interpreter, &[]),
         installed: Vec::new(),
+        installed_now: false,
     }
 }
 
@@ -701,11 +709,21 @@ mod tests {
             .prepare(&python(), &reqs(&["A", "b"]), &record)
             .await
             .unwrap();
-        assert_eq!(again, first);
+        assert!(first.installed_now && !again.installed_now);
+        assert_eq!(
+            again,
+            PreparedEnv {
+                installed_now: false,
+                ..first.clone()
+            }
+        );
         assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
         assert_eq!(
             envs.lookup(&python(), &reqs(&["a", "b"])),
-            Some(first.clone())
+            Some(PreparedEnv {
+                installed_now: false,
+                ..first.clone()
+            })
         );
         let events = events.into_inner().unwrap();
         assert!(
@@ -760,7 +778,9 @@ mod tests {
             envs.prepare(&interpreter, &wanted, &|_| {}),
             other.prepare(&interpreter, &wanted, &|_| {}),
         );
-        assert_eq!(a.unwrap(), b.unwrap());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.key, b.key);
+        assert_ne!(a.installed_now, b.installed_now, "one installed, the other waited");
         assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
     }
 

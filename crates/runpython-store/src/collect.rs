@@ -61,8 +61,36 @@ pub struct SkippedFile {
 pub struct CollectedFiles {
     /// Kept files, sorted by name.
     pub files: Vec<RunFile>,
-    /// Everything seen but not kept.
+    /// The first [`MAX_SKIPPED_NAMED`] entries seen but not kept, with why.
     pub skipped: Vec<SkippedFile>,
+    /// Every entry seen but not kept, counted by reason: what a run leaves costs the manifest the
+    /// same whether it left a hundred files past the cap or a million.
+    pub skipped_counts: std::collections::BTreeMap<String, u64>,
+}
+
+/// At most this many skipped entries are named; the rest are counted by reason.
+pub const MAX_SKIPPED_NAMED: usize = 32;
+
+/// At most this many entries are looked at in all; the walk stops there (and says so).
+const MAX_ENTRIES: u64 = 100_000;
+
+impl CollectedFiles {
+    fn skip(&mut self, name: String, reason: String) {
+        skip_into(&mut self.skipped, &mut self.skipped_counts, name, reason);
+    }
+}
+
+/// Counts a skipped entry, naming it while there is room.
+fn skip_into(
+    named: &mut Vec<SkippedFile>,
+    counts: &mut std::collections::BTreeMap<String, u64>,
+    name: String,
+    reason: String,
+) {
+    *counts.entry(reason.clone()).or_insert(0) += 1;
+    if named.len() < MAX_SKIPPED_NAMED {
+        named.push(SkippedFile { name, reason });
+    }
 }
 
 /// A directory the host reads without ever leaving it: every open is beneath it (`openat2` with
@@ -235,9 +263,18 @@ pub fn collect_files(dir: &Path, limits: &CollectLimits) -> Result<CollectedFile
 /// was done to the paths inside. Everything unreadable is reported in `skipped`, never an error.
 pub fn collect_files_in(dir: &BeneathDir, limits: &CollectLimits) -> CollectedFiles {
     let mut out = CollectedFiles::default();
-    let mut total = 0u64;
-    walk(dir, "", 0, limits, &mut total, &mut out);
+    let mut walked = Walked::default();
+    walk(dir, "", 0, limits, &mut walked, &mut out);
     out
+}
+
+/// What the walk has taken so far.
+#[derive(Default)]
+struct Walked {
+    /// Bytes of the files kept.
+    bytes: u64,
+    /// Entries looked at.
+    entries: u64,
 }
 
 fn walk(
@@ -245,24 +282,32 @@ fn walk(
     rel: &str,
     depth: usize,
     limits: &CollectLimits,
-    total: &mut u64,
+    walked: &mut Walked,
     out: &mut CollectedFiles,
 ) {
+    let shown = || {
+        if rel.is_empty() {
+            ".".to_owned()
+        } else {
+            rel.to_owned()
+        }
+    };
     let names = match dir.names() {
         Ok(names) => names,
         Err(e) => {
-            out.skipped.push(SkippedFile {
-                name: if rel.is_empty() {
-                    ".".into()
-                } else {
-                    rel.to_owned()
-                },
-                reason: format!("unreadable directory: {e}"),
-            });
+            out.skip(shown(), format!("unreadable directory: {e}"));
             return;
         }
     };
     for file_name in names {
+        walked.entries += 1;
+        if walked.entries > MAX_ENTRIES {
+            out.skip(
+                shown(),
+                format!("not looked at: more than {MAX_ENTRIES} entries in all"),
+            );
+            return;
+        }
         let file_name = file_name.to_string_lossy().into_owned();
         if depth == 0 && limits.ignore.contains(&file_name) {
             continue;
@@ -273,17 +318,14 @@ fn walk(
             format!("{rel}/{file_name}")
         };
         let mut skip = |reason: String| {
-            out.skipped.push(SkippedFile {
-                name: name.clone(),
-                reason,
-            })
+            skip_into(&mut out.skipped, &mut out.skipped_counts, name.clone(), reason)
         };
         match dir.dir(&file_name) {
             Ok(sub) => {
                 if depth + 1 >= limits.max_depth {
                     skip(format!("directory deeper than {} levels", limits.max_depth));
                 } else {
-                    walk(&sub, &name, depth + 1, limits, total, out);
+                    walk(&sub, &name, depth + 1, limits, walked, out);
                 }
                 continue;
             }
@@ -321,14 +363,14 @@ fn walk(
         };
         match read_capped(file, limits.max_file_bytes) {
             Ok(None) => skip(format!("larger than {} bytes", limits.max_file_bytes)),
-            Ok(Some(bytes)) if *total + bytes.len() as u64 > limits.max_total_bytes => {
+            Ok(Some(bytes)) if walked.bytes + bytes.len() as u64 > limits.max_total_bytes => {
                 skip(format!(
                     "total size of kept files would exceed {} bytes",
                     limits.max_total_bytes
                 ))
             }
             Ok(Some(bytes)) => {
-                *total += bytes.len() as u64;
+                walked.bytes += bytes.len() as u64;
                 out.files.push(RunFile { name, bytes });
             }
             Err(e) => skip(format!("unreadable: {e}")),
@@ -447,6 +489,22 @@ mod tests {
         let c = collect_files(d.path(), &limits).unwrap();
         assert_eq!(names(&c), ["1", "2"]);
         assert!(reason(&c, "3").contains("more than 2 files"));
+    }
+
+    #[test]
+    fn thousands_of_files_past_the_cap_are_counted_not_listed() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..2_000 {
+            std::fs::write(d.path().join(format!("f{i:05}")), "").unwrap();
+        }
+        let limits = CollectLimits {
+            max_files: 10,
+            ..CollectLimits::default()
+        };
+        let c = collect_files(d.path(), &limits).unwrap();
+        assert_eq!(c.files.len(), 10);
+        assert_eq!(c.skipped.len(), MAX_SKIPPED_NAMED);
+        assert_eq!(c.skipped_counts.get("more than 10 files"), Some(&1_990));
     }
 
     #[test]

@@ -65,6 +65,7 @@ fn record(run_id: &str, tier: Tier, created_at: SystemTime) -> RunRecord {
             name: "link".into(),
             reason: "symlink (never followed)".into(),
         }],
+        skipped_counts: [("symlink (never followed)".to_owned(), 1)].into(),
         stored: Vec::new(),
     }
 }
@@ -238,9 +239,10 @@ pub async fn run_round_trip(store: &Store) -> Check {
     ensure(got.isolation_json == rec.isolation_json, || {
         "isolation lost".into()
     })?;
-    ensure(got.skipped_files == rec.skipped_files, || {
-        "skipped files lost".into()
-    })?;
+    ensure(
+        got.skipped_files == rec.skipped_files && got.skipped_counts == rec.skipped_counts,
+        || "skipped files lost".into(),
+    )?;
     ensure(
         got.tier == Tier::ephemeral() && got.expires_at.is_some(),
         || format!("tier {:?} expires {:?}", got.tier, got.expires_at),

@@ -98,6 +98,16 @@ pub enum Error {
         /// The newest version this build understands.
         supported: u8,
     },
+    /// A read would hold more than its limit at once.
+    #[error("{what} is {bytes} bytes, over the {limit}-byte limit of one read; read it in slices (offset and length)")]
+    TooLarge {
+        /// What was read.
+        what: String,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// A streamed upload's source failed; nothing was published.
     #[error("reading the data for blob upload failed: {source}; nothing was stored")]
     Source {

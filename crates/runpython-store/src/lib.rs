@@ -33,6 +33,7 @@
 //!         isolation_json: "{}".into(),
 //!         files: vec![],
 //!         skipped_files: vec![],
+//!         skipped_counts: Default::default(),
 //!         stored: vec![],
 //!     })
 //!     .await?;
@@ -74,6 +75,7 @@ pub use artifact::{Artifact, ArtifactKind, ListedArtifact};
 pub use backend::{default_local_url, StoreOptions};
 pub use collect::{
     collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile,
+    MAX_SKIPPED_NAMED,
     SkippedFile,
 };
 pub use error::{error_report, Error};

@@ -96,10 +96,38 @@ fn exact<T: DeserializeOwned>(payload: &[u8]) -> postcard::Result<T> {
     }
 }
 
-/// A run manifest at rest.
+/// A run manifest at rest. Version 2 counts the skipped files by reason (the list names the first
+/// few); version 1 listed every one.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ManifestRecord {
     V1(ManifestV1),
+    V2(ManifestV2),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ManifestV2 {
+    pub v1: ManifestV1,
+    /// Every skipped entry, counted by reason.
+    pub skipped_counts: Vec<(String, u64)>,
+}
+
+impl ManifestRecord {
+    /// The newest shape: a version 1 manifest's counts are its list's.
+    pub(crate) fn latest(self) -> ManifestV2 {
+        match self {
+            Self::V2(m) => m,
+            Self::V1(v1) => {
+                let mut counts = std::collections::BTreeMap::<String, u64>::new();
+                for s in &v1.skipped_files {
+                    *counts.entry(s.reason.clone()).or_insert(0) += 1;
+                }
+                ManifestV2 {
+                    v1,
+                    skipped_counts: counts.into_iter().collect(),
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -147,15 +175,17 @@ pub(crate) struct SkippedFileV1 {
 impl Versioned for ManifestRecord {
     const KIND: &'static str = "manifest";
     const TAG: u8 = 1;
-    const LATEST: u8 = 1;
+    const LATEST: u8 = 2;
     fn to_payload(&self) -> (u8, postcard::Result<Vec<u8>>) {
         match self {
             Self::V1(m) => (1, postcard::to_stdvec(m)),
+            Self::V2(m) => (2, postcard::to_stdvec(m)),
         }
     }
     fn from_payload(version: u8, payload: &[u8]) -> Option<postcard::Result<Self>> {
         match version {
             1 => Some(exact(payload).map(Self::V1)),
+            2 => Some(exact(payload).map(Self::V2)),
             _ => None,
         }
     }

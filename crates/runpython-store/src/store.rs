@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 use crate::layout;
 use crate::memo_cache::{self, MemoCache};
 use crate::preview::preview;
-use crate::record::{self, from_ms, to_ms, ManifestRecord, ManifestV1, SkippedFileV1, TierV1};
+use crate::record::{
+    self, from_ms, to_ms, ManifestRecord, ManifestV1, ManifestV2, SkippedFileV1, TierV1,
+};
 
 /// How long a run is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +76,10 @@ pub struct RunRecord {
     pub isolation_json: String,
     /// Files the code created (see [`collect_files`](crate::collect_files)).
     pub files: Vec<RunFile>,
-    /// Files seen but not kept, and why.
+    /// Files seen but not kept, and why: the first few (see [`crate::MAX_SKIPPED_NAMED`]).
     pub skipped_files: Vec<SkippedFile>,
+    /// Every entry seen but not kept, counted by reason.
+    pub skipped_counts: std::collections::BTreeMap<String, u64>,
     /// Artifacts already in the store (streamed there while the run ran, see
     /// [`Store::put_artifact_stream`]), listed in the manifest as they are: stdout and stderr after
     /// the script, the rest after the files. Leave `stdout`/`stderr` empty when they are among these.
@@ -102,8 +106,10 @@ pub struct RunManifest {
     /// Kept items: script always; stdout and stderr when not empty; the return value when not
     /// `null`; then the files.
     pub artifacts: Vec<Artifact>,
-    /// Files seen but not kept, and why.
+    /// Files seen but not kept, and why: the first few.
     pub skipped_files: Vec<SkippedFile>,
+    /// Every entry seen but not kept, counted by reason.
+    pub skipped_counts: std::collections::BTreeMap<String, u64>,
 }
 
 impl RunManifest {
@@ -391,6 +397,47 @@ impl Store {
             .ok_or_else(|| self.not_found("artifact", id))
     }
 
+    /// The size of the artifact (blob) `id`, without reading it.
+    pub async fn artifact_size(&self, id: &str) -> Result<u64> {
+        let key = layout::blob(id)?;
+        match self.inner.os.head(&key).await {
+            Ok(meta) => Ok(meta.size),
+            Err(object_store::Error::NotFound { .. }) => Err(self.not_found("artifact", id)),
+            Err(e) => Err(self.backend_err("head", &key, e)),
+        }
+    }
+
+    /// A slice of the artifact (blob) `id`: `length` bytes from `offset` (to its end without one),
+    /// clamped to what it holds, and its whole size. Costs the slice, never the whole artifact (a
+    /// ranged read on every backend). A slice over `max` bytes is [`Error::TooLarge`].
+    pub async fn get_run_artifact_range(
+        &self,
+        id: &str,
+        offset: u64,
+        length: Option<u64>,
+        max: u64,
+    ) -> Result<(Bytes, u64)> {
+        let total = self.artifact_size(id).await?;
+        let start = offset.min(total);
+        let end = length.map_or(total, |n| start.saturating_add(n).min(total));
+        if end - start > max {
+            return Err(Error::TooLarge {
+                what: format!("the slice of artifact {id}"),
+                bytes: end - start,
+                limit: max,
+            });
+        }
+        if start == end {
+            return Ok((Bytes::new(), total));
+        }
+        let key = layout::blob(id)?;
+        match self.inner.os.get_range(&key, start..end).await {
+            Ok(bytes) => Ok((bytes, total)),
+            Err(object_store::Error::NotFound { .. }) => Err(self.not_found("artifact", id)),
+            Err(e) => Err(self.backend_err("get", &key, e)),
+        }
+    }
+
     /// The bytes of the artifact (blob) `id` as a stream of chunks, for large files.
     pub async fn get_run_artifact_stream(
         &self,
@@ -476,7 +523,8 @@ impl Store {
                     .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
             },
         };
-        let record = ManifestRecord::V1(ManifestV1 {
+        let record = ManifestRecord::V2(ManifestV2 {
+            v1: ManifestV1 {
             run_id: run.run_id,
             created_at_ms,
             tier,
@@ -487,11 +535,14 @@ impl Store {
             skipped_files: run
                 .skipped_files
                 .into_iter()
+                .take(crate::MAX_SKIPPED_NAMED)
                 .map(|s| SkippedFileV1 {
                     name: s.name,
                     reason: s.reason,
                 })
                 .collect(),
+            },
+            skipped_counts: run.skipped_counts.into_iter().collect(),
         });
         self.write(&key, record::encode(&record)?).await?;
         Ok(manifest_from(record))
@@ -593,7 +644,10 @@ impl Store {
 }
 
 fn manifest_from(record: ManifestRecord) -> RunManifest {
-    let ManifestRecord::V1(m) = record;
+    let ManifestV2 {
+        v1: m,
+        skipped_counts,
+    } = record.latest();
     let created_at = from_ms(m.created_at_ms);
     let (tier, expires_at) = match m.tier {
         TierV1::Persistent => (Tier::Persistent, None),
@@ -621,6 +675,7 @@ fn manifest_from(record: ManifestRecord) -> RunManifest {
                 reason: s.reason,
             })
             .collect(),
+        skipped_counts: skipped_counts.into_iter().collect(),
     }
 }
 

@@ -331,6 +331,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         json!(round3(p50(numpy) / p50(plain))),
     );
 
+    // What sandboxing an install costs.
+    runpython_tests::deps_bench::install_overhead(&mut m, &interpreter).await?;
+
     // pandas forked from a template against the same run on a pooled interpreter.
     runpython_tests::template_bench::pandas_figures(&mut m, cpu.as_ref()).await?;
 

@@ -207,6 +207,34 @@ class HelloAndCalls(Connected):
         self.assertEqual(asyncio.run(main()), [2, 4, 6])
         host.join()
 
+    def test_plain_calls_from_many_threads_at_once_each_get_their_own_answer(self):
+        def script(host):
+            expect_hello(host)
+            calls = [host.recv() for _ in range(8)]
+            assert sorted(c["id"] for c in calls) == list(range(1, 9)), calls
+            # Answered in reverse, and the slowest first: every thread must still get its own.
+            for call in reversed(calls):
+                host.send(answer(call, call["kwargs"]["x"] * 2))
+
+        host = self.serve(script)
+        double = self.namespace["double"]
+        results, errors = {}, []
+
+        def worker(x):
+            try:
+                results[x] = double(x)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(x,)) for x in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE)
+        host.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(results, {x: 2 * x for x in range(8)})
+
     def test_a_plain_call_inside_async_code_does_not_block_the_reader_later(self):
         def script(host):
             expect_hello(host)

@@ -276,12 +276,31 @@ impl RunPython {
 
     /// The artifact `id` of a kept run (its bytes), from this engine's store.
     pub async fn get_run_artifact(&self, id: &str) -> Result<Vec<u8>, Error> {
-        let store = self.store().ok_or_else(|| {
+        Ok(self.artifact_store()?.get_run_artifact(id).await?.to_vec())
+    }
+
+    /// A slice of the artifact `id`: `length` bytes from `offset` (to its end without one), at most
+    /// `max`, and the artifact's whole size. Costs the slice: the store is read by range.
+    pub async fn get_run_artifact_range(
+        &self,
+        id: &str,
+        offset: u64,
+        length: Option<u64>,
+        max: u64,
+    ) -> Result<(Vec<u8>, u64), Error> {
+        let (bytes, total) = self
+            .artifact_store()?
+            .get_run_artifact_range(id, offset, length, max)
+            .await?;
+        Ok((bytes.to_vec(), total))
+    }
+
+    fn artifact_store(&self) -> Result<&Store, Error> {
+        self.store().ok_or_else(|| {
             Error::Config(
                 "this RunPython keeps no runs: configure a store to read artifacts".into(),
             )
-        })?;
-        Ok(store.get_run_artifact(id).await?.to_vec())
+        })
     }
 }
 

@@ -1,0 +1,86 @@
+//! What sandboxing an install costs: a small wheel installed with uv into a fresh environment,
+//! sandboxed (every layer, the install copied out of its scratch) against the same install with the
+//! install sandbox off, alternating, median of several.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use runpython_deps::{
+    EnvProvider, Environments, InstallPolicy, Interpreter, Requirement, UvProvider,
+};
+use runpython_sandbox::Sandbox;
+use serde_json::{json, Map, Value};
+
+use crate::stats::{p50, round3};
+
+/// A one-module wheel, written by `python` into `dir`.
+fn small_wheel(python: &Path, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    const WRITE: &str = r#"
+import base64, hashlib, sys, zipfile
+out, name = sys.argv[1], "benchpkg"
+files = {
+    name + ".py": b"VALUE = 1\n",
+    name + "-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: benchpkg\nVersion: 1.0\n",
+    name + "-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+h = lambda d: "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
+record = "".join("%s,%s,%d\n" % (k, h(v), len(v)) for k, v in files.items()) + name + "-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(out, "w") as z:
+    for k, v in files.items():
+        z.writestr(k, v)
+    z.writestr(name + "-1.0.dist-info/RECORD", record)
+"#;
+    let wheel = dir.join("benchpkg-1.0-py3-none-any.whl");
+    let status = Command::new(python)
+        .args(["-c", WRITE])
+        .arg(&wheel)
+        .status()?;
+    if !status.success() {
+        return Err(std::io::Error::other("the bench wheel was not written"));
+    }
+    Ok(wheel)
+}
+
+/// `deps_install_ms` (sandboxed), `deps_install_unsandboxed_ms` and `deps_install_sandbox_overhead_ms`;
+/// nothing when uv is not found.
+pub async fn install_overhead(
+    m: &mut Map<String, Value>,
+    interpreter: &Interpreter,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let Some(uv) = UvProvider::find() else {
+        return Ok(());
+    };
+    let uv: Arc<dyn EnvProvider> = Arc::new(uv);
+    let dir = tempfile::tempdir()?;
+    let wheel = small_wheel(&interpreter.executable, dir.path())?;
+    let spec = Requirement::parse(&format!("benchpkg @ file://{}", wheel.display()))?;
+    let install = |sandbox: Sandbox| {
+        let (uv, spec, root) = (uv.clone(), spec.clone(), dir.path().to_owned());
+        async move {
+            let envs = tempfile::tempdir_in(root)?;
+            let envs = Environments::new(envs.path(), uv).with_policy(InstallPolicy {
+                sandbox,
+                ..InstallPolicy::default()
+            });
+            let t = Instant::now();
+            envs.prepare(interpreter, &[spec], &|_| {}).await?;
+            Ok::<f64, Box<dyn std::error::Error>>(t.elapsed().as_secs_f64() * 1e3)
+        }
+    };
+    let (mut sandboxed, mut plain) = (Vec::new(), Vec::new());
+    install(InstallPolicy::default_sandbox()).await?; // warm the page cache
+    for _ in 0..9 {
+        sandboxed.push(install(InstallPolicy::default_sandbox()).await?);
+        plain.push(install(Sandbox::off()).await?);
+    }
+    let (sandboxed, plain) = (p50(sandboxed), p50(plain));
+    m.insert("deps_install_ms".into(), json!(round3(sandboxed)));
+    m.insert("deps_install_unsandboxed_ms".into(), json!(round3(plain)));
+    m.insert(
+        "deps_install_sandbox_overhead_ms".into(),
+        json!(round3(sandboxed - plain)),
+    );
+    Ok(())
+}
