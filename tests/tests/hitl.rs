@@ -272,3 +272,26 @@ async fn deleting_a_suspended_run_removes_its_checkpoint() {
         .unwrap_err();
     assert!(err.to_string().contains("no checkpoint"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn large_results_are_kept_beside_the_journal_and_replayed_from_there() {
+    let f = fixture();
+    // A 200 KB result and a 100 KB once() value: both over the journal's inline threshold.
+    let code = "big = pay('x' * 200_000)\nnonce = once(lambda: 'y' * 100_000)\n\
+                ok = request_approval('go?')\n[len(big), big[:8], len(nonce), ok]";
+    let e = f.python.run(code).await.unwrap();
+    let id = suspension_id(&e);
+    assert_eq!(f.pay_calls.load(Ordering::SeqCst), 1);
+    let done = f
+        .python
+        .resume(&e.run_id, decision(&id, json!("yes")))
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Success, "{:?}", done.error);
+    assert_eq!(
+        done.return_value,
+        json!([200_007, "paid \"xx", 100_000, "yes"]),
+        "the replayed values are the journaled ones"
+    );
+    assert_eq!(f.pay_calls.load(Ordering::SeqCst), 1, "pay ran once");
+}

@@ -214,7 +214,8 @@ async fn restores_on_a_second_engine(url: &str) {
         .await
         .unwrap();
     assert_eq!(e.status, Status::Success, "{:?}", e.error);
-    s.run("import random\nfactor = once(lambda: random.randint(2, 10**9))")
+    // A large once() value (over the journal's inline threshold) is kept beside the record.
+    s.run("import random\nfactor = once(lambda: random.randint(2, 10**9))\nblob = once(lambda: str(factor) * 5_000)")
         .await
         .unwrap();
     let factor = s.run("factor").await.unwrap().return_value;
@@ -223,10 +224,13 @@ async fn restores_on_a_second_engine(url: &str) {
 
     let second = engine(calls.clone());
     let s = second.session_with_id(&id).unwrap();
-    let e = s.run("[x + 1, receipt, factor]").await.unwrap();
+    let e = s
+        .run("[x + 1, receipt, factor, blob == str(factor) * 5_000]")
+        .await
+        .unwrap();
     assert_eq!(e.status, Status::Success, "{:?}", e.error);
     assert!(e.restored, "the session was not restored");
-    assert_eq!(e.return_value, json!([42, 1, factor]));
+    assert_eq!(e.return_value, json!([42, 1, factor, true]));
     assert_eq!(
         std::fs::read_to_string(&calls).unwrap(),
         "1",

@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::config::BridgeConfig;
-use crate::journal::{canonical_args, CallState, Journal, JournalEntry, ONCE_TOOL};
+use crate::journal::{
+    canonical_args, head, CallState, Journal, JournalEntry, Journaled, ARGS_KEPT, ONCE_TOOL,
+};
 use crate::tool::{ToolArgs, ToolError, ToolSet};
 use crate::Error;
 
@@ -25,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) journal: Arc<Mutex<Journal>>,
     replay: Option<Mutex<Replay>>,
     pub(crate) sink: Option<Arc<dyn JournalSink>>,
+    /// Where results over the spill threshold go (and come back from on replay).
+    pub(crate) spill: Option<Arc<dyn SpillStore>>,
     /// Prefix of the calls' idempotency keys ([`ToolArgs::call_id`]).
     pub(crate) run_id: Option<String>,
     /// Ordinals follow arrival order: the connection loop takes one per call as it reads the frame.
@@ -46,6 +50,7 @@ impl Shared {
             journal: Arc::default(),
             replay: None,
             sink: None,
+            spill: None,
             run_id: None,
             next_ordinal: AtomicU32::new(0),
             next_unjournaled: AtomicU32::new(0),
@@ -108,8 +113,21 @@ impl BridgeStats {
 /// Persists the journal as calls start and finish (durable runs), so a host that dies mid-run can be
 /// resumed: a call logged `Executing` but never `Applied` is the only one that runs again.
 pub trait JournalSink: Send + Sync + std::fmt::Debug {
-    /// Writes the whole journal; the bridge waits for it before calling the tool.
-    fn persist(&self, journal: Journal) -> BoxFuture<'static, Result<(), String>>;
+    /// Appends one entry as it is now (a call started, finished, suspended): the journal at rest is
+    /// the entries in the order they were appended, a later one of an ordinal replacing an earlier
+    /// one, so each call costs the same to persist however long the run. The bridge waits for it
+    /// before calling the tool.
+    fn record(&self, entry: JournalEntry) -> BoxFuture<'static, Result<(), String>>;
+}
+
+/// Keeps the journal's large values aside by their digest ([`Journaled::Spilled`]): a durable run's
+/// checkpoint, a session's record. Without one, a large value is kept by digest only (a run that is
+/// never replayed needs no more).
+pub trait SpillStore: Send + Sync + std::fmt::Debug {
+    /// Keeps `text` under `digest` (blake3 of it, hex).
+    fn put(&self, digest: String, text: String) -> BoxFuture<'static, Result<(), String>>;
+    /// The text kept under `digest`.
+    fn get(&self, digest: String) -> BoxFuture<'static, Result<String, String>>;
 }
 
 /// What a resumed run replays: the previous attempt's journal and the decisions for its suspensions.
@@ -158,7 +176,7 @@ pub enum Stop {
 }
 
 enum Replayed {
-    Result(Result<String, ToolError>),
+    Result(Result<Journaled, ToolError>),
     /// The suspension's id, the decision (JSON text), and the suspended call's request when the call
     /// has not been resumed yet (a `Decided` entry already holds its result).
     Decision(String, String, Option<String>),
@@ -194,6 +212,7 @@ pub(crate) async fn dispatch(
         return (id, Some(error_reply(id, &error)));
     }
     let (args_text, args_hash) = canonical_args(&args);
+    let args_text = head(&args_text, ARGS_KEPT);
     let (replayed, journaled) = bridge.replayed(arrival, &name, &args_hash);
     let ordinal = journaled.unwrap_or_else(|| bridge.unjournaled_ordinal(arrival));
     if let Some(run_id) = &bridge.run_id {
@@ -212,7 +231,19 @@ pub(crate) async fn dispatch(
             let _ = bridge
                 .record(entry(CallState::Applied(result.clone())))
                 .await;
-            return (id, Some(reply_of(id, result)));
+            let text = match result {
+                Ok(journaled) => match bridge.unspill(journaled).await {
+                    Ok(text) => Ok(text),
+                    Err(e) => {
+                        let _ = bridge.stop.try_send(Stop::Failed(Error::Malformed(format!(
+                            "the journal's result of call {ordinal} cannot be read back: {e}"
+                        ))));
+                        return (id, None);
+                    }
+                },
+                Err(error) => Err(error),
+            };
+            return (id, Some(reply_of(id, text)));
         }
         Replayed::Decision(suspension_id, decision, request) => {
             // A tool that ran something suspendable continues it with the decision; for the others
@@ -241,7 +272,7 @@ pub(crate) async fn dispatch(
                     id: suspension_id,
                     decision: text.clone(),
                 },
-                Err(_) => CallState::Applied(result.clone()),
+                Err(error) => CallState::Applied(Err(error.clone())),
             };
             let _ = bridge.record(entry(state)).await;
             return (id, Some(reply_of(id, result)));
@@ -274,8 +305,9 @@ pub(crate) async fn dispatch(
             .cloned()
             .unwrap_or(Value::Null)
             .to_string();
+        let journaled = bridge.spilled(&value).await;
         if let Err(e) = bridge
-            .record(entry(CallState::Applied(Ok(value.clone()))))
+            .record(entry(CallState::Applied(Ok(journaled))))
             .await
         {
             let error = ToolError::new(
@@ -339,9 +371,11 @@ pub(crate) async fn dispatch(
         }
         outcome => {
             let result = outcome.map(|v| v.to_string());
-            let _ = bridge
-                .record(entry(CallState::Applied(result.clone())))
-                .await;
+            let journaled = match &result {
+                Ok(text) => Ok(bridge.spilled(text).await),
+                Err(error) => Err(error.clone()),
+            };
+            let _ = bridge.record(entry(CallState::Applied(journaled))).await;
             (id, Some(reply_of(id, result)))
         }
     }
@@ -421,31 +455,44 @@ impl Shared {
         let _ = self.stop.try_send(Stop::Suspended(suspension));
     }
 
-    /// Adds or updates this call's entry and, for durable runs, persists the journal. Ordinals are
-    /// dense from 0, so an entry lives at its ordinal's index: O(1) per call.
+    /// Adds or updates this call's entry and, for durable runs, appends it to the journal at rest.
+    /// Ordinals are dense from 0, so an entry lives at its ordinal's index (concurrent calls may finish
+    /// out of order: placeholders keep indexes equal to ordinals): O(1) per call, in memory and at rest.
     async fn record(&self, entry: JournalEntry) -> Result<(), String> {
-        let snapshot = {
+        let appended = self.sink.as_ref().map(|_| entry.clone());
+        {
             let Ok(mut journal) = self.journal.lock() else {
                 return Err("the journal lock is poisoned".into());
             };
-            let index = entry.ordinal as usize;
-            let entries = &mut journal.entries;
-            if entries.len() <= index {
-                // Concurrent calls may finish out of order: placeholders keep indexes equal to ordinals.
-                entries.resize_with(index + 1, || JournalEntry {
-                    ordinal: u32::MAX,
-                    tool: String::new(),
-                    args_hash: String::new(),
-                    args: String::new(),
-                    state: CallState::Executing,
-                });
-            }
-            entries[index] = entry;
-            self.sink.as_ref().map(|_| journal.clone())
-        };
-        match (&self.sink, snapshot) {
-            (Some(sink), Some(journal)) => sink.persist(journal).await,
+            journal.apply(entry);
+        }
+        match (&self.sink, appended) {
+            (Some(sink), Some(entry)) => sink.record(entry).await,
             _ => Ok(()),
+        }
+    }
+
+    /// `text` as the journal keeps it: inline when small, else by digest, the text handed to the spill
+    /// store (a value it could not keep is still journaled by digest: a replay then fails clearly
+    /// rather than answering with something else).
+    async fn spilled(&self, text: &str) -> Journaled {
+        let journaled = Journaled::of(text, self.config.spill_threshold);
+        if let (Journaled::Spilled { digest, .. }, Some(spill)) = (&journaled, &self.spill) {
+            let _ = spill.put(digest.clone(), text.to_owned()).await;
+        }
+        journaled
+    }
+
+    /// The text of a journaled result, read back from the spill store when it was spilled.
+    async fn unspill(&self, journaled: Journaled) -> Result<String, String> {
+        match journaled {
+            Journaled::Inline(text) => Ok(text),
+            Journaled::Spilled { digest, .. } => match &self.spill {
+                Some(spill) => spill.get(digest).await,
+                None => Err(format!(
+                    "it was kept by its digest {digest} only, in no store"
+                )),
+            },
         }
     }
 }

@@ -32,6 +32,10 @@ pub struct BridgeConfig {
     /// `max_frame`, is always admitted when nothing else is in flight. The host never buffers more
     /// than this plus one 64 KiB read of the child's frames.
     pub max_in_flight_bytes: usize,
+    /// A journaled result longer than this (default 16 KiB) is kept by its digest, its text handed to
+    /// the run's spill store: what the journal holds in memory is bounded by calls × this, whatever
+    /// the values a run passes through its tools.
+    pub spill_threshold: usize,
 }
 
 impl Default for BridgeConfig {
@@ -44,6 +48,7 @@ impl Default for BridgeConfig {
             max_suspensions: 10,
             max_concurrent_calls: 16,
             max_in_flight_bytes: 64 << 20,
+            spill_threshold: 16 << 10,
         }
     }
 }

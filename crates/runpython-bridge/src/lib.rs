@@ -36,9 +36,9 @@ mod tool;
 
 use std::path::PathBuf;
 
-pub use calls::{BridgeStats, JournalSink, ReplayPlan, Stop, Suspension};
+pub use calls::{BridgeStats, JournalSink, ReplayPlan, SpillStore, Stop, Suspension};
 pub use config::BridgeConfig;
-pub use journal::{canonical_json, CallState, Journal, JournalEntry};
+pub use journal::{canonical_json, CallState, Journal, JournalEntry, Journaled, ARGS_KEPT};
 pub use numbers::canonical_floats;
 pub use server::{socket_pair, Bridge, HostEnd};
 pub use stubs::python_stubs;

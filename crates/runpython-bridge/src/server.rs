@@ -15,7 +15,9 @@ use serde_json::{json, Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::calls::{dispatch, error_reply, BridgeStats, JournalSink, ReplayPlan, Shared, Stop};
+use crate::calls::{
+    dispatch, error_reply, BridgeStats, JournalSink, ReplayPlan, Shared, SpillStore, Stop,
+};
 use crate::config::BridgeConfig;
 use crate::frame::{encode, FrameDecoder};
 use crate::journal::Journal;
@@ -142,6 +144,12 @@ impl Bridge {
     /// Persists the journal through `sink` around every call (durable runs).
     pub fn with_sink(mut self, sink: Arc<dyn JournalSink>) -> Self {
         self.shared.sink = Some(sink);
+        self
+    }
+
+    /// Keeps the journal's large results in `spill` (and reads them back from it on replay).
+    pub fn with_spill(mut self, spill: Arc<dyn SpillStore>) -> Self {
+        self.shared.spill = Some(spill);
         self
     }
 

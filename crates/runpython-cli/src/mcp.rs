@@ -218,7 +218,8 @@ impl ServerHandler for Server {
         let bytes = match read {
             Ok((bytes, _)) => bytes,
             Err(runpython_core::Error::Store(runpython_core::StoreError::TooLarge {
-                bytes, ..
+                bytes,
+                ..
             })) => {
                 return Err(ErrorData::invalid_params(
                     format!(

@@ -69,10 +69,10 @@ pub use runpython_deps::{
     EnvProvider, InstallJob, InstallPolicy, PipProvider, Progress as DepsProgress, ProgressFn,
     SourceBuilds, UvProvider,
 };
+/// The store's errors, as [`Error::Store`] carries them.
+pub use runpython_store::Error as StoreError;
 /// The store, its records and its backends (`object_store` re-exported for [`Store::with_backend`]).
 pub use runpython_store::{
     default_local_url, error_report, object_store, Artifact, ArtifactKind, CollectLimits, Listing,
     Store, StoreOptions, Tier,
 };
-/// The store's errors, as [`Error::Store`] carries them.
-pub use runpython_store::Error as StoreError;

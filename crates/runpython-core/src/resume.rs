@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use runpython_bridge::{
-    BoxFuture, CallState, Journal, JournalSink, ReplayPlan, Tool, ToolArgs, ToolError,
+    BoxFuture, CallState, Journal, JournalEntry, JournalSink, ReplayPlan, SpillStore, Tool,
+    ToolArgs, ToolError,
 };
 use runpython_store::{Listing, Store};
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,9 @@ use crate::request::RunRequest;
 
 const MAGIC: &[u8; 4] = b"RPCK";
 const VERSION_1: u8 = 1;
+/// Version 2: the same head, and the journal's entries appended as parts (`e-…`), its large values
+/// beside them (`v-<digest>`). Version 1 held the whole journal in the head, rewritten on every call.
+const VERSION_2: u8 = 2;
 
 /// A tool that asks a person: it suspends the run with its arguments as the request, and the
 /// decision given to [`crate::RunPython::resume`] becomes its return value.
@@ -92,7 +96,7 @@ impl CheckpointV1 {
 
     fn encode(&self) -> Result<Vec<u8>, Error> {
         let mut out = MAGIC.to_vec();
-        out.push(VERSION_1);
+        out.push(VERSION_2);
         out.extend(
             postcard::to_allocvec(&CheckpointRecord::V1(self.clone()))
                 .map_err(|e| Error::Internal(format!("cannot encode a checkpoint: {e}")))?,
@@ -106,7 +110,7 @@ impl CheckpointV1 {
         if bytes.len() < 5 || &bytes[..4] != MAGIC {
             return Err(bad("is not a runpython checkpoint".into()));
         }
-        if bytes[4] != VERSION_1 {
+        if bytes[4] != VERSION_1 && bytes[4] != VERSION_2 {
             return Err(bad(format!(
                 "has version {}, newer than this runpython understands; upgrade runpython",
                 bytes[4]
@@ -129,23 +133,64 @@ impl CheckpointV1 {
     }
 }
 
-/// Writes the checkpoint (state `Running`) with the journal, before and after every call.
+/// Appends each change of a call to the checkpoint as a part of its own (`e-<attempt>-<n>`), so a
+/// call costs the same to journal in a run's thousandth call as in its first.
 #[derive(Debug)]
 struct CheckpointSink {
     store: Store,
     run_id: String,
-    request: RunRequest,
+    /// When this attempt started (ms), so a resumed run's parts sort after its earlier attempts'.
+    attempt: u64,
+    appended: std::sync::atomic::AtomicU64,
 }
 
 impl JournalSink for CheckpointSink {
-    fn persist(&self, journal: Journal) -> BoxFuture<'static, Result<(), String>> {
+    fn record(&self, entry: JournalEntry) -> BoxFuture<'static, Result<(), String>> {
         let store = self.store.clone();
         let run_id = self.run_id.clone();
-        let request = self.request.clone();
+        let n = self
+            .appended
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("e-{:013}-{n:010}", self.attempt);
         Box::pin(async move {
-            put_checkpoint(&store, &run_id, &request, &journal, RunState::Running)
+            let bytes = entry.encode().map_err(|e| e.to_string())?;
+            store
+                .put_checkpoint_part(&run_id, &name, bytes)
                 .await
                 .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// A run's large journaled values, kept beside its checkpoint (`v-<digest>`).
+#[derive(Debug)]
+struct CheckpointSpill {
+    store: Store,
+    run_id: String,
+}
+
+impl SpillStore for CheckpointSpill {
+    fn put(&self, digest: String, text: String) -> BoxFuture<'static, Result<(), String>> {
+        let (store, run_id) = (self.store.clone(), self.run_id.clone());
+        Box::pin(async move {
+            store
+                .put_checkpoint_part(&run_id, &format!("v-{digest}"), text.into_bytes())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn get(&self, digest: String) -> BoxFuture<'static, Result<String, String>> {
+        let (store, run_id) = (self.store.clone(), self.run_id.clone());
+        Box::pin(async move {
+            let bytes = store
+                .get_checkpoint_part(&run_id, &format!("v-{digest}"))
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!("value {digest} is missing from run {run_id}'s checkpoint")
+                })?;
+            String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
         })
     }
 }
@@ -162,14 +207,15 @@ async fn put_checkpoint(
     Ok(())
 }
 
-/// For durable runs: the sink that journals every call, after a first checkpoint of the request
-/// (a resumed run keeps the journal it resumes from until its own calls replace it).
+/// What a durable run journals through: the sink that appends every call, after a first checkpoint
+/// of the request (a resumed run keeps the checkpoint it resumes from, its parts sorting after the
+/// earlier attempts'), and where its large values go.
 pub(crate) async fn durable_sink(
     store: &Store,
     run_id: &str,
     request: &RunRequest,
     resumed: bool,
-) -> Result<Arc<dyn JournalSink>, Error> {
+) -> Result<(Arc<dyn JournalSink>, Arc<dyn SpillStore>), Error> {
     if !resumed {
         put_checkpoint(
             store,
@@ -180,15 +226,31 @@ pub(crate) async fn durable_sink(
         )
         .await?;
     }
-    Ok(Arc::new(CheckpointSink {
+    let attempt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Ok((
+        Arc::new(CheckpointSink {
+            store: store.clone(),
+            run_id: run_id.to_owned(),
+            attempt,
+            appended: std::sync::atomic::AtomicU64::new(0),
+        }),
+        spill_for(store, run_id),
+    ))
+}
+
+/// Where `run_id`'s large journaled values are kept and read back (a resumed run's replay).
+pub(crate) fn spill_for(store: &Store, run_id: &str) -> Arc<dyn SpillStore> {
+    Arc::new(CheckpointSpill {
         store: store.clone(),
         run_id: run_id.to_owned(),
-        request: request.clone(),
-    }))
+    })
 }
 
 /// After an attempt: a suspended run's checkpoint says what it waits for; a durable or resumed run
-/// that ended otherwise is marked finished so it cannot be resumed again.
+/// that ended otherwise is marked finished so it cannot be resumed again. A run that appended its
+/// journal (`durable_or_resumed`) writes only its head: the journal is in its parts already.
 pub(crate) async fn after_attempt(
     store: &Store,
     run_id: &str,
@@ -198,6 +260,10 @@ pub(crate) async fn after_attempt(
     durable_or_resumed: bool,
 ) -> Result<(), Error> {
     let journal = journal.unwrap_or_default();
+    let inline = match durable_or_resumed {
+        true => Journal::default(),
+        false => journal.clone(),
+    };
     if envelope.status == Status::Suspended {
         let pending: Vec<String> = journal
             .suspensions()
@@ -210,13 +276,13 @@ pub(crate) async fn after_attempt(
             store,
             run_id,
             request,
-            &journal,
+            &inline,
             RunState::Suspended(pending),
         )
         .await;
     }
     if durable_or_resumed {
-        put_checkpoint(store, run_id, request, &journal, RunState::Finished).await?;
+        put_checkpoint(store, run_id, request, &inline, RunState::Finished).await?;
     }
     Ok(())
 }
@@ -236,7 +302,7 @@ pub(crate) async fn load_for_resume(
         ))
     })?;
     let checkpoint = CheckpointV1::decode(run_id, &bytes)?;
-    let journal = Journal::decode(&checkpoint.journal)?;
+    let journal = journal_of(store, run_id, &checkpoint).await?;
     // `Running` means its host died mid-run: resuming it is how it finishes.
     if checkpoint.state == RunState::Finished {
         return Err(Error::InvalidInput(format!(
@@ -263,6 +329,23 @@ pub(crate) async fn load_for_resume(
         }
     }
     Ok((checkpoint.request()?, ReplayPlan { journal, decisions }))
+}
+
+/// The journal of `run_id`: the head's own entries, then every part appended after them, in order (a
+/// later entry of an ordinal replaces an earlier one).
+async fn journal_of(
+    store: &Store,
+    run_id: &str,
+    checkpoint: &CheckpointV1,
+) -> Result<Journal, Error> {
+    let mut journal = Journal::decode(&checkpoint.journal)?;
+    for name in store.list_checkpoint_parts(run_id, "e-").await? {
+        let Some(bytes) = store.get_checkpoint_part(run_id, &name).await? else {
+            continue; // deleted meanwhile: the run is gone
+        };
+        journal.apply(JournalEntry::decode(&bytes)?);
+    }
+    Ok(journal)
 }
 
 /// A run that has not finished and can be resumed, as [`resumable_runs`] finds it in a store.

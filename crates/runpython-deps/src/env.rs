@@ -780,7 +780,10 @@ mod tests {
         );
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.key, b.key);
-        assert_ne!(a.installed_now, b.installed_now, "one installed, the other waited");
+        assert_ne!(
+            a.installed_now, b.installed_now,
+            "one installed, the other waited"
+        );
         assert_eq!(fake.calls.load(Ordering::SeqCst), 1);
     }
 

@@ -318,7 +318,12 @@ fn walk(
             format!("{rel}/{file_name}")
         };
         let mut skip = |reason: String| {
-            skip_into(&mut out.skipped, &mut out.skipped_counts, name.clone(), reason)
+            skip_into(
+                &mut out.skipped,
+                &mut out.skipped_counts,
+                name.clone(),
+                reason,
+            )
         };
         match dir.dir(&file_name) {
             Ok(sub) => {

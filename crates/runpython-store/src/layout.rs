@@ -13,6 +13,9 @@ pub(crate) const RUNS: &str = "v1/runs";
 pub(crate) const MEMO: &str = "v1/memo";
 /// Checkpoints of resumable runs (request, journal, state), opaque to the store.
 pub(crate) const CHECKPOINTS: &str = "v1/checkpoints";
+/// What durable runs append to their checkpoints (a journal entry per change of a call, and the
+/// large values those entries hold by digest), opaque to the store; deleted with the checkpoint.
+pub(crate) const CHECKPOINT_PARTS: &str = "v1/checkpoint-parts";
 /// Session records (every cell with its journal), opaque to the store.
 pub(crate) const SESSIONS: &str = "v1/sessions";
 /// The parts of session records (one per cell), each written once, opaque to the store.
@@ -68,6 +71,40 @@ pub(crate) fn session_parts(id: &str) -> Result<String> {
 /// Part `n` of session `id`'s record (zero-padded, so a listing sorts in order).
 pub(crate) fn session_part(id: &str, n: u64) -> Result<Path> {
     Ok(Path::from(format!("{}/{n:020}", session_parts(id)?)))
+}
+
+/// Where the parts of run `run_id`'s checkpoint live.
+pub(crate) fn checkpoint_parts(run_id: &str) -> Result<String> {
+    check_run_id(run_id)?;
+    Ok(format!("{CHECKPOINT_PARTS}/{run_id}"))
+}
+
+/// Part `name` of run `run_id`'s checkpoint.
+pub(crate) fn checkpoint_part(run_id: &str, name: &str) -> Result<Path> {
+    check_part_name(name)?;
+    Ok(Path::from(format!("{}/{name}", checkpoint_parts(run_id)?)))
+}
+
+/// A value `name` kept with session `id`'s record (beside its numbered parts).
+pub(crate) fn session_value(id: &str, name: &str) -> Result<Path> {
+    check_part_name(name)?;
+    Ok(Path::from(format!("{}/v-{name}", session_parts(id)?)))
+}
+
+/// Part names are the core's: a single segment of ASCII letters, digits and `-`.
+fn check_part_name(name: &str) -> Result<()> {
+    if !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        Ok(())
+    } else {
+        Err(Error::InvalidId {
+            what: "part name",
+            value: name.to_owned(),
+            reason: "must be 1 to 128 ASCII letters, digits or `-`",
+        })
+    }
 }
 
 pub(crate) fn memo(key: &str) -> Result<Path> {

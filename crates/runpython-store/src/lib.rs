@@ -75,8 +75,7 @@ pub use artifact::{Artifact, ArtifactKind, ListedArtifact};
 pub use backend::{default_local_url, StoreOptions};
 pub use collect::{
     collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile,
-    MAX_SKIPPED_NAMED,
-    SkippedFile,
+    SkippedFile, MAX_SKIPPED_NAMED,
 };
 pub use error::{error_report, Error};
 pub use gc::GcReport;

@@ -37,6 +37,72 @@ impl Store {
         self.read(&key).await
     }
 
+    /// Keeps part `name` of `run_id`'s checkpoint (the caller's bytes: a durable run appends one per
+    /// change of a call, and keeps large values beside them), replacing any earlier part `name`.
+    /// Deleted with the run.
+    pub async fn put_checkpoint_part(
+        &self,
+        run_id: &str,
+        name: &str,
+        bytes: impl Into<Bytes>,
+    ) -> Result<()> {
+        self.write(&layout::checkpoint_part(run_id, name)?, bytes.into())
+            .await
+    }
+
+    /// Part `name` of `run_id`'s checkpoint, or `None`.
+    pub async fn get_checkpoint_part(&self, run_id: &str, name: &str) -> Result<Option<Bytes>> {
+        self.read(&layout::checkpoint_part(run_id, name)?).await
+    }
+
+    /// The names of `run_id`'s checkpoint parts that start with `prefix`, sorted.
+    pub async fn list_checkpoint_parts(&self, run_id: &str, prefix: &str) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .list(&layout::checkpoint_parts(run_id)?)
+            .await?
+            .iter()
+            .filter_map(|m| layout::file_name(&m.location))
+            .filter(|n| n.starts_with(prefix))
+            .map(str::to_owned)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Forgets `run_id`'s checkpoint and its parts (absent is fine).
+    pub async fn delete_checkpoint(&self, run_id: &str) -> Result<()> {
+        self.remove(&layout::checkpoint(run_id)?).await?;
+        self.remove_all(&layout::checkpoint_parts(run_id)?).await
+    }
+
+    /// Keeps a value `name` with session `id`'s record (deleted with it).
+    pub async fn put_session_value(
+        &self,
+        id: &str,
+        name: &str,
+        bytes: impl Into<Bytes>,
+    ) -> Result<()> {
+        self.write(&layout::session_value(id, name)?, bytes.into())
+            .await
+    }
+
+    /// The value `name` kept with session `id`'s record, or `None`.
+    pub async fn get_session_value(&self, id: &str, name: &str) -> Result<Option<Bytes>> {
+        self.read(&layout::session_value(id, name)?).await
+    }
+
+    /// Removes every object under `dir`.
+    async fn remove_all(&self, dir: &str) -> Result<()> {
+        let objects = self.list(dir).await?;
+        futures_util::stream::iter(objects)
+            .map(|meta| async move { self.remove(&meta.location).await })
+            .buffer_unordered(FAN_OUT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<()>>()
+    }
+
     // ---- sessions ----
 
     /// Keeps a session's record (the caller's own versioned bytes), replacing any earlier one atomically.
@@ -65,24 +131,29 @@ impl Store {
         self.read(&key).await
     }
 
-    /// Forgets session `id`, its record and every part of it (absent is fine).
+    /// Forgets session `id`, its record and every part and value of it (absent is fine).
     pub async fn delete_session(&self, id: &str) -> Result<()> {
         self.remove(&layout::session(id)?).await?;
-        let parts = self.list(&layout::session_parts(id)?).await?;
-        futures_util::stream::iter(parts)
-            .map(|meta| async move { self.remove(&meta.location).await })
-            .buffer_unordered(FAN_OUT)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<()>>()
+        self.remove_all(&layout::session_parts(id)?).await
     }
 
-    /// Every checkpoint in the store with when it was last written, least recently written first:
-    /// how runs that have not finished (suspended, or whose host died) are found without knowing
-    /// their ids. A failure to reach the store fails the listing.
+    /// Every checkpoint in the store with when it or a part of it was last written, least recently
+    /// written first: how runs that have not finished (suspended, or whose host died) are found
+    /// without knowing their ids. A failure to reach the store fails the listing.
     pub async fn list_checkpoints(&self) -> Result<Vec<StoredCheckpoint>> {
         let metas = self.list(layout::CHECKPOINTS).await?;
+        // A durable run appends parts and leaves its head alone: its last write is its newest part's.
+        let mut newest_part = std::collections::HashMap::<String, SystemTime>::new();
+        for part in self.list(layout::CHECKPOINT_PARTS).await? {
+            let mut segments = part.location.parts();
+            let run = segments.nth(2).map(|s| s.as_ref().to_owned());
+            if let Some(run) = run {
+                let at: SystemTime = part.last_modified.into();
+                let newest = newest_part.entry(run).or_insert(at);
+                *newest = (*newest).max(at);
+            }
+        }
+        let newest_part = &newest_part;
         let read: Vec<Result<Option<StoredCheckpoint>>> = futures_util::stream::iter(metas)
             .filter_map(|meta| async move {
                 let run_id = layout::file_name(&meta.location)?;
@@ -90,14 +161,15 @@ impl Store {
                 Some((run_id.to_owned(), meta))
             })
             .map(|(run_id, meta)| async move {
-                Ok(self
-                    .read(&meta.location)
-                    .await?
-                    .map(|bytes| StoredCheckpoint {
+                Ok(self.read(&meta.location).await?.map(|bytes| {
+                    let head: SystemTime = meta.last_modified.into();
+                    let updated_at = newest_part.get(&run_id).map_or(head, |p| head.max(*p));
+                    StoredCheckpoint {
                         run_id,
-                        updated_at: meta.last_modified.into(),
+                        updated_at,
                         bytes,
-                    }))
+                    }
+                }))
             })
             .buffer_unordered(FAN_OUT)
             .collect()

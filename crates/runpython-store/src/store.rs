@@ -525,22 +525,22 @@ impl Store {
         };
         let record = ManifestRecord::V2(ManifestV2 {
             v1: ManifestV1 {
-            run_id: run.run_id,
-            created_at_ms,
-            tier,
-            deps: run.deps,
-            env_fingerprint: run.env_fingerprint,
-            isolation_json: run.isolation_json,
-            artifacts: artifacts.iter().map(Into::into).collect(),
-            skipped_files: run
-                .skipped_files
-                .into_iter()
-                .take(crate::MAX_SKIPPED_NAMED)
-                .map(|s| SkippedFileV1 {
-                    name: s.name,
-                    reason: s.reason,
-                })
-                .collect(),
+                run_id: run.run_id,
+                created_at_ms,
+                tier,
+                deps: run.deps,
+                env_fingerprint: run.env_fingerprint,
+                isolation_json: run.isolation_json,
+                artifacts: artifacts.iter().map(Into::into).collect(),
+                skipped_files: run
+                    .skipped_files
+                    .into_iter()
+                    .take(crate::MAX_SKIPPED_NAMED)
+                    .map(|s| SkippedFileV1 {
+                        name: s.name,
+                        reason: s.reason,
+                    })
+                    .collect(),
             },
             skipped_counts: run.skipped_counts.into_iter().collect(),
         });
@@ -638,7 +638,7 @@ impl Store {
     /// next [`gc`](Self::gc) unless another run shares them. Deleting a missing run is not an error.
     pub async fn delete_run(&self, run_id: &str) -> Result<()> {
         // Its checkpoint goes too: a run that is gone cannot be resumed (and gc must not leave them).
-        self.remove(&layout::checkpoint(run_id)?).await?;
+        self.delete_checkpoint(run_id).await?;
         self.remove(&layout::run(run_id)?).await
     }
 }

@@ -256,8 +256,8 @@ impl RunPython {
             if let Some(plan) = replay {
                 bridge = bridge.with_replay(plan);
             }
-            if let Some(sink) = durable {
-                bridge = bridge.with_sink(sink);
+            if let Some((sink, spill)) = durable {
+                bridge = bridge.with_sink(sink).with_spill(spill);
             }
             let stats = bridge.stats();
             if let Some(cell) = &nested_stats {

@@ -114,7 +114,11 @@ impl RunPython {
                 tools,
                 bridge: &self.inner.bridge,
                 replay,
-                sink: None,
+                spill: self
+                    .inner
+                    .keep
+                    .as_ref()
+                    .map(|keep| crate::session::spill_for(&keep.store, &e.id)),
                 nested_stats,
                 max_output_chars: limits.max_output_chars,
                 max_return_bytes: limits.max_return_bytes,

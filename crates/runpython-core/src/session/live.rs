@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use runpython_bridge::{
-    Bridge, BridgeConfig, BridgeStats, Journal, JournalSink, ReplayPlan, ToolSet,
+    Bridge, BridgeConfig, BridgeStats, Journal, ReplayPlan, SpillStore, ToolSet,
 };
 use runpython_store::{BeneathDir, CollectLimits, CollectedFiles};
 use serde_json::Value;
@@ -73,7 +73,8 @@ pub(crate) struct CellSpec<'a> {
     pub tools: ToolSet,
     pub bridge: &'a BridgeConfig,
     pub replay: Option<ReplayPlan>,
-    pub sink: Option<Arc<dyn JournalSink>>,
+    /// Where the cell's large journaled values go (a kept session's record).
+    pub spill: Option<Arc<dyn SpillStore>>,
     pub nested_stats: Option<crate::nested::RunStats>,
     pub max_output_chars: usize,
     pub max_return_bytes: usize,
@@ -157,8 +158,8 @@ impl Live {
             if let Some(plan) = spec.replay {
                 bridge = bridge.with_replay(plan);
             }
-            if let Some(sink) = spec.sink {
-                bridge = bridge.with_sink(sink);
+            if let Some(spill) = spec.spill {
+                bridge = bridge.with_spill(spill);
             }
             (Some(bridge), Some(child))
         };

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 pub(crate) use live::{CellRaw, CellSpec, Live};
-pub(crate) use record::{CellRecord, SessionRecord};
+pub(crate) use record::{spill_for, CellRecord, SessionRecord};
 
 /// Limits of an engine's sessions.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -339,3 +339,49 @@ mod tests {
         assert!(err.to_string().contains("missing its cell 0"), "{err}");
     }
 }
+
+/// A session's large journaled values, kept with its record (`v-<digest>`, deleted with it).
+#[derive(Debug)]
+struct SessionSpill {
+    store: Store,
+    id: String,
+}
+
+impl runpython_bridge::SpillStore for SessionSpill {
+    fn put(
+        &self,
+        digest: String,
+        text: String,
+    ) -> runpython_bridge::BoxFuture<'static, Result<(), String>> {
+        let (store, id) = (self.store.clone(), self.id.clone());
+        Box::pin(async move {
+            store
+                .put_session_value(&id, &digest, text.into_bytes())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn get(&self, digest: String) -> runpython_bridge::BoxFuture<'static, Result<String, String>> {
+        let (store, id) = (self.store.clone(), self.id.clone());
+        Box::pin(async move {
+            let bytes = store
+                .get_session_value(&id, &digest)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("value {digest} is missing from the session's record"))?;
+            String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Where session `id`'s large journaled values are kept and read back (its replay).
+pub(crate) fn spill_for(
+    store: &Store,
+    id: &str,
+) -> std::sync::Arc<dyn runpython_bridge::SpillStore> {
+    std::sync::Arc::new(SessionSpill {
+        store: store.clone(),
+        id: id.to_owned(),
+    })
+}
