@@ -57,7 +57,7 @@ async fn a_call_past_the_depth_limit_raises_nesting_limit_in_the_code() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_inner_run_gets_what_remains_of_the_tool_call_budget_and_is_charged_for_it() {
+async fn the_inner_run_shares_the_outer_runs_tool_call_budget() {
     let ticks = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&ticks);
     let python = RunPython::builder()
@@ -75,13 +75,13 @@ async fn the_inner_run_gets_what_remains_of_the_tool_call_budget_and_is_charged_
 tick(); tick()
 inner = run_python("for _ in range(10):\n    tick()")
 print(inner["status"], inner["error"]["type"], inner["error"]["message"])
-tick()  # the inner run's two calls were charged: this is the sixth of five
+tick()  # the inner run's calls were the tree's: this is the sixth of five
 "#;
     let envelope = python.run(code).await.unwrap();
     assert!(
-        envelope
-            .stdout
-            .starts_with("error ToolCallLimit the code made more than 2 tool calls"),
+        envelope.stdout.starts_with(
+            "error ToolCallLimit this run and the runs nested with it made more than 5 tool calls"
+        ),
         "{envelope:?}"
     );
     assert_eq!(envelope.status, Status::Error);
@@ -90,6 +90,89 @@ tick()  # the inner run's two calls were charged: this is the sixth of five
         ticks.load(Ordering::SeqCst),
         4,
         "2 outer + 2 inner calls reach the tool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_nested_runs_never_make_more_calls_than_the_outer_budget() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&ticks);
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(60))
+        .max_tool_calls(100)
+        .allow_nested(1)
+        .tool(tool_fn("tick", "Counts.", None, move |_| {
+            let counter = Arc::clone(&counter);
+            async move { Ok(json!(counter.fetch_add(1, Ordering::SeqCst))) }
+        }))
+        .build()
+        .unwrap();
+    // Eight inner runs at once (four live, the rest refused until one ends), each trying 300 calls.
+    let code = r#"
+import asyncio
+inner = "n = 0\ntry:\n    while n < 300:\n        tick(); n += 1\nexcept BaseException:\n    pass\nn"
+async def main():
+    return await asyncio.gather(*[run_python(inner) for _ in range(8)], return_exceptions=True)
+results = asyncio.run(main())
+[(r["error"] or {}).get("type", "done") if isinstance(r, dict) else type(r).__name__ for r in results]
+"#;
+    let envelope = python.run(code).await.unwrap();
+    assert_eq!(envelope.status, Status::Success, "{envelope:?}");
+    let made = ticks.load(Ordering::SeqCst);
+    assert!(
+        made <= 100,
+        "the tree made {made} calls under a budget of 100"
+    );
+    // The live ones ran out of the shared budget; the others were refused while four were alive.
+    let results = envelope.return_value.as_array().unwrap();
+    let refused = results
+        .iter()
+        .filter(|r| **r == json!("NestingLimit"))
+        .count();
+    let limited = results
+        .iter()
+        .filter(|r| **r == json!("ToolCallLimit"))
+        .count();
+    assert!(refused <= 4 && refused + limited == 8, "{results:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tree_of_runs_holds_no_more_calls_at_once_than_one_run() {
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n, p) = (Arc::clone(&now), Arc::clone(&peak));
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(60))
+        .allow_nested(1)
+        .tool(tool_fn("slow", "Holds a slot.", None, move |_| {
+            let (now, peak) = (Arc::clone(&n), Arc::clone(&p));
+            async move {
+                let at = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(at, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(json!(at))
+            }
+        }))
+        .build()
+        .unwrap();
+    // Four inner runs, each with sixteen calls at once (a run's own cap), and the outer's sixteen.
+    let code = r#"
+import asyncio
+inner = "import asyncio\nasync def main():\n    return await asyncio.gather(*[slow() for _ in range(16)])\nlen(asyncio.run(main()))"
+async def main():
+    runs = [run_python(inner) for _ in range(4)]
+    mine = [slow() for _ in range(16)]
+    return await asyncio.gather(*runs, *mine)
+results = asyncio.run(main())
+[r["return_value"] if isinstance(r, dict) else r for r in results[:4]]
+"#;
+    let envelope = python.run(code).await.unwrap();
+    assert_eq!(envelope.status, Status::Success, "{envelope:?}");
+    assert_eq!(envelope.return_value, json!([16, 16, 16, 16]));
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= 16,
+        "{peak} calls were served at once across the tree"
     );
 }
 

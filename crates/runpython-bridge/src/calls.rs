@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     pub(crate) sink: Option<Arc<dyn JournalSink>>,
     /// Where results over the spill threshold go (and come back from on replay).
     pub(crate) spill: Option<Arc<dyn SpillStore>>,
+    /// The budget of the tree of runs this one belongs to, when it is one of a tree.
+    pub(crate) budget: Option<Arc<CallBudget>>,
     /// Prefix of the calls' idempotency keys ([`ToolArgs::call_id`]).
     pub(crate) run_id: Option<String>,
     /// Ordinals follow arrival order: the connection loop takes one per call as it reads the frame.
@@ -51,6 +53,7 @@ impl Shared {
             replay: None,
             sink: None,
             spill: None,
+            budget: None,
             run_id: None,
             next_ordinal: AtomicU32::new(0),
             next_unjournaled: AtomicU32::new(0),
@@ -82,12 +85,50 @@ impl Shared {
     }
 }
 
+/// Tool calls shared by a tree of runs (a run and the runs nested in it): how many the whole tree may
+/// make, and how many it may have in flight at once (each holds host resources: a command tool's
+/// process, an artifact slice), so that nested runs started side by side never multiply the budget.
+#[derive(Debug)]
+pub struct CallBudget {
+    max: u32,
+    used: AtomicU32,
+    in_flight: tokio::sync::Semaphore,
+}
+
+impl CallBudget {
+    /// `max_calls` calls in all, `concurrent` (at least one) in flight at once.
+    pub fn new(max_calls: u32, concurrent: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max: max_calls,
+            used: AtomicU32::new(0),
+            in_flight: tokio::sync::Semaphore::new(concurrent.max(1)),
+        })
+    }
+
+    /// Calls the tree made (refused ones over the budget included).
+    pub fn used(&self) -> u32 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Calls the tree may still make.
+    pub fn remaining(&self) -> u32 {
+        self.max.saturating_sub(self.used())
+    }
+
+    /// Counts one call; false when it is over the budget.
+    fn take(&self) -> bool {
+        self.used.fetch_add(1, Ordering::Relaxed) < self.max
+    }
+}
+
 /// What happened on a run's bridge, readable while and after it serves.
 #[derive(Debug, Default)]
 pub struct BridgeStats {
     calls: AtomicU32,
     impure_calls: AtomicU32,
     limit_exceeded: AtomicBool,
+    /// The budget that was exceeded was the tree's (shared with nested runs), not the run's own.
+    tree_limit: AtomicU32,
 }
 
 impl BridgeStats {
@@ -103,10 +144,12 @@ impl BridgeStats {
     pub fn limit_exceeded(&self) -> bool {
         self.limit_exceeded.load(Ordering::Relaxed)
     }
-    /// Counts `n` calls made elsewhere on this run's behalf (by a run nested in it), so they come out
-    /// of its budget: later calls over the budget are refused as if the run had made them itself.
-    pub fn charge(&self, n: u32) {
-        self.calls.fetch_add(n, Ordering::Relaxed);
+    /// When the budget exceeded was the tree's of nested runs ([`CallBudget`]): its size.
+    pub fn tree_limit_exceeded(&self) -> Option<u32> {
+        match self.tree_limit.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
     }
 }
 
@@ -200,15 +243,27 @@ pub(crate) async fn dispatch(
     mut args: ToolArgs,
 ) -> (u64, Option<Value>) {
     let n = bridge.stats.calls.fetch_add(1, Ordering::Relaxed) + 1;
-    if n > bridge.config.max_calls {
+    let tree_allows = bridge.budget.as_ref().is_none_or(|b| b.take());
+    if n > bridge.config.max_calls || !tree_allows {
         bridge.stats.limit_exceeded.store(true, Ordering::Relaxed);
-        let error = ToolError::new(
-            "ToolCallLimit",
-            format!(
+        let message = match (&bridge.budget, tree_allows) {
+            (Some(budget), false) => {
+                bridge
+                    .stats
+                    .tree_limit
+                    .store(budget.max.max(1), Ordering::Relaxed);
+                format!(
+                    "this run and the runs nested with it made more than {} tool calls, their \
+                     shared budget; batch work into fewer calls",
+                    budget.max
+                )
+            }
+            _ => format!(
                 "the run made more than {} tool calls, its budget; batch work into fewer calls",
                 bridge.config.max_calls
             ),
-        );
+        };
+        let error = ToolError::new("ToolCallLimit", message);
         return (id, Some(error_reply(id, &error)));
     }
     let (args_text, args_hash) = canonical_args(&args);
@@ -329,6 +384,12 @@ pub(crate) async fn dispatch(
         );
         return (id, Some(error_reply(id, &error)));
     }
+    // A call of a tree of runs holds one of the tree's slots while it runs (not a nested run_python:
+    // the runs it starts take slots for their own calls, and holding one here could starve them).
+    let _slot = match (&bridge.budget, tool.runs_nested()) {
+        (Some(budget), false) => budget.in_flight.acquire().await.ok(),
+        _ => None,
+    };
     let timeout = bridge.config.call_timeout;
     let call = std::panic::AssertUnwindSafe(tool.call(args)).catch_unwind();
     let outcome = match tokio::time::timeout(timeout, call).await {

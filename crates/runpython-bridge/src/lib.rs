@@ -36,7 +36,7 @@ mod tool;
 
 use std::path::PathBuf;
 
-pub use calls::{BridgeStats, JournalSink, ReplayPlan, SpillStore, Stop, Suspension};
+pub use calls::{BridgeStats, CallBudget, JournalSink, ReplayPlan, SpillStore, Stop, Suspension};
 pub use config::BridgeConfig;
 pub use journal::{canonical_json, CallState, Journal, JournalEntry, Journaled, ARGS_KEPT};
 pub use numbers::canonical_floats;

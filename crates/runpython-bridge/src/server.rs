@@ -16,7 +16,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::calls::{
-    dispatch, error_reply, BridgeStats, JournalSink, ReplayPlan, Shared, SpillStore, Stop,
+    dispatch, error_reply, BridgeStats, CallBudget, JournalSink, ReplayPlan, Shared, SpillStore,
+    Stop,
 };
 use crate::config::BridgeConfig;
 use crate::frame::{encode, FrameDecoder};
@@ -144,6 +145,13 @@ impl Bridge {
     /// Persists the journal through `sink` around every call (durable runs).
     pub fn with_sink(mut self, sink: Arc<dyn JournalSink>) -> Self {
         self.shared.sink = Some(sink);
+        self
+    }
+
+    /// Counts this run's calls against `budget`, shared with the runs nested in it (or the run it is
+    /// nested in): the tree's calls in all and in flight at once.
+    pub fn with_budget(mut self, budget: Arc<CallBudget>) -> Self {
+        self.shared.budget = Some(budget);
         self
     }
 

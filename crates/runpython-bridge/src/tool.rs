@@ -108,6 +108,12 @@ pub trait Tool: Send + Sync {
     fn is_hidden(&self) -> bool {
         false
     }
+    /// True for a tool that runs other runs (a nested `run_python`): under a [`crate::CallBudget`]
+    /// its call holds no slot of the tree's concurrent calls (the runs it starts take theirs for their
+    /// own calls). Default: false.
+    fn runs_nested(&self) -> bool {
+        false
+    }
     /// Run the call. An `Err` reaches the code as an exception.
     fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>>;
     /// Continue a call that suspended with `request` (the payload of its [`ToolError::suspend`]), now

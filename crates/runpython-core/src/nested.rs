@@ -2,9 +2,13 @@
 //! call `run_python(code, dependencies=None, inputs=None)` and gets the inner run's envelope as a dict.
 //!
 //! The inner run is a run of a copy of the outer engine (same tools, store, dependency policy), one level
-//! deeper, in its own sandboxed child. Budgets are shared downwards: the inner timeout is what remains of
-//! the outer run's time (less a margin so the outer code can still read the inner envelope), its tool-call
-//! budget is what remains of the outer's, and the calls it makes are charged to the outer run.
+//! deeper, in its own sandboxed child. A budget is the whole tree's ([`TreeBudget`]), reserved before an
+//! inner run starts and settled when it ends: the inner timeout is what remains of the outer run's time
+//! (less a margin so the outer code can still read the inner envelope); every run of the tree counts its
+//! tool calls against one counter and holds one of the tree's slots while a call runs (so no number of
+//! inner runs side by side makes more calls, or runs more host command processes, than one run may);
+//! at most [`MAX_LIVE_NESTED`] inner sandboxes live at once; and the inner runs share one run's memory
+//! and disk, each getting a [`MAX_LIVE_NESTED`]th of it.
 //! The tool is offered at every level; a call from the deepest level raises `NestingLimit` in the code.
 //!
 //! An inner run that suspends suspends the outer call ([`ToolError::suspend`] carrying the inner run id
@@ -14,11 +18,10 @@
 //! requests and envelopes only, never on the engine's type.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use runpython_bridge::{BoxFuture, BridgeStats, Tool, ToolArgs, ToolError, ToolSet};
+use runpython_bridge::{BoxFuture, CallBudget, Tool, ToolArgs, ToolError, ToolSet};
 use serde_json::Value;
 
 use crate::envelope::{Envelope, Status};
@@ -33,8 +36,19 @@ pub(crate) trait NestEngine: Send + Sync {
     fn max_tool_calls(&self) -> u32;
     /// Where this engine sits in the tree of nested runs.
     fn nesting(&self) -> Option<&Nesting>;
-    /// A copy of the engine for a run nested in one of its runs.
-    fn deeper(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> Arc<dyn NestEngine>;
+    /// Calls served at once per run.
+    fn max_concurrent_calls(&self) -> usize;
+    /// A run's memory and disk.
+    fn memory_and_disk(&self) -> (u64, u64);
+    /// A copy of the engine for a run nested in one of its runs, with the share of the tree's memory
+    /// and disk reserved for it.
+    fn deeper(
+        &self,
+        timeout: Duration,
+        nesting: Nesting,
+        memory_bytes: u64,
+        disk_bytes: u64,
+    ) -> Arc<dyn NestEngine>;
     /// Runs `request` to its end.
     fn run(&self, request: RunRequest) -> BoxFuture<'static, Result<Envelope, Error>>;
     /// Resumes a suspended run.
@@ -48,6 +62,100 @@ pub(crate) trait NestEngine: Send + Sync {
 /// The longest margin kept from the outer run's remaining time when sizing an inner run's timeout.
 const MAX_TIME_MARGIN: Duration = Duration::from_secs(2);
 
+/// Inner sandboxes a tree of runs may have alive at once.
+pub(crate) const MAX_LIVE_NESTED: usize = 4;
+
+/// The least memory and disk an inner run starts with; with less left in the tree, it is refused.
+const MIN_NESTED_MEMORY: u64 = 64 << 20;
+const MIN_NESTED_DISK: u64 = 16 << 20;
+
+/// What a tree of runs (an outermost run and every run nested in it) may use, together.
+#[derive(Debug)]
+pub(crate) struct TreeBudget {
+    /// Tool calls, in all and in flight at once.
+    pub calls: Arc<CallBudget>,
+    /// Inner sandboxes alive at once.
+    live: Arc<tokio::sync::Semaphore>,
+    /// Memory and disk left for the inner runs (one run's worth to share).
+    left: Mutex<(u64, u64)>,
+    /// What one inner run gets: a [`MAX_LIVE_NESTED`]th of one run's memory and disk, so that the
+    /// inner runs alive at once, at any depth, never hold more than one run's worth.
+    share: (u64, u64),
+}
+
+impl TreeBudget {
+    fn new(max_calls: u32, concurrent: usize, memory: u64, disk: u64) -> Arc<Self> {
+        let n = MAX_LIVE_NESTED as u64;
+        Arc::new(Self {
+            calls: CallBudget::new(max_calls, concurrent),
+            live: Arc::new(tokio::sync::Semaphore::new(MAX_LIVE_NESTED)),
+            left: Mutex::new((memory, disk)),
+            share: (memory / n, disk / n),
+        })
+    }
+}
+
+/// A reservation of one inner run, settled when dropped.
+struct Reserved {
+    tree: Arc<TreeBudget>,
+    memory: u64,
+    disk: u64,
+    _live: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Ok(mut left) = self.tree.left.lock() {
+            left.0 += self.memory;
+            left.1 += self.disk;
+        }
+    }
+}
+
+impl TreeBudget {
+    /// Reserves a live sandbox and its share of memory and disk for one inner run, or says why there
+    /// is none to give.
+    fn reserve(self: &Arc<Self>) -> Result<Reserved, ToolError> {
+        let want = self.share;
+        let live = Arc::clone(&self.live).try_acquire_owned().map_err(|_| {
+            ToolError::new(
+                "NestingLimit",
+                format!(
+                    "{MAX_LIVE_NESTED} nested runs are running already, the most a run's tree may \
+                     have at once; wait for one to finish"
+                ),
+            )
+        })?;
+        let mut left = self
+            .left
+            .lock()
+            .map_err(|_| ToolError::new("RuntimeError", "the nested runs' budget is poisoned"))?;
+        let memory = want.0.min(left.0);
+        let disk = want.1.min(left.1);
+        if memory < MIN_NESTED_MEMORY || disk < MIN_NESTED_DISK {
+            return Err(ToolError::new(
+                "NestingLimit",
+                format!(
+                    "the nested runs running now hold this run's memory and disk ({} MiB and {} MiB \
+                     are left, a nested run needs at least {} and {}); wait for one to finish",
+                    left.0 >> 20,
+                    left.1 >> 20,
+                    MIN_NESTED_MEMORY >> 20,
+                    MIN_NESTED_DISK >> 20
+                ),
+            ));
+        }
+        left.0 -= memory;
+        left.1 -= disk;
+        Ok(Reserved {
+            tree: Arc::clone(self),
+            memory,
+            disk,
+            _live: live,
+        })
+    }
+}
+
 /// Where an engine sits in a tree of nested runs.
 #[derive(Debug, Clone)]
 pub(crate) struct Nesting {
@@ -55,8 +163,9 @@ pub(crate) struct Nesting {
     pub max_depth: u32,
     /// This engine's level.
     pub level: u32,
-    /// Where a nested engine reports the tool calls its run made, to charge the outer run.
-    pub spent: Option<Arc<AtomicU32>>,
+    /// The budget of the tree an inner engine's run belongs to (the outermost engine makes one per
+    /// run).
+    pub tree: Option<Arc<TreeBudget>>,
 }
 
 impl Nesting {
@@ -64,19 +173,16 @@ impl Nesting {
         Self {
             max_depth,
             level: 0,
-            spent: None,
+            tree: None,
         }
     }
 }
-
-/// The outer run's side of the budget: filled in once its bridge is bound.
-pub(crate) type RunStats = Arc<OnceLock<Arc<BridgeStats>>>;
 
 /// The `run_python` tool offered inside one run (or, without a run, as a template for stubs).
 #[derive(Clone)]
 struct NestedRun {
     engine: Arc<dyn NestEngine>,
-    run: Option<(Instant, RunStats)>,
+    run: Option<(Instant, Arc<TreeBudget>)>,
 }
 
 const DESCRIPTION: &str = "Run Python code in a fresh sandboxed process (its own dependencies and inputs) \
@@ -93,6 +199,9 @@ impl Tool for NestedRun {
     fn input_schema(&self) -> Option<&Value> {
         static SCHEMA: OnceLock<Value> = OnceLock::new();
         Some(SCHEMA.get_or_init(run_python_schema))
+    }
+    fn runs_nested(&self) -> bool {
+        true
     }
     fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let this = self.clone();
@@ -143,7 +252,7 @@ impl NestedRun {
         F: FnOnce(Arc<dyn NestEngine>) -> BoxFuture<'static, Result<Envelope, Error>>,
     {
         let engine = Arc::clone(&self.engine);
-        let Some((started, stats)) = self.run.clone() else {
+        let Some((started, tree)) = self.run.clone() else {
             return Err(ToolError::new(
                 "RuntimeError",
                 "this run_python is a description, not bound to a run",
@@ -172,18 +281,22 @@ impl NestedRun {
                 "the run has no time left for a nested run_python",
             ));
         }
-        let max_calls = engine.max_tool_calls();
-        let used = stats.get().map_or(0, |s| s.calls());
-        let calls_left = max_calls.saturating_sub(used);
-        let spent = Arc::new(AtomicU32::new(0));
+        if tree.calls.remaining() == 0 {
+            return Err(ToolError::new(
+                "ToolCallLimit",
+                "the run's tool calls are spent; a nested run would have none",
+            ));
+        }
+        let reserved = tree.reserve()?;
         let inner = engine.deeper(
             timeout,
-            calls_left,
             Nesting {
                 max_depth: nesting.max_depth,
                 level: nesting.level + 1,
-                spent: Some(Arc::clone(&spent)),
+                tree: Some(Arc::clone(&tree)),
             },
+            reserved.memory,
+            reserved.disk,
         );
         // The inner run is polled on a task of its own: nesting it inside this call's future would stack
         // every level's poll frames on one thread. Dropping this call (the outer run ended) aborts it.
@@ -195,9 +308,7 @@ impl NestedRun {
                 "the nested run's task failed: {e}"
             ))),
         };
-        if let Some(stats) = stats.get() {
-            stats.charge(spent.load(Ordering::Relaxed).min(calls_left));
-        }
+        drop(reserved);
         match result {
             Ok(envelope) if envelope.status == Status::Suspended => {
                 Err(ToolError::suspend(serde_json::json!({
@@ -214,25 +325,38 @@ impl NestedRun {
 }
 
 /// The tools one run of `engine` exposes: `tools`, plus `run_python` bound to this run when nesting
-/// is allowed. `started` is when the run's clock starts (just before its child is spawned); the budget
-/// reads the run's bridge stats, set through the returned cell once the bridge is bound.
+/// is allowed, and the budget of the run's tree (its bridge counts its calls against it): the tree's
+/// own for an inner run, a new one for an outermost run. `started` is when the run's clock starts
+/// (just before its child is spawned).
 pub(crate) fn tools_for_run(
     tools: &ToolSet,
     engine: Arc<dyn NestEngine>,
     started: Instant,
-) -> Result<(ToolSet, Option<RunStats>), Error> {
+) -> Result<(ToolSet, Option<Arc<CallBudget>>), Error> {
     let mut tools = tools.clone();
-    if engine.nesting().is_none() {
+    let Some(nesting) = engine.nesting() else {
         return Ok((tools, None));
-    }
-    let stats = RunStats::default();
+    };
+    let tree = match &nesting.tree {
+        Some(tree) => Arc::clone(tree),
+        None => {
+            let (memory, disk) = engine.memory_and_disk();
+            TreeBudget::new(
+                engine.max_tool_calls(),
+                engine.max_concurrent_calls(),
+                memory,
+                disk,
+            )
+        }
+    };
+    let calls = Arc::clone(&tree.calls);
     tools
         .insert(NestedRun {
             engine,
-            run: Some((started, Arc::clone(&stats))),
+            run: Some((started, tree)),
         })
         .map_err(|e| Error::Config(e.to_string()))?;
-    Ok((tools, Some(stats)))
+    Ok((tools, Some(calls)))
 }
 
 /// The tools the code sees, for stubs and tool specs (with `run_python` when nesting is allowed).
@@ -243,17 +367,4 @@ pub(crate) fn exposed_tools(tools: &ToolSet, engine: Arc<dyn NestEngine>) -> Too
         let _ = tools.insert(NestedRun { engine, run: None });
     }
     tools
-}
-
-/// After a nested engine's run: reports its tool calls to the outer run's `run_python` call.
-pub(crate) fn report_calls(nesting: Option<&Nesting>, stats: Option<&BridgeStats>) {
-    if let (
-        Some(Nesting {
-            spent: Some(spent), ..
-        }),
-        Some(stats),
-    ) = (nesting, stats)
-    {
-        spent.fetch_add(stats.calls(), Ordering::Relaxed);
-    }
 }

@@ -98,16 +98,20 @@ pub(crate) fn apply_ending(
 }
 
 /// The run went over its tool-call budget: whatever it returned, it is a `ToolCallLimit` error.
-pub(crate) fn apply_tool_limit(envelope: &mut Envelope, max_calls: u32) {
+pub(crate) fn apply_tool_limit(envelope: &mut Envelope, max_calls: u32, tree: Option<u32>) {
     envelope.status = Status::Error;
     envelope.return_value = Value::Null;
     envelope.return_type = None;
-    envelope.error = Some(ErrorInfo::new(
-        "ToolCallLimit",
-        format!(
+    let message = match tree {
+        Some(max) => format!(
+            "this run and the runs nested with it made more than {max} tool calls, their shared \
+             budget; batch the work into fewer calls"
+        ),
+        None => format!(
             "the code made more than {max_calls} tool calls, the run's budget; batch the work into fewer calls"
         ),
-    ));
+    };
+    envelope.error = Some(ErrorInfo::new("ToolCallLimit", message));
 }
 
 /// The kernel killed a process of the run for going over the run's memory limit: when that ended the
@@ -344,7 +348,7 @@ mod tests {
             Ending::Answered,
             r#"{"status":"success","return_type":"int","return_value":2}"#,
         );
-        apply_tool_limit(&mut e, 5);
+        apply_tool_limit(&mut e, 5, None);
         assert_eq!((e.status, e.return_value), (Status::Error, Value::Null));
         assert_eq!(e.error.unwrap().kind, "ToolCallLimit");
     }

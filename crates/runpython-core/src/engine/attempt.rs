@@ -224,7 +224,7 @@ impl RunPython {
 
         let RunTools {
             tools,
-            nested_stats,
+            call_budget,
             saved: saved_artifacts,
         } = self.run_tools(Instant::now(), &scratch)?;
         let tools = match &events {
@@ -259,10 +259,10 @@ impl RunPython {
             if let Some((sink, spill)) = durable {
                 bridge = bridge.with_sink(sink).with_spill(spill);
             }
-            let stats = bridge.stats();
-            if let Some(cell) = &nested_stats {
-                let _ = cell.set(Arc::clone(&stats));
+            if let Some(budget) = call_budget {
+                bridge = bridge.with_budget(budget);
             }
+            let stats = bridge.stats();
             let journal = bridge.journal();
             (
                 bridge.client_spec_fd(BRIDGE_FD),

@@ -77,7 +77,7 @@ impl RunPython {
         };
         let RunTools {
             tools,
-            nested_stats,
+            call_budget,
             saved: _,
         } = self.run_tools(Instant::now(), &live.scratch)?;
         let tools = match (&events, quiet) {
@@ -119,7 +119,7 @@ impl RunPython {
                     .keep
                     .as_ref()
                     .map(|keep| crate::session::spill_for(&keep.store, &e.id)),
-                nested_stats,
+                call_budget,
                 max_output_chars: limits.max_output_chars,
                 max_return_bytes: limits.max_return_bytes,
                 timeout: request

@@ -69,8 +69,12 @@ impl RunPython {
         if outcome.oom_killed {
             crate::outcome::apply_memory_limit(&mut envelope, self.inner.sandbox.run_memory_bytes);
         }
-        if outcome.bridge_stats.is_some_and(|s| s.limit_exceeded()) {
-            apply_tool_limit(&mut envelope, self.inner.bridge.max_calls);
+        if let Some(stats) = outcome.bridge_stats.filter(|s| s.limit_exceeded()) {
+            apply_tool_limit(
+                &mut envelope,
+                self.inner.bridge.max_calls,
+                stats.tree_limit_exceeded(),
+            );
         }
         envelope.duration_ms = elapsed_ms(started);
         Ok(envelope)
@@ -280,7 +284,6 @@ impl RunPython {
             started,
         )?;
         envelope.dependencies = dependencies;
-        crate::nested::report_calls(self.inner.nesting.as_ref(), bridge_stats.as_deref());
         if let Some(keep) = &self.inner.keep {
             // The code ran: a store that fails from here on is named in the envelope, never an
             // `Err` that would throw away what the code did.

@@ -333,11 +333,32 @@ impl NestEngine for RunPython {
         self.inner.nesting.as_ref()
     }
 
-    fn deeper(&self, timeout: Duration, max_calls: u32, nesting: Nesting) -> Arc<dyn NestEngine> {
+    fn max_concurrent_calls(&self) -> usize {
+        self.inner.bridge.max_concurrent_calls
+    }
+
+    fn memory_and_disk(&self) -> (u64, u64) {
+        (
+            self.inner.sandbox.run_memory_bytes,
+            self.inner.sandbox.disk_bytes,
+        )
+    }
+
+    fn deeper(
+        &self,
+        timeout: Duration,
+        nesting: Nesting,
+        memory_bytes: u64,
+        disk_bytes: u64,
+    ) -> Arc<dyn NestEngine> {
         let mut inner = (*self.inner).clone();
         inner.limits.timeout = timeout;
-        inner.bridge.max_calls = max_calls;
         inner.nesting = Some(nesting);
+        inner.sandbox.run_memory_bytes = memory_bytes;
+        // Without a cgroup each process's address space is the bound: the share, but never under
+        // 1 GiB (libraries reserve address space they never touch).
+        inner.sandbox.memory_bytes = inner.sandbox.memory_bytes.min(memory_bytes.max(1 << 30));
+        inner.sandbox.disk_bytes = disk_bytes;
         // Pooled interpreters are prepared for this engine's limits; nested runs start fresh.
         inner.pool = None;
         inner.templates = None;

@@ -12,14 +12,13 @@ use tokio::sync::mpsc;
 use super::RunPython;
 use crate::artifact_tools::{ReadArtifact, SaveArtifact};
 use crate::error::Error;
-use crate::nested::RunStats;
 use crate::request::Event;
 
 /// A run's tools, and where they report back.
 pub(super) struct RunTools {
     pub tools: ToolSet,
-    /// The outer budget a nested `run_python` reads, set once the bridge is bound.
-    pub nested_stats: Option<RunStats>,
+    /// The budget of the run's tree of runs, when it nests: its bridge counts its calls against it.
+    pub call_budget: Option<Arc<runpython_bridge::CallBudget>>,
     /// What the code kept with `save_artifact`.
     pub saved: Arc<Mutex<Vec<Artifact>>>,
 }
@@ -31,7 +30,7 @@ impl RunPython {
         started: Instant,
         scratch: &Arc<BeneathDir>,
     ) -> Result<RunTools, Error> {
-        let (mut tools, nested_stats) =
+        let (mut tools, call_budget) =
             crate::nested::tools_for_run(&self.inner.tools, Arc::new(self.clone()), started)?;
         let saved = Arc::new(Mutex::new(Vec::new()));
         if let Some(keep) = &self.inner.keep {
@@ -46,7 +45,7 @@ impl RunPython {
         }
         Ok(RunTools {
             tools,
-            nested_stats,
+            call_budget,
             saved,
         })
     }
@@ -89,6 +88,9 @@ impl Tool for Announced {
     }
     fn is_hidden(&self) -> bool {
         self.tool.is_hidden()
+    }
+    fn runs_nested(&self) -> bool {
+        self.tool.runs_nested()
     }
     fn call(&self, args: ToolArgs) -> BoxFuture<'static, Result<Value, ToolError>> {
         let _ = self.events.try_send(Event::ToolCall {

@@ -75,7 +75,8 @@ pub(crate) struct CellSpec<'a> {
     pub replay: Option<ReplayPlan>,
     /// Where the cell's large journaled values go (a kept session's record).
     pub spill: Option<Arc<dyn SpillStore>>,
-    pub nested_stats: Option<crate::nested::RunStats>,
+    /// The budget of the cell's tree of runs (its nested runs share its calls).
+    pub call_budget: Option<Arc<runpython_bridge::CallBudget>>,
     pub max_output_chars: usize,
     pub max_return_bytes: usize,
     pub timeout: Duration,
@@ -161,6 +162,9 @@ impl Live {
             if let Some(spill) = spec.spill {
                 bridge = bridge.with_spill(spill);
             }
+            if let Some(budget) = spec.call_budget {
+                bridge = bridge.with_budget(budget);
+            }
             (Some(bridge), Some(child))
         };
         // The request names the bridge the cell gets (as descriptor 4).
@@ -170,9 +174,6 @@ impl Live {
             Some(bridge) => {
                 request["bridge"] = bridge.client_spec_fd(BRIDGE_FD);
                 let stats = bridge.stats();
-                if let Some(cell) = &spec.nested_stats {
-                    let _ = cell.set(Arc::clone(&stats));
-                }
                 let journal = bridge.journal();
                 (Some(bridge.serve()), Some(stats), Some(journal))
             }
