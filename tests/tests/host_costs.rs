@@ -108,3 +108,62 @@ fn files_past_the_cap_grow_the_store_by_a_bounded_amount() {
         "a run leaving 200 files grew the store by {few} bytes, 20,000 files by {many}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_of_busy_processes_leaves_the_other_runs_their_cpu() {
+    use std::time::{Duration, Instant};
+
+    use runpython_core::{PoolConfig, RunPython};
+
+    let engine = || {
+        RunPython::builder()
+            .timeout(Duration::from_secs(60))
+            .pool(PoolConfig {
+                size: 0,
+                ..PoolConfig::default()
+            })
+            .build()
+            .unwrap()
+    };
+    let (busy, trivial) = (engine(), engine());
+    if trivial.isolation_report().unwrap().cpu.cpus.is_none() {
+        eprintln!("skipped: this host gives runs no CPU share (no cgroup cpu controller)");
+        return;
+    }
+    let p50 = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    async fn timed(python: &RunPython) -> f64 {
+        let t = Instant::now();
+        let e = python.run("1 + 1").await.unwrap();
+        assert_eq!(e.return_value, serde_json::json!(2));
+        t.elapsed().as_secs_f64()
+    }
+    for _ in 0..2 {
+        timed(&trivial).await;
+    }
+    let mut alone = Vec::new();
+    for _ in 0..5 {
+        alone.push(timed(&trivial).await);
+    }
+    // 32 processes spinning until the run is stopped.
+    let spin = "import os, time\nfor _ in range(31):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass";
+    let mut handle = busy.start(spin);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut beside = Vec::new();
+    for _ in 0..5 {
+        beside.push(timed(&trivial).await);
+    }
+    handle.cancel();
+    let (alone, beside) = (p50(alone), p50(beside));
+    eprintln!(
+        "a trivial run: {:.1} ms alone, {:.1} ms beside 32 busy processes",
+        alone * 1e3,
+        beside * 1e3
+    );
+    assert!(
+        beside < 3.0 * alone,
+        "a trivial run took {beside:.3} s beside a busy run, {alone:.3} s alone"
+    );
+}

@@ -119,6 +119,10 @@ fn print_isolation(i: &Isolation) {
         "  disk            {}",
         limit(i.disk.bytes, &i.disk.enforced_by)
     );
+    match i.cpu.cpus {
+        Some(cpus) => say!("  cpu             {cpus} CPUs ({})", i.cpu.enforced_by),
+        None => say!("  cpu             no limit ({})", i.cpu.enforced_by),
+    }
     if let Some(n) = i.rlimits.processes {
         say!("  processes       {n}");
     }
@@ -149,6 +153,7 @@ pub(crate) fn print_doctor(report: &Doctor) {
         .map_or("unavailable".into(), |abi| format!("abi-{abi}"));
     say!("  landlock        {landlock}");
     say!("  cgroup          {}", k.cgroup);
+    say!("  cgroup cpu      {}", k.cgroup_cpu);
     say!("a run gets");
     match (&report.isolation, &report.isolation_error) {
         (Some(i), _) => print_isolation(i),

@@ -22,6 +22,18 @@ pub(crate) struct SandboxArgs {
     /// Processes and threads the run may have at once (default 256).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_processes: Option<u64>,
+    /// CPUs the run may use at once (default 1; 0.5 and 2.5 are fine).
+    #[arg(long, value_name = "N", value_parser = parse_cpus)]
+    cpus: Option<f64>,
+}
+
+fn parse_cpus(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.01 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of CPUs (at least 0.01, e.g. 1 or 0.5)"
+        )),
+    }
 }
 
 /// What installs may do.
@@ -59,6 +71,9 @@ impl SandboxArgs {
         }
         if let Some(n) = self.max_processes {
             builder = builder.max_processes(n);
+        }
+        if let Some(cpus) = self.cpus {
+            builder = builder.cpus(cpus);
         }
         builder
     }

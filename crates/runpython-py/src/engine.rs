@@ -634,7 +634,7 @@ fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig> {
     Ok(sessions)
 }
 
-const SANDBOX_KEYS: &str = "memory, disk, max_processes, namespaces, landlock, rlimits, seccomp, drop_privileges, \
+const SANDBOX_KEYS: &str = "memory, disk, max_processes, cpus, namespaces, landlock, rlimits, seccomp, drop_privileges, \
                             require, allow_network, memory_bytes, run_memory_bytes, disk_bytes, cgroups, file_size_bytes, \
                             open_files, processes, read_paths";
 
@@ -684,6 +684,20 @@ fn parse_sandbox_from(knob: &str, value: &Bound<'_, PyAny>, base: Sandbox) -> Py
             }
             "disk" => sandbox.disk_bytes = size(&name, &v)?,
             "max_processes" => sandbox.processes = count(&name, &v)?,
+            "cpus" => {
+                let cpus: f64 = v.extract().map_err(|_| {
+                    config(format!(
+                        "{name} must be a number of CPUs, got {}",
+                        type_name(&v)
+                    ))
+                })?;
+                if !cpus.is_finite() || cpus < 0.01 {
+                    return Err(config(format!(
+                        "{name} must be at least 0.01 CPUs, got {cpus}"
+                    )));
+                }
+                sandbox.cpu_millis = (cpus * 1000.0).round() as u64;
+            }
             "namespaces" => sandbox.namespaces = boolean(&name, &v)?,
             "landlock" => sandbox.landlock = boolean(&name, &v)?,
             "rlimits" => sandbox.rlimits = boolean(&name, &v)?,

@@ -1,5 +1,7 @@
 //! A cgroup per run: the run's total memory (shared memory, `memfd`, tmpfs pages and every process
-//! together, which `RLIMIT_AS` cannot count) and its number of processes.
+//! together, which `RLIMIT_AS` cannot count), its number of processes, and its share of the CPU (a
+//! quota of CPUs per period, so a run of a hundred busy processes takes no more than its CPUs from
+//! the runs beside it).
 //!
 //! cgroup v2 where this host may create cgroups with the `memory` controller (a delegated subtree:
 //! `Delegate=yes`, or root); else the v1 `memory` (and `pids`) hierarchies where they are mounted and
@@ -24,12 +26,13 @@ const PREFIX: &str = "runpython-";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Hierarchy {
     /// cgroup v2: run cgroups are made in `parent` (whose `cgroup.subtree_control` enables `memory`
-    /// and `pids`).
-    V2 { parent: PathBuf },
-    /// cgroup v1: run cgroups in the `memory` hierarchy (and the `pids` one when writable).
+    /// and `pids`, and `cpu` when `cpu` says it is offered).
+    V2 { parent: PathBuf, cpu: bool },
+    /// cgroup v1: run cgroups in the `memory` hierarchy (and the `pids` and `cpu` ones when writable).
     V1 {
         memory: PathBuf,
         pids: Option<PathBuf>,
+        cpu: Option<PathBuf>,
     },
 }
 
@@ -41,7 +44,22 @@ impl Hierarchy {
             Hierarchy::V1 { .. } => "cgroup-v1",
         }
     }
+
+    /// Whether runs get a CPU quota here, or why not.
+    pub(crate) fn cpu(&self) -> Result<(), String> {
+        match self {
+            Hierarchy::V2 { cpu: true, .. } | Hierarchy::V1 { cpu: Some(_), .. } => Ok(()),
+            Hierarchy::V2 { parent, .. } => Err(format!(
+                "cgroup v2 at {} offers no cpu controller",
+                parent.display()
+            )),
+            Hierarchy::V1 { .. } => Err("no writable cgroup v1 cpu hierarchy".into()),
+        }
+    }
 }
+
+/// The period of a run's CPU quota: its CPUs × this much time per this much time.
+const CPU_PERIOD_US: u64 = 100_000;
 
 /// The hierarchy runs get cgroups in, or why there is none. Found once per process.
 pub(crate) fn hierarchy() -> &'static Result<Hierarchy, String> {
@@ -54,9 +72,10 @@ pub(crate) fn hierarchy() -> &'static Result<Hierarchy, String> {
         let found = find(&own, &mounts);
         if let Ok(h) = &found {
             let parents = match h {
-                Hierarchy::V2 { parent } => vec![parent.clone()],
-                Hierarchy::V1 { memory, pids } => std::iter::once(memory.clone())
+                Hierarchy::V2 { parent, .. } => vec![parent.clone()],
+                Hierarchy::V1 { memory, pids, cpu } => std::iter::once(memory.clone())
                     .chain(pids.clone())
+                    .chain(cpu.clone())
                     .collect(),
             };
             sweep(&parents);
@@ -134,8 +153,9 @@ fn find(own: &str, mountinfo: &str) -> Result<Hierarchy, String> {
                 dir.display()
             ));
         } else {
-            match enable_v2(&dir) {
-                Ok(parent) => return Ok(Hierarchy::V2 { parent }),
+            let cpu = controllers.split_whitespace().any(|c| c == "cpu");
+            match enable_v2(&dir, cpu) {
+                Ok(parent) => return Ok(Hierarchy::V2 { parent, cpu }),
                 Err(e) => why.push(format!("cgroup v2 at {}: {e}", dir.display())),
             }
         }
@@ -157,6 +177,7 @@ fn find(own: &str, mountinfo: &str) -> Result<Hierarchy, String> {
         Some(memory) if writable(&memory) => Ok(Hierarchy::V1 {
             memory,
             pids: v1("pids").filter(|p| writable(p)),
+            cpu: v1("cpu").filter(|p| writable(p)),
         }),
         Some(memory) => {
             why.push(format!(
@@ -176,17 +197,25 @@ fn find(own: &str, mountinfo: &str) -> Result<Hierarchy, String> {
 /// pids controllers. A cgroup with processes cannot enable controllers for its children, so this
 /// process first moves into a leaf of its own (`runpython-host-<pid>`), as systemd's delegation
 /// documentation prescribes.
-fn enable_v2(dir: &Path) -> io::Result<PathBuf> {
+fn enable_v2(dir: &Path, cpu: bool) -> io::Result<PathBuf> {
     let control = dir.join("cgroup.subtree_control");
+    let wanted = if cpu {
+        "+memory +pids +cpu"
+    } else {
+        "+memory +pids"
+    };
     let enabled = |d: &Path| {
         fs::read_to_string(d.join("cgroup.subtree_control"))
-            .map(|s| s.split_whitespace().any(|c| c == "memory"))
+            .map(|s| {
+                let on: Vec<&str> = s.split_whitespace().collect();
+                on.contains(&"memory") && (!cpu || on.contains(&"cpu"))
+            })
             .unwrap_or(false)
     };
     if enabled(dir) {
         return Ok(dir.to_owned());
     }
-    match fs::write(&control, "+memory +pids") {
+    match fs::write(&control, wanted) {
         Ok(()) => return Ok(dir.to_owned()),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
         Err(e) => return Err(e),
@@ -199,7 +228,7 @@ fn enable_v2(dir: &Path) -> io::Result<PathBuf> {
     // Every process of our cgroup that is ours moves; a cgroup holding others' processes stays busy
     // and the write below fails, which is then the answer.
     fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())?;
-    fs::write(&control, "+memory +pids")?;
+    fs::write(&control, wanted)?;
     Ok(dir.to_owned())
 }
 
@@ -240,8 +269,14 @@ pub struct RunCgroup {
 }
 
 impl RunCgroup {
-    /// Makes a run's cgroup with `memory_bytes` for everything the run holds and at most `processes`.
-    pub(crate) fn create(h: &Hierarchy, memory_bytes: u64, processes: u64) -> io::Result<Self> {
+    /// Makes a run's cgroup with `memory_bytes` for everything the run holds, at most `processes`,
+    /// and `cpu_millis` thousandths of a CPU (none where the hierarchy has no cpu controller).
+    pub(crate) fn create(
+        h: &Hierarchy,
+        memory_bytes: u64,
+        processes: u64,
+        cpu_millis: u64,
+    ) -> io::Result<Self> {
         let mut random = [0u8; 6];
         let _ = getrandom::fill(&mut random);
         let name = format!(
@@ -259,8 +294,9 @@ impl RunCgroup {
         };
         // Small slack over the run's own limit for its init and supervisor processes.
         let pids_max = (processes + 8).to_string();
+        let quota_us = (cpu_millis.max(1) * CPU_PERIOD_US / 1000).max(1000);
         match h {
-            Hierarchy::V2 { parent } => {
+            Hierarchy::V2 { parent, cpu } => {
                 let dir = parent.join(&name);
                 fs::create_dir(&dir)?;
                 made.dirs.push(dir.clone());
@@ -268,9 +304,12 @@ impl RunCgroup {
                 // Swap would let the run hold more than its limit.
                 let _ = fs::write(dir.join("memory.swap.max"), "0");
                 fs::write(dir.join("pids.max"), &pids_max)?;
+                if *cpu {
+                    fs::write(dir.join("cpu.max"), format!("{quota_us} {CPU_PERIOD_US}"))?;
+                }
                 made.oom_file = dir.join("memory.events");
             }
-            Hierarchy::V1 { memory, pids } => {
+            Hierarchy::V1 { memory, pids, cpu } => {
                 let dir = memory.join(&name);
                 fs::create_dir(&dir)?;
                 made.dirs.push(dir.clone());
@@ -285,6 +324,13 @@ impl RunCgroup {
                     fs::create_dir(&dir)?;
                     made.dirs.push(dir.clone());
                     fs::write(dir.join("pids.max"), &pids_max)?;
+                }
+                if let Some(cpu) = cpu {
+                    let dir = cpu.join(&name);
+                    fs::create_dir(&dir)?;
+                    made.dirs.push(dir.clone());
+                    fs::write(dir.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
+                    fs::write(dir.join("cpu.cfs_quota_us"), quota_us.to_string())?;
                 }
             }
         }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::probe::{Kernel, NS_NAMES};
 use super::seccomp::Extra;
 use super::Sandbox;
-use crate::report::{Isolation, LimitReport, RlimitReport};
+use crate::report::{CpuReport, Isolation, LimitReport, RlimitReport};
 
 /// Who the host is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub(crate) struct Decision {
     pub view: bool,
     /// The run gets a cgroup of this hierarchy (`"cgroup-v2"`, `"cgroup-v1"`).
     pub cgroup: Option<&'static str>,
+    /// Its cgroup holds it to its CPUs.
+    pub cpu: bool,
     /// What the seccomp filter refuses on top of the deny-list.
     pub seccomp_extra: Extra,
     /// Requested layers that are not available, each with the reason.
@@ -114,6 +116,16 @@ impl Decision {
                     bytes: None,
                     enforced_by: "none".into(),
                 }
+            },
+            cpu: match (self.cpu, self.cgroup) {
+                (true, Some(kind)) => CpuReport {
+                    cpus: Some(config.cpu_millis as f64 / 1000.0),
+                    enforced_by: kind.into(),
+                },
+                _ => CpuReport {
+                    cpus: None,
+                    enforced_by: "none".into(),
+                },
             },
             bridge: None,
             start: START_FRESH.into(),
@@ -277,6 +289,12 @@ pub(crate) fn decide(
         }
         (_, false) => None,
     };
+    let cpu = cgroup.is_some() && kernel.cgroup_cpu.is_ok();
+    if let (Some(_), Err(why)) = (cgroup, &kernel.cgroup_cpu) {
+        missing.push(format!(
+            "cpu share: {why}; the run can use every CPU of the host"
+        ));
+    }
     let seccomp_extra = Extra {
         shared_memory: cgroup.is_none(),
         vsock: unshare & libc::CLONE_NEWNET != 0,
@@ -293,6 +311,7 @@ pub(crate) fn decide(
         nproc,
         view,
         cgroup,
+        cpu,
         seccomp_extra,
         missing,
     }
@@ -519,6 +538,38 @@ mod tests {
             panic!("asked with a mount namespace")
         });
         assert!(d.drop_privileges);
+    }
+
+    #[test]
+    fn without_a_cpu_controller_the_run_is_said_to_use_every_cpu() {
+        let kernel = Kernel {
+            cgroup_cpu: Err("no writable cgroup v1 cpu hierarchy".into()),
+            ..Kernel::permissive()
+        };
+        let d = decide(&Sandbox::default(), &kernel, USER, open);
+        assert!(!d.cpu);
+        assert!(
+            d.missing
+                .iter()
+                .any(|m| m.starts_with("cpu share: no writable cgroup v1 cpu hierarchy")),
+            "{:?}",
+            d.missing
+        );
+        let report = d.report(&Sandbox::default(), 1000, 61);
+        assert_eq!(
+            (report.cpu.cpus, report.cpu.enforced_by.as_str()),
+            (None, "none")
+        );
+        let d = decide(&Sandbox::default(), &Kernel::permissive(), USER, open);
+        let report = d.report(
+            &Sandbox {
+                cpu_millis: 1500,
+                ..Sandbox::default()
+            },
+            1000,
+            61,
+        );
+        assert_eq!(report.cpu.cpus, Some(1.5));
     }
 
     #[test]

@@ -55,7 +55,12 @@ pub(super) fn landlock_for(
 /// (and shared memory is then refused instead).
 pub(super) fn cgroup_for(decision: &mut Decision, config: &Sandbox) -> Option<RunCgroup> {
     match (decision.cgroup, cgroup::hierarchy()) {
-        (Some(_), Ok(h)) => match RunCgroup::create(h, config.run_memory_bytes, config.processes) {
+        (Some(_), Ok(h)) => match RunCgroup::create(
+            h,
+            config.run_memory_bytes,
+            config.processes,
+            config.cpu_millis,
+        ) {
             Ok(made) => Some(made),
             Err(e) => {
                 // The hierarchy was usable a moment ago: say why this run has no cgroup.

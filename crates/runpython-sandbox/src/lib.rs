@@ -124,7 +124,7 @@ pub use init::enter;
 pub use netns::refill as refill_netns;
 pub use plan::{kernel_report, prepare, report, template_eligible, Plan, Role, Target};
 pub use probe::KernelReport;
-pub use report::{BridgeReport, Isolation, LimitReport, RlimitReport};
+pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};
 pub use run_dir::{create_run_dir, discard_run_dir};
 pub use spawn::{spawn, Child, GroupGuard, Spawn, StdinFrom};
 pub use sys::{
@@ -179,6 +179,9 @@ pub struct Sandbox {
     /// `RLIMIT_NPROC`: processes and threads inside the run (default 256; its cgroup, when there is
     /// one, allows a few more for the run's own init).
     pub processes: u64,
+    /// The run's share of the CPU, in thousandths of a CPU (default 1000: one CPU): its cgroup's quota
+    /// per period, so a run of many busy processes takes no more than this from the runs beside it.
+    pub cpu_millis: u64,
     /// More directories the code may read (a prepared environment, data).
     pub read_paths: Vec<PathBuf>,
 }
@@ -200,6 +203,7 @@ impl Default for Sandbox {
             file_size_bytes: 1 << 30,
             open_files: 1024,
             processes: 256,
+            cpu_millis: 1000,
             read_paths: Vec::new(),
         }
     }

@@ -22,6 +22,9 @@ use crate::userns::{self, IdMaps};
 use crate::view::{self, cstring, View, ViewSpec};
 use crate::{seccomp, Sandbox};
 
+/// The most hierarchies a run's cgroup spans (v1: memory, pids, cpu).
+const MAX_CGROUPS: usize = 3;
+
 /// Everything the sandboxed process needs, prepared in the host ([`prepare`]); [`crate::spawn`]
 /// starts a command under it.
 #[derive(Debug)]
@@ -55,7 +58,7 @@ pub struct Plan {
     /// The run's cgroup; S writes itself into it first. Taken by the spawner, which keeps it for the
     /// run's life (see [`Plan::take_cgroup`]).
     pub(crate) cgroup: Option<RunCgroup>,
-    pub(crate) cgroup_procs: [RawFd; 2],
+    pub(crate) cgroup_procs: [RawFd; MAX_CGROUPS],
     /// The child's end of the socket the scratch's descriptor is handed to the host through.
     pub(crate) handoff: Option<OwnedFd>,
     /// Where the host's argv and environment lie in memory (copied into S by the fork): zeroed before
@@ -304,7 +307,7 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
     // The code is never root inside its namespace; a template is (it keeps its capabilities).
     let inside = if template { 0 } else { userns::INSIDE_ID };
     let ids = IdMaps::mapping(inside, outer_uid, outer_gid);
-    let mut cgroup_procs = [-1; 2];
+    let mut cgroup_procs = [-1; MAX_CGROUPS];
     if let Some(cg) = &cgroup {
         for (slot, fd) in cgroup_procs.iter_mut().zip(cg.procs_fds()) {
             *slot = fd;

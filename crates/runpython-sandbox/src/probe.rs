@@ -44,6 +44,8 @@ pub(crate) struct Kernel {
     pub landlock_abi: i32,
     /// The cgroup hierarchy runs get cgroups in, or why there is none.
     pub cgroup: Result<&'static str, String>,
+    /// Run cgroups get a CPU quota, or why not.
+    pub cgroup_cpu: Result<(), String>,
 }
 
 impl Kernel {
@@ -59,6 +61,7 @@ impl Kernel {
             seccomp: Ok(()),
             landlock_abi: 7,
             cgroup: Ok("cgroup-v1"),
+            cgroup_cpu: Ok(()),
         }
     }
 }
@@ -80,6 +83,8 @@ pub struct KernelReport {
     pub landlock_abi: Option<i32>,
     /// The cgroup hierarchy runs get cgroups in, or why there is none.
     pub cgroup: String,
+    /// `"ok"`, or why runs get no CPU quota.
+    pub cgroup_cpu: String,
 }
 
 impl Kernel {
@@ -110,6 +115,7 @@ impl Kernel {
                 Ok(kind) => (*kind).to_owned(),
                 Err(why) => why.clone(),
             },
+            cgroup_cpu: ok(&self.cgroup_cpu),
         }
     }
 }
@@ -182,6 +188,10 @@ fn run() -> Kernel {
         landlock_abi: super::landlock::abi(),
         cgroup: match super::cgroup::hierarchy() {
             Ok(h) => Ok(h.name()),
+            Err(why) => Err(why.clone()),
+        },
+        cgroup_cpu: match super::cgroup::hierarchy() {
+            Ok(h) => h.cpu(),
             Err(why) => Err(why.clone()),
         },
     }

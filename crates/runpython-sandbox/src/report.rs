@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Which isolation layers were in force for a run (the envelope's `isolation`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Isolation {
     /// Namespaces the code runs in: any of `user`, `pid`, `mount`, `ipc`, `uts`, `net`.
     pub namespaces: Vec<String>,
@@ -36,6 +36,10 @@ pub struct Isolation {
     /// `"tmpfs"`, or `"none"`.
     #[serde(default)]
     pub disk: LimitReport,
+    /// The run's share of the CPU and what enforces it: `"cgroup-v2"` (`cpu.max`), `"cgroup-v1"`
+    /// (`cpu.cfs_quota_us`), or `"none"` (the run can use every CPU of the host).
+    #[serde(default)]
+    pub cpu: CpuReport,
     /// The tool bridge's bounds: one connection, the bytes of calls the host holds at once, the calls
     /// served at once (which also bounds the run's host command-tool processes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,6 +63,16 @@ pub struct BridgeReport {
     pub bytes_in_flight: u64,
     /// Tool calls served at once.
     pub concurrent_calls: u64,
+}
+
+/// A run's CPUs and what enforces them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuReport {
+    /// CPUs the run may use at once (`1.5`: one and a half CPUs' worth of time), `null` when none
+    /// holds.
+    pub cpus: Option<f64>,
+    /// What enforces it.
+    pub enforced_by: String,
 }
 
 /// A limit on the whole run and what enforces it.

@@ -159,6 +159,13 @@ impl RunPythonBuilder {
         self.sandbox.disk_bytes = bytes;
         self
     }
+    /// CPUs the run may use at once (default 1.0; `1.5` is one and a half CPUs' worth of time per
+    /// period), enforced by its cgroup where the host has a cpu controller (see
+    /// [`Sandbox::cpu_millis`]). Values under 0.01 count as 0.01.
+    pub fn cpus(mut self, cpus: f64) -> Self {
+        self.sandbox.cpu_millis = (cpus.max(0.01) * 1000.0).round() as u64;
+        self
+    }
     /// Processes and threads the run may have at once (default 256; see [`Sandbox::processes`]).
     pub fn max_processes(mut self, n: u64) -> Self {
         self.sandbox.processes = n;

@@ -195,6 +195,7 @@ class _SandboxSettings(TypedDict, total=False):
     memory: int | str
     disk: int | str
     max_processes: int
+    cpus: float
     namespaces: bool
     landlock: bool
     rlimits: bool
