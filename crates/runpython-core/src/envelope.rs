@@ -324,6 +324,7 @@ mod tests {
             filesystem: "allowlist".into(),
             memory: LimitReport::default(),
             disk: LimitReport::default(),
+            cpu: Default::default(),
             bridge: None,
             start: "fresh".into(),
             missing,
