@@ -195,6 +195,8 @@ pub(crate) fn print_doctor(report: &Doctor) {
         "  store           {}",
         report.store.as_deref().unwrap_or("none: runs are not kept")
     );
+    let (soft, hard) = report.open_files;
+    say!("  open files      {soft} (hard {hard}; serve raises it to the hard limit)");
 }
 
 /// `text` with every control character shown escaped (`\x1b`, `\n`): for one-line fields a terminal

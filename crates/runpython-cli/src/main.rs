@@ -30,6 +30,7 @@ macro_rules! say_err_raw {
 mod admission;
 mod human;
 mod lines;
+mod listener;
 mod mcp;
 mod repl;
 mod runs;
@@ -518,6 +519,17 @@ struct ServeArgs {
     /// non-loopback --bind: any).
     #[arg(long = "allowed-host", value_name = "HOST")]
     allowed_hosts: Vec<String>,
+    /// Connections at once (fewer when the descriptor limit leaves less room; half of them at most
+    /// before an authenticated request, the oldest of those closed to admit a new one).
+    #[arg(long, value_name = "N", default_value = "4096")]
+    max_connections: usize,
+    /// A request's headers must arrive within this, and a connection must make an authenticated
+    /// request within it.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "10")]
+    header_timeout: Duration,
+    /// A request's body must arrive within this.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "30")]
+    body_timeout: Duration,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -580,6 +592,9 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_runs_per_token: args.max_runs_per_token,
             drain_timeout: args.drain_timeout,
             allowed_hosts: args.allowed_hosts,
+            max_connections: args.max_connections,
+            header_timeout: args.header_timeout,
+            body_timeout: args.body_timeout,
         },
     )
     .await?;

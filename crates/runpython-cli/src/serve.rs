@@ -61,6 +61,12 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
     /// `Host` values accepted besides loopback names.
     pub allowed_hosts: Vec<String>,
+    /// Connections at once (within what the descriptor limit leaves).
+    pub max_connections: usize,
+    /// A request's headers must arrive within this.
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this.
+    pub body_timeout: Duration,
 }
 
 /// Bearer tokens by value's check: name and secret.
@@ -204,6 +210,12 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
     else {
         return unauthorized("the bearer token is not one this server accepts");
     };
+    if let Some(connection) = request
+        .extensions()
+        .get::<Arc<crate::listener::Connection>>()
+    {
+        connection.authenticated();
+    }
     let session = request
         .headers()
         .get("mcp-session-id")
@@ -321,7 +333,19 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
         .await
         .with_context(|| format!("cannot listen on {}", config.bind))?;
     let local = listener.local_addr()?;
-    tracing::info!("serving MCP on http://{local}/mcp (health: http://{local}/healthz)");
+    let nofile = crate::listener::raise_nofile();
+    let limits = crate::listener::ConnectionLimits::within(
+        config.max_connections,
+        nofile,
+        config.header_timeout,
+        config.body_timeout,
+    );
+    tracing::info!(
+        open_files = nofile,
+        max_connections = limits.max_connections,
+        max_unauthenticated = limits.max_unauthenticated,
+        "serving MCP on http://{local}/mcp (health: http://{local}/healthz)"
+    );
     // The one line a supervisor or test waits for, whatever the log level.
     {
         use std::io::Write as _;
@@ -355,9 +379,9 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
             drained.cancel();
         }
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(drain);
+    let server = crate::listener::serve(listener, app, limits, drain);
     tokio::select! {
-        result = server => result.context("the HTTP server failed")?,
+        () = server => {}
         // Connections that outlive the sessions (a client holding a stream open) get a short grace.
         () = async {
             drained.cancelled().await;

@@ -40,6 +40,9 @@ pub struct Doctor {
     pub allowed_packages: Option<Vec<String>>,
     /// The store runs are kept in, `null` when runs are not kept.
     pub store: Option<String>,
+    /// This process's descriptor limit (`RLIMIT_NOFILE`), soft and hard: `runpython serve` raises
+    /// the soft one to the hard one and sizes its connection caps by it.
+    pub open_files: (u64, u64),
 }
 
 impl RunPython {
@@ -73,6 +76,8 @@ impl RunPython {
             source_builds: policy.source_builds,
             allowed_packages: policy.allowed_packages.clone(),
             store: self.store().map(|store| store.url().to_owned()),
+            open_files: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                .unwrap_or((0, 0)),
         }
     }
 }
