@@ -52,6 +52,12 @@ impl Tool for ReadArtifact {
                 .await
                 .map_err(|e| match e {
                     runpython_store::Error::NotFound { .. } => {
+                        crate::tenancy::audit_miss(
+                            &store,
+                            runpython_store::Held::Artifact,
+                            &id,
+                            "read_artifact",
+                        );
                         ToolError::new("KeyError", format!("no artifact {id:?} in the store"))
                     }
                     runpython_store::Error::TooLarge { bytes, .. } => ToolError::value_error(format!(

@@ -40,6 +40,7 @@ mod persist;
 mod request;
 mod resume;
 mod session;
+mod tenancy;
 mod tool_spec;
 mod tool_supervisor;
 

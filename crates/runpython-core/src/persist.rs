@@ -112,14 +112,20 @@ pub(crate) async fn fetch_input_artifacts(
         Error::InvalidInput("artifact inputs need an engine with a store (store())".into())
     })?;
     for (name, id) in &request.input_artifacts {
-        let missing = |e| {
-            match e {
-            runpython_store::Error::NotFound { .. } => Error::InvalidInput(format!(
+        let missing = |e| match e {
+            runpython_store::Error::NotFound { .. } => {
+                crate::tenancy::audit_miss(
+                    store,
+                    runpython_store::Held::Artifact,
+                    id,
+                    "input artifact",
+                );
+                Error::InvalidInput(format!(
                 "input {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
                 store.url()
-            )),
+            ))
+            }
             other => Error::Store(other),
-        }
         };
         let size = store.artifact_size(id).await.map_err(missing)?;
         let value = if size <= INLINE_INPUT_ARTIFACT {

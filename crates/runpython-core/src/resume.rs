@@ -296,6 +296,7 @@ pub(crate) async fn load_for_resume(
     decisions: HashMap<String, Value>,
 ) -> Result<(RunRequest, ReplayPlan), Error> {
     let bytes = store.get_checkpoint(run_id).await?.ok_or_else(|| {
+        crate::tenancy::audit_miss(store, runpython_store::Held::Run, run_id, "resume");
         Error::InvalidInput(format!(
             "run {run_id} has no checkpoint in {}: it never suspended there (check the run id and --store)",
             store.url()

@@ -445,6 +445,28 @@ impl PyRunPython {
         })
     }
 
+    /// This engine for tenant `name`: what its runs keep (runs, artifacts, checkpoints, sessions,
+    /// memo entries) is the tenant's own, and every read by id finds only the tenant's, so another
+    /// tenant's id reads like a missing one. Shares this engine's interpreters and settings.
+    #[pyo3(signature = (name, *, max_stored_bytes = None))]
+    fn tenant(&self, name: String, max_stored_bytes: Option<u64>) -> PyResult<Self> {
+        let mut engine = self.engine.tenant(&name).map_err(py_err)?;
+        if let Some(bytes) = max_stored_bytes {
+            engine = engine.with_stored_bytes_quota(bytes);
+        }
+        Ok(Self {
+            engine: InRuntime::new(engine),
+            tool_names: Arc::clone(&self.tool_names),
+            store_url: self.store_url.clone(),
+        })
+    }
+
+    /// The tenant this engine's runs belong to; None for the default one.
+    #[getter]
+    fn tenant_name(&self) -> Option<String> {
+        self.engine.tenant_name().map(str::to_owned)
+    }
+
     /// The bytes of an artifact a kept run stored (an `id` from `envelope.artifacts`).
     fn get_run_artifact<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyBytes>> {
         let engine = self.engine.clone();

@@ -99,6 +99,7 @@ pub async fn run_all(store: &Store) -> Check {
         memoized_errors_are_shared_and_not_cached,
         checkpoints_are_listed_with_their_run_and_time,
         session_records_and_parts_round_trip_and_are_deleted_together,
+        tenants_see_only_their_own,
     );
     Ok(())
 }
@@ -156,7 +157,7 @@ pub async fn streamed_blob_round_trip(store: &Store) -> Check {
         format!("{} bytes came back, differing", back.len())
     })?;
     let staged = store
-        .list(crate::layout::STAGING)
+        .list(&store.layout().stagings())
         .await
         .map_err(fail("list staging"))?;
     ensure(staged.is_empty(), || {
@@ -179,7 +180,7 @@ pub async fn aborted_streamed_upload_leaves_nothing_visible(store: &Store) -> Ch
         other => return Err(format!("partial upload visible as a blob: {other:?}")),
     }
     let staged = store
-        .list(crate::layout::STAGING)
+        .list(&store.layout().stagings())
         .await
         .map_err(fail("list staging"))?;
     ensure(staged.is_empty(), || {
@@ -453,7 +454,7 @@ pub async fn memo_round_trip_and_expiry(store: &Store) -> Check {
         format!("{hit:?}")
     })?;
     // Drop the memory copy: the store must have it too.
-    store.inner.memo.invalidate(key.as_str()).await;
+    store.inner.memo.invalidate(&store.cache_slot(key.as_str())).await;
     let hit = store
         .get_memo(&key)
         .await
@@ -662,4 +663,162 @@ pub async fn session_records_and_parts_round_trip_and_are_deleted_together(store
         .delete_session(&other)
         .await
         .map_err(fail("delete_session"))
+}
+
+/// Two tenants of one backend, and its default tenant: each reads only what it wrote. Another tenant's
+/// run, artifact, checkpoint, session and memo entry read exactly as missing ones do (the error differs
+/// from a never-stored id's only in the id), a blob both stored is each one's own, listings hold only
+/// the tenant's own, and operator listings find every tenant.
+pub async fn tenants_see_only_their_own(store: &Store) -> Check {
+    let (alice_name, bob_name) = (unique("alice"), unique("bob"));
+    let alice = store.tenant(&alice_name).map_err(fail("tenant alice"))?;
+    let bob = store.tenant(&bob_name).map_err(fail("tenant bob"))?;
+    let run_id = unique("tenant-run");
+    let manifest = alice
+        .put_run(record(&run_id, Tier::Persistent, SystemTime::now()))
+        .await
+        .map_err(fail("alice put_run"))?;
+    let secret = alice
+        .put_blob(b"alice's secret".to_vec())
+        .await
+        .map_err(fail("alice put_blob"))?;
+    let shared = alice
+        .put_blob(b"content both tenants hold".to_vec())
+        .await
+        .map_err(fail("alice put_blob shared"))?;
+    let key = memo_key([unique("tenant-memo").as_bytes()]);
+    alice
+        .put_memo(&key, r#"{"status":"success"}"#, None)
+        .await
+        .map_err(fail("alice put_memo"))?;
+    alice
+        .put_checkpoint(&run_id, b"alice's checkpoint".to_vec())
+        .await
+        .map_err(fail("alice put_checkpoint"))?;
+    let session = unique("tenant-session");
+    alice
+        .put_session(&session, b"alice's session".to_vec())
+        .await
+        .map_err(fail("alice put_session"))?;
+    // Never stored anywhere: what a missing id reads as.
+    let nowhere = blake3::hash(unique("nowhere").as_bytes())
+        .to_hex()
+        .to_string();
+    let missing = match bob.get_run_artifact(&nowhere).await {
+        Err(Error::NotFound { what, store, .. }) => (what, store),
+        other => return Err(format!("a never-stored artifact: {other:?}")),
+    };
+    for other in [&bob, store] {
+        match other.get_run_artifact(&secret).await {
+            Err(Error::NotFound { what, id, store }) => {
+                ensure((what, store) == missing && id == secret, || {
+                    "another tenant's artifact reads unlike a missing one".into()
+                })?
+            }
+            got => return Err(format!("another tenant read alice's artifact: {got:?}")),
+        }
+        ensure(
+            matches!(other.get_run(&run_id).await, Err(Error::NotFound { .. })),
+            || "another tenant read alice's run".into(),
+        )?;
+        ensure(
+            other
+                .get_checkpoint(&run_id)
+                .await
+                .map_err(fail("get_checkpoint"))?
+                .is_none(),
+            || "another tenant read alice's checkpoint".into(),
+        )?;
+        ensure(
+            other
+                .get_session(&session)
+                .await
+                .map_err(fail("get_session"))?
+                .is_none(),
+            || "another tenant read alice's session".into(),
+        )?;
+        ensure(
+            other
+                .get_memo(&key)
+                .await
+                .map_err(fail("get_memo"))?
+                .is_none(),
+            || "another tenant hit alice's memo entry".into(),
+        )?;
+        let runs = other.list_runs().await.map_err(fail("list_runs"))?;
+        ensure(runs.items.iter().all(|r| r.run_id != run_id), || {
+            "another tenant lists alice's run".into()
+        })?;
+        let checkpoints = other
+            .list_checkpoints()
+            .await
+            .map_err(fail("list_checkpoints"))?;
+        ensure(checkpoints.iter().all(|c| c.run_id != run_id), || {
+            "another tenant lists alice's checkpoint".into()
+        })?;
+    }
+    // A blob both hold is each one's own copy: bob reads his, and deleting nothing of alice's.
+    ensure(bob.get_run_artifact(&shared).await.is_err(), || {
+        "bob read a blob only alice stored".into()
+    })?;
+    let bobs = bob
+        .put_blob(b"content both tenants hold".to_vec())
+        .await
+        .map_err(fail("bob put_blob shared"))?;
+    ensure(bobs == shared, || "one content, two ids".into())?;
+    ensure(
+        bob.get_run_artifact(&shared)
+            .await
+            .map_err(fail("bob get shared"))?[..]
+            == b"content both tenants hold"[..],
+        || "bob's copy of the shared blob".into(),
+    )?;
+    // Alice reads all of hers.
+    ensure(
+        alice
+            .get_run(&run_id)
+            .await
+            .map_err(fail("alice get_run"))?
+            == manifest,
+        || "alice's run changed".into(),
+    )?;
+    ensure(
+        alice
+            .get_memo(&key)
+            .await
+            .map_err(fail("alice get_memo"))?
+            .is_some(),
+        || "alice's memo entry is gone".into(),
+    )?;
+    let listed = alice.list_runs().await.map_err(fail("alice list_runs"))?;
+    ensure(listed.items.iter().any(|r| r.run_id == run_id), || {
+        "alice does not list her run".into()
+    })?;
+    // Operators find every tenant, by name.
+    let names: Vec<Option<String>> = store
+        .every_tenant()
+        .await
+        .map_err(fail("every_tenant"))?
+        .iter()
+        .map(|s| s.tenant_name().map(str::to_owned))
+        .collect();
+    ensure(
+        names.contains(&None)
+            && names.contains(&Some(alice_name.clone()))
+            && names.contains(&Some(bob_name.clone())),
+        || format!("every_tenant found {names:?}"),
+    )?;
+    let used = alice
+        .stored_bytes(Duration::ZERO)
+        .await
+        .map_err(fail("stored_bytes"))?;
+    ensure(used > 0, || "alice's stored bytes are 0".into())?;
+    alice
+        .delete_run(&run_id)
+        .await
+        .map_err(fail("alice delete_run"))?;
+    alice
+        .delete_session(&session)
+        .await
+        .map_err(fail("alice delete_session"))
 }

@@ -60,7 +60,7 @@ impl Store {
         }
 
         if manifests_complete {
-            for meta in self.list(layout::BLOBS).await? {
+            for meta in self.list(&self.layout().blobs()).await? {
                 let Some(hash) = layout::file_name(&meta.location) else {
                     continue;
                 };
@@ -75,14 +75,14 @@ impl Store {
                 };
                 if old_enough(fresh.last_modified.into()) {
                     self.remove(&meta.location).await?;
-                    self.inner.recent_blobs.invalidate(hash);
+                    self.inner.recent_blobs.invalidate(&self.cache_slot(hash));
                     report.deleted_blobs += 1;
                     report.freed_bytes += fresh.size;
                 }
             }
         }
 
-        for meta in self.list(layout::STAGING).await? {
+        for meta in self.list(&self.layout().stagings()).await? {
             if old_enough(meta.last_modified.into()) {
                 self.remove(&meta.location).await?;
                 report.deleted_staging += 1;

@@ -8,41 +8,149 @@ use crate::error::{Error, Result};
 /// The first segment of every key this crate writes; bumped when the layout changes.
 pub const LAYOUT_VERSION: &str = "v1";
 
-pub(crate) const BLOBS: &str = "v1/blobs";
-pub(crate) const RUNS: &str = "v1/runs";
-pub(crate) const MEMO: &str = "v1/memo";
-/// Checkpoints of resumable runs (request, journal, state), opaque to the store.
-pub(crate) const CHECKPOINTS: &str = "v1/checkpoints";
-/// What durable runs append to their checkpoints (a journal entry per change of a call, and the
-/// large values those entries hold by digest), opaque to the store; deleted with the checkpoint.
-pub(crate) const CHECKPOINT_PARTS: &str = "v1/checkpoint-parts";
-/// Session records (every cell with its journal), opaque to the store.
-pub(crate) const SESSIONS: &str = "v1/sessions";
-/// The parts of session records (one per cell), each written once, opaque to the store.
-pub(crate) const SESSION_PARTS: &str = "v1/session-parts";
-/// Streamed uploads land here before their hash is known; gc removes leftovers past the grace period.
-pub(crate) const STAGING: &str = "v1/staging";
-
-pub(crate) fn blob(hash: &str) -> Result<Path> {
-    check_hex(hash, "artifact id")?;
-    Ok(Path::from(format!("{BLOBS}/{hash}")))
+/// Where one tenant's objects live: the layout's root (`v1` for the default tenant, whose layout is
+/// the one written before tenants existed; `v1/t/<tenant key>` for a named one), and every key below
+/// it. A store scoped to a tenant ([`crate::Store::tenant`]) reads and writes under its root only, so
+/// no key of one tenant can be named from another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    root: String,
 }
 
-pub(crate) fn run(run_id: &str) -> Result<Path> {
-    check_run_id(run_id)?;
-    Ok(Path::from(format!("{RUNS}/{run_id}")))
+/// Named tenants' roots live under this.
+pub(crate) const TENANTS: &str = "v1/t";
+
+impl Layout {
+    /// The default tenant's layout (the CLI's local use, a library engine without a tenant).
+    pub(crate) fn default_tenant() -> Self {
+        Self {
+            root: LAYOUT_VERSION.into(),
+        }
+    }
+
+    /// Tenant `name`'s layout.
+    pub(crate) fn tenant(name: &str) -> Result<Self> {
+        Ok(Self {
+            root: format!("{TENANTS}/{}", tenant_key(name)?),
+        })
+    }
+
+    /// The root every key of this layout starts with.
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+
+    pub(crate) fn blobs(&self) -> String {
+        format!("{}/blobs", self.root)
+    }
+    pub(crate) fn runs(&self) -> String {
+        format!("{}/runs", self.root)
+    }
+    pub(crate) fn memos(&self) -> String {
+        format!("{}/memo", self.root)
+    }
+    /// Checkpoints of resumable runs (request, journal, state), opaque to the store.
+    pub(crate) fn checkpoints(&self) -> String {
+        format!("{}/checkpoints", self.root)
+    }
+    /// What durable runs append to their checkpoints (a journal entry per change of a call, and the
+    /// large values those entries hold by digest), opaque to the store; deleted with the checkpoint.
+    pub(crate) fn all_checkpoint_parts(&self) -> String {
+        format!("{}/checkpoint-parts", self.root)
+    }
+    /// Streamed uploads land here before their hash is known; gc removes leftovers past the grace
+    /// period.
+    pub(crate) fn stagings(&self) -> String {
+        format!("{}/staging", self.root)
+    }
+
+    pub(crate) fn blob(&self, hash: &str) -> Result<Path> {
+        check_hex(hash, "artifact id")?;
+        Ok(Path::from(format!("{}/{hash}", self.blobs())))
+    }
+
+    pub(crate) fn run(&self, run_id: &str) -> Result<Path> {
+        check_run_id(run_id)?;
+        Ok(Path::from(format!("{}/{run_id}", self.runs())))
+    }
+
+    pub(crate) fn checkpoint(&self, run_id: &str) -> Result<Path> {
+        check_run_id(run_id)?;
+        Ok(Path::from(format!("{}/{run_id}", self.checkpoints())))
+    }
+
+    /// Where the parts of run `run_id`'s checkpoint live.
+    pub(crate) fn checkpoint_parts(&self, run_id: &str) -> Result<String> {
+        check_run_id(run_id)?;
+        Ok(format!("{}/{run_id}", self.all_checkpoint_parts()))
+    }
+
+    /// Part `name` of run `run_id`'s checkpoint.
+    pub(crate) fn checkpoint_part(&self, run_id: &str, name: &str) -> Result<Path> {
+        check_part_name(name)?;
+        Ok(Path::from(format!(
+            "{}/{name}",
+            self.checkpoint_parts(run_id)?
+        )))
+    }
+
+    /// A session's record. Session ids may hold `:` (a client's scope): they are hex-encoded into
+    /// the key (long ones hashed, see `session_hex`) so that no id can be mistaken for another or
+    /// escape its prefix.
+    pub(crate) fn session(&self, id: &str) -> Result<Path> {
+        Ok(Path::from(format!(
+            "{}/sessions/{}",
+            self.root,
+            session_hex(id)?
+        )))
+    }
+
+    /// Where the parts of session `id`'s record live (under their own prefix: on a local store a
+    /// key cannot be both an object and a directory).
+    pub(crate) fn session_parts(&self, id: &str) -> Result<String> {
+        Ok(format!("{}/session-parts/{}", self.root, session_hex(id)?))
+    }
+
+    /// Part `n` of session `id`'s record (zero-padded, so a listing sorts in order).
+    pub(crate) fn session_part(&self, id: &str, n: u64) -> Result<Path> {
+        Ok(Path::from(format!("{}/{n:020}", self.session_parts(id)?)))
+    }
+
+    /// A value `name` kept with session `id`'s record (beside its numbered parts).
+    pub(crate) fn session_value(&self, id: &str, name: &str) -> Result<Path> {
+        check_part_name(name)?;
+        Ok(Path::from(format!("{}/v-{name}", self.session_parts(id)?)))
+    }
+
+    pub(crate) fn memo(&self, key: &str) -> Result<Path> {
+        check_hex(key, "memo key")?;
+        Ok(Path::from(format!("{}/{key}", self.memos())))
+    }
+
+    pub(crate) fn staging(&self, name: &str) -> Path {
+        Path::from(format!("{}/{name}", self.stagings()))
+    }
+
+    /// What this tenant's record (its name, for listings) is kept as.
+    pub(crate) fn tenant_record(&self) -> Path {
+        Path::from(format!("{}/tenant", self.root))
+    }
 }
 
-pub(crate) fn checkpoint(run_id: &str) -> Result<Path> {
-    check_run_id(run_id)?;
-    Ok(Path::from(format!("{CHECKPOINTS}/{run_id}")))
-}
-
-/// A session's record. Session ids may hold `:` (a client's scope): they are hex-encoded into the key
-/// (long ones hashed, see `session_hex`) so that no id can be mistaken for another or escape its
-/// prefix.
-pub(crate) fn session(id: &str) -> Result<Path> {
-    Ok(Path::from(format!("{SESSIONS}/{}", session_hex(id)?)))
+/// A tenant's key segment: its name in hex, or `b3-` and its blake3 past 100 bytes (a file name's
+/// limit), so any name is one safe segment and no two names share one.
+fn tenant_key(name: &str) -> Result<String> {
+    if name.is_empty() || name.len() > 256 {
+        return Err(Error::InvalidId {
+            what: "tenant",
+            value: name.to_owned(),
+            reason: "must be 1 to 256 bytes long",
+        });
+    }
+    if name.len() > 100 {
+        return Ok(format!("b3-{}", blake3::hash(name.as_bytes()).to_hex()));
+    }
+    Ok(name.bytes().map(|b| format!("{b:02x}")).collect())
 }
 
 fn session_hex(id: &str) -> Result<String> {
@@ -62,35 +170,6 @@ fn session_hex(id: &str) -> Result<String> {
     Ok(id.bytes().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Where the parts of session `id`'s record live (under their own prefix: on a local store a key
-/// cannot be both an object and a directory).
-pub(crate) fn session_parts(id: &str) -> Result<String> {
-    Ok(format!("{SESSION_PARTS}/{}", session_hex(id)?))
-}
-
-/// Part `n` of session `id`'s record (zero-padded, so a listing sorts in order).
-pub(crate) fn session_part(id: &str, n: u64) -> Result<Path> {
-    Ok(Path::from(format!("{}/{n:020}", session_parts(id)?)))
-}
-
-/// Where the parts of run `run_id`'s checkpoint live.
-pub(crate) fn checkpoint_parts(run_id: &str) -> Result<String> {
-    check_run_id(run_id)?;
-    Ok(format!("{CHECKPOINT_PARTS}/{run_id}"))
-}
-
-/// Part `name` of run `run_id`'s checkpoint.
-pub(crate) fn checkpoint_part(run_id: &str, name: &str) -> Result<Path> {
-    check_part_name(name)?;
-    Ok(Path::from(format!("{}/{name}", checkpoint_parts(run_id)?)))
-}
-
-/// A value `name` kept with session `id`'s record (beside its numbered parts).
-pub(crate) fn session_value(id: &str, name: &str) -> Result<Path> {
-    check_part_name(name)?;
-    Ok(Path::from(format!("{}/v-{name}", session_parts(id)?)))
-}
-
 /// Part names are the core's: a single segment of ASCII letters, digits and `-`.
 fn check_part_name(name: &str) -> Result<()> {
     if !name.is_empty()
@@ -105,15 +184,6 @@ fn check_part_name(name: &str) -> Result<()> {
             reason: "must be 1 to 128 ASCII letters, digits or `-`",
         })
     }
-}
-
-pub(crate) fn memo(key: &str) -> Result<Path> {
-    check_hex(key, "memo key")?;
-    Ok(Path::from(format!("{MEMO}/{key}")))
-}
-
-pub(crate) fn staging(name: &str) -> Path {
-    Path::from(format!("{STAGING}/{name}"))
 }
 
 pub(crate) fn prefix(dir: &str) -> Path {
@@ -173,16 +243,31 @@ mod tests {
     #[test]
     fn run_ids_that_could_escape_their_prefix_are_rejected() {
         for bad in ["", "..", "../x", "a/b", ".hidden", "a b", "é"] {
-            assert!(run(bad).is_err(), "{bad:?} accepted");
+            assert!(
+                Layout::default_tenant().run(bad).is_err(),
+                "{bad:?} accepted"
+            );
         }
-        assert_eq!(run("run-1_a.b").unwrap().as_ref(), "v1/runs/run-1_a.b");
+        let layout = Layout::default_tenant();
+        assert_eq!(
+            layout.run("run-1_a.b").unwrap().as_ref(),
+            "v1/runs/run-1_a.b"
+        );
+        let alice = Layout::tenant("alice").unwrap();
+        assert_eq!(alice.run("r").unwrap().as_ref(), "v1/t/616c696365/runs/r");
+        assert!(Layout::tenant("").is_err());
+        assert!(Layout::tenant(&"x".repeat(200))
+            .unwrap()
+            .root()
+            .contains("/b3-"));
     }
 
     #[test]
     fn blob_keys_accept_only_blake3_hex() {
         let h = blake3::hash(b"x").to_hex().to_string();
-        assert_eq!(blob(&h).unwrap().as_ref(), format!("v1/blobs/{h}"));
-        assert!(blob("ABC").is_err());
-        assert!(blob(&h.to_uppercase()).is_err());
+        let layout = Layout::default_tenant();
+        assert_eq!(layout.blob(&h).unwrap().as_ref(), format!("v1/blobs/{h}"));
+        assert!(layout.blob("ABC").is_err());
+        assert!(layout.blob(&h.to_uppercase()).is_err());
     }
 }

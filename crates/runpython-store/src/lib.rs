@@ -54,6 +54,7 @@
 
 mod artifact;
 mod backend;
+mod blobs;
 mod collect;
 pub mod conformance;
 mod error;
@@ -66,6 +67,7 @@ mod record;
 mod redact;
 mod resumable;
 mod store;
+mod tenants;
 
 /// The `object_store` this crate is built on, for [`Store::with_backend`]: build a backend with the
 /// same version of the crate.
@@ -84,3 +86,4 @@ pub use memo::{memo_key, Computed, MemoKey, Memoized};
 pub use redact::{Redactor, MIN_SECRET_LEN};
 pub use resumable::StoredCheckpoint;
 pub use store::{Listing, RunManifest, RunRecord, Store, Tier};
+pub use tenants::Held;

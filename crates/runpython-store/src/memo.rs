@@ -105,7 +105,7 @@ impl Store {
         ttl: Option<Duration>,
     ) -> Result<()> {
         let entry = self.write_memo(key, envelope_json, ttl).await?;
-        self.inner.memo.insert(key.0.clone(), entry).await;
+        self.inner.memo.insert(self.cache_slot(&key.0), entry).await;
         Ok(())
     }
 
@@ -122,7 +122,7 @@ impl Store {
             expires_at_ms: expires_at.map(to_ms),
             envelope_json: json.to_owned(),
         });
-        self.write(&layout::memo(&key.0)?, record::encode(&record)?)
+        self.write(&self.layout().memo(&key.0)?, record::encode(&record)?)
             .await?;
         Ok(CachedMemo {
             json: json.into(),
@@ -135,19 +135,19 @@ impl Store {
     /// The envelope memoized under `key`, from memory or else from the store; `None` when there is
     /// none or it expired.
     pub async fn get_memo(&self, key: &MemoKey) -> Result<Option<Arc<str>>> {
-        if let Some(hit) = self.inner.memo.get(key.as_str()).await {
+        if let Some(hit) = self.inner.memo.get(&self.cache_slot(&key.0)).await {
             return Ok(Some(hit.json));
         }
         let Some(entry) = self.read_memo(key).await? else {
             return Ok(None);
         };
         let json = Arc::clone(&entry.json);
-        self.inner.memo.insert(key.0.clone(), entry).await;
+        self.inner.memo.insert(self.cache_slot(&key.0), entry).await;
         Ok(Some(json))
     }
 
     async fn read_memo(&self, key: &MemoKey) -> Result<Option<CachedMemo>> {
-        let path = layout::memo(&key.0)?;
+        let path = self.layout().memo(&key.0)?;
         let Some(bytes) = self.read(&path).await? else {
             return Ok(None);
         };
@@ -166,8 +166,8 @@ impl Store {
 
     /// Deletes the memo entry `key` from the store and the memory cache.
     pub async fn delete_memo(&self, key: &MemoKey) -> Result<()> {
-        self.inner.memo.invalidate(key.as_str()).await;
-        self.remove(&layout::memo(&key.0)?).await
+        self.inner.memo.invalidate(&self.cache_slot(&key.0)).await;
+        self.remove(&self.layout().memo(&key.0)?).await
     }
 
     /// The envelope memoized under `key`, or the result of `compute`, memoized for `ttl` when it
@@ -188,7 +188,7 @@ impl Store {
         Fut: Future<Output = Result<Computed, E>>,
         E: From<Error> + Send + Sync + 'static,
     {
-        if let Some(hit) = self.inner.memo.get(key.as_str()).await {
+        if let Some(hit) = self.inner.memo.get(&self.cache_slot(&key.0)).await {
             return Ok(Memoized {
                 json: hit.json,
                 cached: true,
@@ -199,7 +199,7 @@ impl Store {
         let entry = self
             .inner
             .memo
-            .try_get_with(key.0.clone(), async {
+            .try_get_with(self.cache_slot(&key.0), async {
                 if let Some(stored) = self.read_memo(key).await? {
                     return Ok(stored);
                 }
@@ -223,7 +223,7 @@ impl Store {
             })
             .await?;
         if !entry.keep {
-            self.inner.memo.invalidate(key.as_str()).await;
+            self.inner.memo.invalidate(&self.cache_slot(&key.0)).await;
         }
         Ok(Memoized {
             json: entry.json,
@@ -239,7 +239,7 @@ impl Store {
         unreadable: &mut Vec<String>,
     ) -> Result<usize> {
         let mut removed = 0;
-        for meta in self.list(layout::MEMO).await? {
+        for meta in self.list(&self.layout().memos()).await? {
             let Some(bytes) = self.read(&meta.location).await? else {
                 continue;
             };
@@ -248,7 +248,7 @@ impl Store {
                     if m.expires_at_ms.is_some_and(|t| from_ms(t) <= now) {
                         self.remove(&meta.location).await?;
                         if let Some(name) = layout::file_name(&meta.location) {
-                            self.inner.memo.invalidate(name).await;
+                            self.inner.memo.invalidate(&self.cache_slot(name)).await;
                         }
                         removed += 1;
                     }

@@ -27,13 +27,13 @@ impl Store {
     /// Keeps the checkpoint of a resumable run (the caller's own versioned record), replacing any
     /// earlier one atomically.
     pub async fn put_checkpoint(&self, run_id: &str, bytes: impl Into<Bytes>) -> Result<()> {
-        let key = layout::checkpoint(run_id)?;
+        let key = self.layout().checkpoint(run_id)?;
         self.write(&key, bytes.into()).await
     }
 
     /// The checkpoint of `run_id`, or `None` when the run has none.
     pub async fn get_checkpoint(&self, run_id: &str) -> Result<Option<Bytes>> {
-        let key = layout::checkpoint(run_id)?;
+        let key = self.layout().checkpoint(run_id)?;
         self.read(&key).await
     }
 
@@ -46,19 +46,20 @@ impl Store {
         name: &str,
         bytes: impl Into<Bytes>,
     ) -> Result<()> {
-        self.write(&layout::checkpoint_part(run_id, name)?, bytes.into())
+        self.write(&self.layout().checkpoint_part(run_id, name)?, bytes.into())
             .await
     }
 
     /// Part `name` of `run_id`'s checkpoint, or `None`.
     pub async fn get_checkpoint_part(&self, run_id: &str, name: &str) -> Result<Option<Bytes>> {
-        self.read(&layout::checkpoint_part(run_id, name)?).await
+        self.read(&self.layout().checkpoint_part(run_id, name)?)
+            .await
     }
 
     /// The names of `run_id`'s checkpoint parts that start with `prefix`, sorted.
     pub async fn list_checkpoint_parts(&self, run_id: &str, prefix: &str) -> Result<Vec<String>> {
         let mut names: Vec<String> = self
-            .list(&layout::checkpoint_parts(run_id)?)
+            .list(&self.layout().checkpoint_parts(run_id)?)
             .await?
             .iter()
             .filter_map(|m| layout::file_name(&m.location))
@@ -71,8 +72,9 @@ impl Store {
 
     /// Forgets `run_id`'s checkpoint and its parts (absent is fine).
     pub async fn delete_checkpoint(&self, run_id: &str) -> Result<()> {
-        self.remove(&layout::checkpoint(run_id)?).await?;
-        self.remove_all(&layout::checkpoint_parts(run_id)?).await
+        self.remove(&self.layout().checkpoint(run_id)?).await?;
+        self.remove_all(&self.layout().checkpoint_parts(run_id)?)
+            .await
     }
 
     /// Keeps a value `name` with session `id`'s record (deleted with it).
@@ -82,13 +84,13 @@ impl Store {
         name: &str,
         bytes: impl Into<Bytes>,
     ) -> Result<()> {
-        self.write(&layout::session_value(id, name)?, bytes.into())
+        self.write(&self.layout().session_value(id, name)?, bytes.into())
             .await
     }
 
     /// The value `name` kept with session `id`'s record, or `None`.
     pub async fn get_session_value(&self, id: &str, name: &str) -> Result<Option<Bytes>> {
-        self.read(&layout::session_value(id, name)?).await
+        self.read(&self.layout().session_value(id, name)?).await
     }
 
     /// Removes every object under `dir`.
@@ -107,13 +109,13 @@ impl Store {
 
     /// Keeps a session's record (the caller's own versioned bytes), replacing any earlier one atomically.
     pub async fn put_session(&self, id: &str, bytes: impl Into<Bytes>) -> Result<()> {
-        let key = layout::session(id)?;
+        let key = self.layout().session(id)?;
         self.write(&key, bytes.into()).await
     }
 
     /// The record of session `id`, or `None` when it has none.
     pub async fn get_session(&self, id: &str) -> Result<Option<Bytes>> {
-        let key = layout::session(id)?;
+        let key = self.layout().session(id)?;
         self.read(&key).await
     }
 
@@ -121,32 +123,37 @@ impl Store {
     /// as a part, so a long session's record is not rewritten whole on every cell), replacing any
     /// earlier part `n` atomically.
     pub async fn put_session_part(&self, id: &str, n: u64, bytes: impl Into<Bytes>) -> Result<()> {
-        let key = layout::session_part(id, n)?;
+        let key = self.layout().session_part(id, n)?;
         self.write(&key, bytes.into()).await
     }
 
     /// Part `n` of session `id`'s record, or `None` when there is none.
     pub async fn get_session_part(&self, id: &str, n: u64) -> Result<Option<Bytes>> {
-        let key = layout::session_part(id, n)?;
+        let key = self.layout().session_part(id, n)?;
         self.read(&key).await
     }
 
     /// Forgets session `id`, its record and every part and value of it (absent is fine).
     pub async fn delete_session(&self, id: &str) -> Result<()> {
-        self.remove(&layout::session(id)?).await?;
-        self.remove_all(&layout::session_parts(id)?).await
+        self.remove(&self.layout().session(id)?).await?;
+        self.remove_all(&self.layout().session_parts(id)?).await
     }
 
     /// Every checkpoint in the store with when it or a part of it was last written, least recently
     /// written first: how runs that have not finished (suspended, or whose host died) are found
     /// without knowing their ids. A failure to reach the store fails the listing.
     pub async fn list_checkpoints(&self) -> Result<Vec<StoredCheckpoint>> {
-        let metas = self.list(layout::CHECKPOINTS).await?;
+        let metas = self.list(&self.layout().checkpoints()).await?;
         // A durable run appends parts and leaves its head alone: its last write is its newest part's.
         let mut newest_part = std::collections::HashMap::<String, SystemTime>::new();
-        for part in self.list(layout::CHECKPOINT_PARTS).await? {
-            let mut segments = part.location.parts();
-            let run = segments.nth(2).map(|s| s.as_ref().to_owned());
+        let parts_root = format!("{}/", self.layout().all_checkpoint_parts());
+        for part in self.list(&self.layout().all_checkpoint_parts()).await? {
+            let run = part
+                .location
+                .as_ref()
+                .strip_prefix(&parts_root)
+                .and_then(|rest| rest.split('/').next())
+                .map(str::to_owned);
             if let Some(run) = run {
                 let at: SystemTime = part.last_modified.into();
                 let newest = newest_part.entry(run).or_insert(at);

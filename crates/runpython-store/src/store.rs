@@ -1,19 +1,19 @@
 //! The [`Store`]: blobs, run manifests, retention and gc.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::stream::{BoxStream, StreamExt, TryStreamExt};
+use bytes::Bytes;
+use futures_util::stream::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::artifact::{Artifact, ArtifactKind, ListedArtifact};
 use crate::backend::{self, StoreOptions};
 use crate::collect::{RunFile, SkippedFile};
 use crate::error::{Error, Result};
-use crate::layout;
+use crate::layout::{self, Layout};
 use crate::memo_cache::{self, MemoCache};
 use crate::preview::preview;
 use crate::record::{
@@ -148,6 +148,17 @@ pub(crate) struct Inner {
     /// Blobs this store wrote recently, and when: a blob rewritten within a quarter of the gc grace
     /// period is skipped (its age is young enough that gc keeps it until the manifest lands).
     pub(crate) recent_blobs: moka::sync::Cache<String, ()>,
+    /// Where this store's keys live: the default tenant's layout, or a named tenant's.
+    pub(crate) layout: Layout,
+    /// The tenant this store is scoped to (`None`: the default tenant).
+    pub(crate) tenant: Option<String>,
+    /// The named tenants' stores made from this one (shared by all of them), so each keeps its
+    /// caches.
+    pub(crate) tenants: Arc<Mutex<HashMap<String, Store>>>,
+    /// A named tenant's record (its name, for listings) is written before its first object.
+    pub(crate) recorded: std::sync::atomic::AtomicBool,
+    /// Bytes stored under this tenant's root, as last counted, and when.
+    pub(crate) usage: Mutex<Option<(u64, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -214,8 +225,44 @@ impl Store {
                 options,
                 memo,
                 recent_blobs,
+                layout: Layout::default_tenant(),
+                tenant: None,
+                tenants: Arc::default(),
+                recorded: true.into(),
+                usage: Mutex::new(None),
             }),
         }
+    }
+
+    /// A store over this one's backend with `layout`, sharing its caches (their keys start with the
+    /// layout's root, [`Store::cache_slot`]: one bound for every tenant of the process) and its
+    /// tenants' map.
+    pub(crate) fn sibling(&self, layout: Layout, tenant: Option<String>) -> Store {
+        let options = self.inner.options.clone();
+        Store {
+            inner: Arc::new(Inner {
+                os: Arc::clone(&self.inner.os),
+                url: self.inner.url.clone(),
+                memo: self.inner.memo.clone(),
+                recent_blobs: self.inner.recent_blobs.clone(),
+                options,
+                layout,
+                recorded: tenant.is_none().into(),
+                tenant,
+                tenants: Arc::clone(&self.inner.tenants),
+                usage: Mutex::new(None),
+            }),
+        }
+    }
+
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.inner.layout
+    }
+
+    /// The key of `key` in the caches tenants share: under this store's root, so no tenant's entry
+    /// is another's.
+    pub(crate) fn cache_slot(&self, key: &str) -> String {
+        format!("{}/{key}", self.inner.layout.root())
     }
 
     /// The store's URL, without query options (or the name given to [`with_backend`](Self::with_backend)).
@@ -237,7 +284,7 @@ impl Store {
         }
     }
 
-    fn not_found(&self, what: &'static str, id: &str) -> Error {
+    pub(crate) fn not_found(&self, what: &'static str, id: &str) -> Error {
         Error::NotFound {
             what,
             id: id.to_owned(),
@@ -262,12 +309,17 @@ impl Store {
 
     /// Writes a whole object in one request (atomic on every backend).
     pub(crate) async fn write(&self, key: &Path, bytes: impl Into<PutPayload>) -> Result<()> {
+        self.record_tenant().await?;
+        let payload: PutPayload = bytes.into();
+        let size = payload.content_length() as u64;
         self.inner
             .os
-            .put(key, bytes.into())
+            .put(key, payload)
             .await
             .map(drop)
-            .map_err(|e| self.backend_err("put", key, e))
+            .map_err(|e| self.backend_err("put", key, e))?;
+        self.count_written(size);
+        Ok(())
     }
 
     /// Deletes an object; a missing one is not an error.
@@ -288,186 +340,13 @@ impl Store {
             .map_err(|e| self.backend_err("list", &prefix, e))
     }
 
-    // ---- blobs ----
-
-    /// Stores `bytes` under its blake3 hash and returns the hash (the artifact id).
-    ///
-    /// Always writes, even when the blob exists: the write refreshes its modification time, which is
-    /// what keeps a concurrent [`gc`](Self::gc) from deleting a blob that a new manifest is about to
-    /// reference.
-    pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<String> {
-        let bytes = bytes.into();
-        let hash = blake3::hash(&bytes).to_hex().to_string();
-        if self.inner.recent_blobs.contains_key(&hash) {
-            return Ok(hash); // written moments ago by this store: young enough for gc's grace
-        }
-        let key = layout::blob(&hash)?;
-        self.write(&key, bytes).await?;
-        self.inner.recent_blobs.insert(hash.clone(), ());
-        Ok(hash)
-    }
-
-    /// Streams `reader` into a blob without holding it in memory; returns the hash and size.
-    ///
-    /// The bytes go to a staging key (multipart once they exceed
-    /// [`StoreOptions::upload_part_bytes`]) and are renamed to `v1/blobs/<hash>` when complete. If the
-    /// reader or the backend fails, the multipart upload is aborted and nothing becomes visible
-    /// under `v1/blobs`; a staging object left by a killed host is removed by [`gc`](Self::gc).
-    pub async fn put_blob_reader<R>(&self, mut reader: R) -> Result<(String, u64)>
-    where
-        R: AsyncRead + Unpin + Send,
-    {
-        const CHUNK: usize = 256 * 1024;
-        let staging = layout::staging(&staging_name());
-        let mut writer = object_store::buffered::BufWriter::with_capacity(
-            Arc::clone(&self.inner.os),
-            staging.clone(),
-            self.inner.options.upload_part_bytes,
-        );
-        let mut hasher = blake3::Hasher::new();
-        let mut size = 0u64;
-        loop {
-            let mut buf = BytesMut::with_capacity(CHUNK);
-            let n = match reader.read_buf(&mut buf).await {
-                Ok(n) => n,
-                Err(source) => {
-                    let _ = writer.abort().await; // best effort: the source error is the news
-                    return Err(Error::Source { source });
-                }
-            };
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf);
-            size += n as u64;
-            if let Err(e) = writer.put(buf.freeze()).await {
-                let _ = writer.abort().await;
-                return Err(self.backend_err("put", &staging, e));
-            }
-        }
-        writer.shutdown().await.map_err(|e| {
-            let source = object_store::Error::Generic {
-                store: "upload",
-                source: Box::new(e),
-            };
-            self.backend_err("put", &staging, source)
-        })?;
-        let hash = hasher.finalize().to_hex().to_string();
-        let key = layout::blob(&hash)?;
-        // A rename is atomic locally; on S3 it is a server-side copy (atomic) then a delete.
-        self.inner
-            .os
-            .rename(&staging, &key)
-            .await
-            .map_err(|e| self.backend_err("rename", &staging, e))?;
-        Ok((hash, size))
-    }
-
-    /// Streams a file the run made into a blob, without holding it in memory, and describes it as an
-    /// artifact named `name` (its preview from the first 64 KiB). List it in [`RunRecord::stored`].
-    pub async fn put_artifact_stream<R>(&self, name: &str, mut reader: R) -> Result<Artifact>
-    where
-        R: AsyncRead + Unpin + Send,
-    {
-        const PREVIEW_BYTES: usize = 64 * 1024;
-        let mut head = Vec::with_capacity(PREVIEW_BYTES);
-        (&mut reader)
-            .take(PREVIEW_BYTES as u64)
-            .read_to_end(&mut head)
-            .await
-            .map_err(|source| Error::Source { source })?;
-        let preview = preview(name, &head);
-        let (id, bytes) = self
-            .put_blob_reader(std::io::Cursor::new(head).chain(reader))
-            .await?;
-        Ok(Artifact {
-            id,
-            name: name.to_owned(),
-            kind: ArtifactKind::File,
-            bytes,
-            preview,
-        })
-    }
-
-    /// The bytes of the artifact (blob) `id`.
-    pub async fn get_run_artifact(&self, id: &str) -> Result<Bytes> {
-        let key = layout::blob(id)?;
-        self.read(&key)
-            .await?
-            .ok_or_else(|| self.not_found("artifact", id))
-    }
-
-    /// The size of the artifact (blob) `id`, without reading it.
-    pub async fn artifact_size(&self, id: &str) -> Result<u64> {
-        let key = layout::blob(id)?;
-        match self.inner.os.head(&key).await {
-            Ok(meta) => Ok(meta.size),
-            Err(object_store::Error::NotFound { .. }) => Err(self.not_found("artifact", id)),
-            Err(e) => Err(self.backend_err("head", &key, e)),
-        }
-    }
-
-    /// A slice of the artifact (blob) `id`: `length` bytes from `offset` (to its end without one),
-    /// clamped to what it holds, and its whole size. Costs the slice, never the whole artifact (a
-    /// ranged read on every backend). A slice over `max` bytes is [`Error::TooLarge`].
-    pub async fn get_run_artifact_range(
-        &self,
-        id: &str,
-        offset: u64,
-        length: Option<u64>,
-        max: u64,
-    ) -> Result<(Bytes, u64)> {
-        let total = self.artifact_size(id).await?;
-        let start = offset.min(total);
-        let end = length.map_or(total, |n| start.saturating_add(n).min(total));
-        if end - start > max {
-            return Err(Error::TooLarge {
-                what: format!("the slice of artifact {id}"),
-                bytes: end - start,
-                limit: max,
-            });
-        }
-        if start == end {
-            return Ok((Bytes::new(), total));
-        }
-        let key = layout::blob(id)?;
-        match self.inner.os.get_range(&key, start..end).await {
-            Ok(bytes) => Ok((bytes, total)),
-            Err(object_store::Error::NotFound { .. }) => Err(self.not_found("artifact", id)),
-            Err(e) => Err(self.backend_err("get", &key, e)),
-        }
-    }
-
-    /// The bytes of the artifact (blob) `id` as a stream of chunks, for large files.
-    pub async fn get_run_artifact_stream(
-        &self,
-        id: &str,
-    ) -> Result<BoxStream<'static, Result<Bytes>>> {
-        let key = layout::blob(id)?;
-        let got = match self.inner.os.get(&key).await {
-            Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => return Err(self.not_found("artifact", id)),
-            Err(e) => return Err(self.backend_err("get", &key, e)),
-        };
-        let store = self.inner.url.clone();
-        Ok(got
-            .into_stream()
-            .map_err(move |source| Error::Backend {
-                op: "get",
-                key: key.to_string(),
-                store: store.clone(),
-                source: Box::new(source),
-            })
-            .boxed())
-    }
-
     // ---- runs ----
 
     /// Keeps a run: every item becomes a blob, then the manifest is written (in that order, so a
     /// manifest never references a missing blob). Returns the manifest, whose artifacts go into the
     /// envelope. Writing the same run id again replaces its manifest.
     pub async fn put_run(&self, run: RunRecord) -> Result<RunManifest> {
-        let key = layout::run(&run.run_id)?;
+        let key = self.layout().run(&run.run_id)?;
         let mut items: Vec<(ArtifactKind, String, Bytes)> = vec![(
             ArtifactKind::Script,
             "script.py".into(),
@@ -558,7 +437,7 @@ impl Store {
     }
 
     pub(crate) async fn read_manifest(&self, run_id: &str) -> Result<Option<RunManifest>> {
-        let key = layout::run(run_id)?;
+        let key = self.layout().run(run_id)?;
         let Some(bytes) = self.read(&key).await? else {
             return Ok(None);
         };
@@ -598,7 +477,7 @@ impl Store {
 
     pub(crate) async fn run_ids(&self) -> Result<Vec<String>> {
         Ok(self
-            .list(layout::RUNS)
+            .list(&self.layout().runs())
             .await?
             .iter()
             .filter_map(|m| layout::file_name(&m.location))
@@ -639,7 +518,7 @@ impl Store {
     pub async fn delete_run(&self, run_id: &str) -> Result<()> {
         // Its checkpoint goes too: a run that is gone cannot be resumed (and gc must not leave them).
         self.delete_checkpoint(run_id).await?;
-        self.remove(&layout::run(run_id)?).await
+        self.remove(&self.layout().run(run_id)?).await
     }
 }
 
@@ -677,19 +556,4 @@ fn manifest_from(record: ManifestRecord) -> RunManifest {
             .collect(),
         skipped_counts: skipped_counts.into_iter().collect(),
     }
-}
-
-/// A unique staging object name: time, pid and randomness, so hosts sharing a bucket never collide.
-fn staging_name() -> String {
-    let mut random = [0u8; 8];
-    // Without randomness time + pid + counter is still unique on this host.
-    let _ = getrandom::fill(&mut random);
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!(
-        "{}-{}-{n}-{}",
-        to_ms(SystemTime::now()),
-        std::process::id(),
-        u64::from_le_bytes(random)
-    )
 }

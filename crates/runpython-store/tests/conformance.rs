@@ -72,11 +72,11 @@ async fn local_store_reports_a_record_from_a_newer_version_clearly() {
     store.put_run(sample_run("future")).await.unwrap();
     let path = dir.path().join("v1/runs/future");
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[5] = 2; // the version byte
+    bytes[5] = 3; // the version byte: newer than this build writes
     std::fs::write(&path, bytes).unwrap();
     let err = store.get_run("future").await.unwrap_err();
     assert!(
-        matches!(err, Error::UnsupportedVersion { version: 2, .. }),
+        matches!(err, Error::UnsupportedVersion { version: 3, .. }),
         "{err}"
     );
     // gc must not delete blobs whose references it cannot read.
@@ -130,7 +130,7 @@ async fn listings_skip_and_name_a_manifest_they_cannot_read() {
     store.put_run(sample_run("future")).await.unwrap();
     let path = dir.path().join("v1/runs/future");
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[5] = 2; // the version byte
+    bytes[5] = 3; // the version byte: newer than this build writes
     std::fs::write(&path, bytes).unwrap();
     std::fs::write(dir.path().join("v1/runs/garbage"), b"not a record").unwrap();
 

@@ -369,9 +369,11 @@ impl RunPythonBuilder {
                     ))
                 }),
                 pool: (self.pool.size > 0).then(|| Arc::new(Pool::new(self.pool, spec))),
-                interpreter: tokio::sync::OnceCell::new(),
+                interpreter: Arc::default(),
                 nesting: self.nested.map(Nesting::top),
                 sessions: crate::session::Registry::new(self.sessions),
+                tenant: None,
+                quota: None,
             }),
         })
     }

@@ -86,6 +86,23 @@ impl RunPython {
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
+        if let Some(why) = self.over_quota().await {
+            // Over its tenant's quota: the run runs, and nothing of it is written.
+            let mut envelope =
+                Box::pin(self.unkept().execute_kept(request, events, cancel)).await?;
+            not_kept(&mut envelope, &why);
+            return Ok(envelope);
+        }
+        self.execute_kept(request, events, cancel).await
+    }
+
+    /// [`RunPython::execute`] once the quota allows the run to be kept (or there is none).
+    async fn execute_kept(
+        &self,
+        request: RunRequest,
+        events: Option<mpsc::Sender<Event>>,
+        cancel: Option<oneshot::Receiver<()>>,
+    ) -> Result<Envelope, Error> {
         if let Some(id) = request.session.clone() {
             if request.reset_session {
                 self.reset_session(&id).await?;

@@ -53,10 +53,20 @@ struct Inner {
     sandbox: Sandbox,
     pool: Option<Arc<Pool>>,
     templates: Option<Arc<Templates>>,
-    interpreter: tokio::sync::OnceCell<Interpreter>,
+    /// Shared by every engine derived from this one (tenants, quotas): discovered once.
+    interpreter: Arc<tokio::sync::OnceCell<Interpreter>>,
     nesting: Option<Nesting>,
     sessions: Arc<crate::session::Registry>,
+    /// The tenant this engine's runs belong to (`None`: the default tenant). Its store is the
+    /// tenant's, and its sessions are the tenant's.
+    tenant: Option<String>,
+    /// Bytes the tenant may keep in the store; over them, runs run and are not kept.
+    quota: Option<u64>,
 }
+
+/// How often a tenant's stored bytes are counted again for its quota (in between, what its engine
+/// writes is added to the count).
+const QUOTA_RECOUNT: Duration = Duration::from_secs(60);
 
 /// A run in progress: its events as they happen, cancellation, and the envelope at the end.
 /// Dropping the handle stops the run and kills its processes.
@@ -162,6 +172,76 @@ impl RunPython {
     /// The tools the code sees, `run_python` included when nesting is allowed (for stubs and specs).
     pub(crate) fn exposed_tools(&self) -> ToolSet {
         crate::nested::exposed_tools(&self.inner.tools, Arc::new(self.clone()))
+    }
+
+    /// This engine for tenant `name`: everything its runs keep (runs, artifacts, whole output
+    /// streams, checkpoints, sessions and their parts, memo entries) belongs to the tenant, under
+    /// its own prefix of the store ([`Store::tenant`]); every read by id (artifacts, `read_artifact`
+    /// and `load_artifact` in the code, input artifacts, resume, session restore, memo lookups)
+    /// finds only the tenant's own, so another tenant's id reads exactly like a missing one; session
+    /// ids are the tenant's (two tenants choosing `"s"` get two sessions). Shares everything else
+    /// (the interpreter pool, the templates, the live sessions' registry) with this engine. The
+    /// engine without a tenant is the default tenant (the CLI's local use).
+    pub fn tenant(&self, name: &str) -> Result<RunPython, Error> {
+        if name.is_empty() {
+            return Err(Error::InvalidInput(
+                "a tenant's name cannot be empty".into(),
+            ));
+        }
+        let mut inner = (*self.inner).clone();
+        if let Some(keep) = &mut inner.keep {
+            keep.store = keep.store.tenant(name)?;
+        }
+        inner.tenant = Some(name.to_owned());
+        Ok(RunPython {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The tenant this engine's runs belong to; `None` for the default tenant.
+    pub fn tenant_name(&self) -> Option<&str> {
+        self.inner.tenant.as_deref()
+    }
+
+    /// This engine with a quota on what its tenant keeps: once the tenant's store holds `bytes` or
+    /// more (counted at most every few seconds), a run still runs, is not kept, and its envelope
+    /// says `kept: false` with why (a run started under the quota may take it over by what one run
+    /// keeps).
+    pub fn with_stored_bytes_quota(&self, bytes: u64) -> RunPython {
+        let mut inner = (*self.inner).clone();
+        inner.quota = Some(bytes);
+        RunPython {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Why this engine's next run will not be kept, when its tenant is over its quota.
+    pub(crate) async fn over_quota(&self) -> Option<String> {
+        let (Some(quota), Some(keep)) = (self.inner.quota, &self.inner.keep) else {
+            return None;
+        };
+        let used = match keep.store.stored_bytes(QUOTA_RECOUNT).await {
+            Ok(used) => used,
+            Err(e) => return Some(format!("the tenant's stored bytes cannot be counted: {e}")),
+        };
+        (used >= quota).then(|| {
+            format!(
+                "{} is over its stored-bytes quota ({used} of {quota} bytes kept): the run ran and \
+                 was not kept; delete runs (`runpython gc`, `runpython artifacts`) or raise the quota \
+                 (--max-stored-bytes-per-token)",
+                self.inner.tenant.as_deref().map_or("the default tenant".to_owned(), |t| format!("tenant {t}"))
+            )
+        })
+    }
+
+    /// This engine without its store, for a run that is not to be kept.
+    pub(crate) fn unkept(&self) -> RunPython {
+        let mut inner = (*self.inner).clone();
+        inner.keep = None;
+        inner.durable = false;
+        RunPython {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The store runs are kept in, if any.
@@ -276,7 +356,11 @@ impl RunPython {
 
     /// The artifact `id` of a kept run (its bytes), from this engine's store.
     pub async fn get_run_artifact(&self, id: &str) -> Result<Vec<u8>, Error> {
-        Ok(self.artifact_store()?.get_run_artifact(id).await?.to_vec())
+        let store = self.artifact_store()?;
+        match store.get_run_artifact(id).await {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(e) => Err(audited(store, id, e)),
+        }
     }
 
     /// A slice of the artifact `id`: `length` bytes from `offset` (to its end without one), at most
@@ -288,11 +372,11 @@ impl RunPython {
         length: Option<u64>,
         max: u64,
     ) -> Result<(Vec<u8>, u64), Error> {
-        let (bytes, total) = self
-            .artifact_store()?
-            .get_run_artifact_range(id, offset, length, max)
-            .await?;
-        Ok((bytes.to_vec(), total))
+        let store = self.artifact_store()?;
+        match store.get_run_artifact_range(id, offset, length, max).await {
+            Ok((bytes, total)) => Ok((bytes.to_vec(), total)),
+            Err(e) => Err(audited(store, id, e)),
+        }
     }
 
     fn artifact_store(&self) -> Result<&Store, Error> {
@@ -380,4 +464,17 @@ impl NestEngine for RunPython {
         let this = self.clone();
         Box::pin(async move { RunPython::resume(&this, &run_id, decisions).await })
     }
+}
+
+/// A failed read of artifact `id`: a miss is audited (another tenant's id?) in the background.
+fn audited(store: &Store, id: &str, e: runpython_store::Error) -> Error {
+    if matches!(e, runpython_store::Error::NotFound { .. }) {
+        crate::tenancy::audit_miss(
+            store,
+            runpython_store::Held::Artifact,
+            id,
+            "get_run_artifact",
+        );
+    }
+    Error::Store(e)
 }

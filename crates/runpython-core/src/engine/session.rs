@@ -61,7 +61,10 @@ impl Session {
     /// Ends the session: like [`Session::reset`], and the engine forgets the id.
     pub async fn close(self) -> Result<(), Error> {
         self.engine.reset_session(&self.id).await?;
-        self.engine.inner.sessions.remove(&self.id);
+        self.engine
+            .inner
+            .sessions
+            .remove(self.engine.inner.tenant.as_deref(), &self.id);
         Ok(())
     }
 }
@@ -90,7 +93,7 @@ impl RunPython {
     /// Kills the session's interpreter and forgets its state, here and in the store.
     pub(crate) async fn reset_session(&self, id: &str) -> Result<(), Error> {
         check_session_id(id)?;
-        let entry = self.inner.sessions.entry(id);
+        let entry = self.inner.sessions.entry(self.inner.tenant.as_deref(), id);
         let mut e = entry.lock().await;
         if let Some(mut live) = e.live.take() {
             live.kill();
@@ -152,7 +155,7 @@ impl RunPython {
         check_session_id(id)?;
         check_input_names(&request)?;
         check_env(&request)?; // before the cell reaches the live interpreter, which it would end
-        let entry = self.inner.sessions.entry(id);
+        let entry = self.inner.sessions.entry(self.inner.tenant.as_deref(), id);
         let mut e = entry.lock().await;
         e.last_used = Instant::now();
         let limits = &self.inner.limits;
@@ -208,7 +211,9 @@ impl RunPython {
                 restored = true;
             }
             e.live = Some(live);
-            self.inner.sessions.evict_over_capacity(id);
+            self.inner
+                .sessions
+                .evict_over_capacity(self.inner.tenant.as_deref(), id);
         }
         let mut envelope = self
             .cell(&mut e, &request, None, events, cancel, started)
@@ -325,7 +330,7 @@ impl RunPython {
         decisions: HashMap<String, Value>,
     ) -> Result<Envelope, Error> {
         let started = Instant::now();
-        let entry = self.inner.sessions.entry(id);
+        let entry = self.inner.sessions.entry(self.inner.tenant.as_deref(), id);
         let mut e = entry.lock().await;
         let record = self
             .session_record(id)

@@ -42,6 +42,8 @@ impl Default for SessionConfig {
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub id: String,
+    /// The tenant it belongs to (`None`: the default tenant).
+    pub tenant: Option<String>,
     /// Its interpreter, while it lives.
     pub live: Option<Live>,
     /// Cells run so far (the next cell's number is this plus one).
@@ -64,8 +66,16 @@ pub(crate) struct Entry {
 #[derive(Debug)]
 pub(crate) struct Registry {
     pub config: SessionConfig,
-    entries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Entry>>>>,
+    /// By tenant and id: two tenants' sessions of one id are two sessions.
+    entries: Mutex<HashMap<SessionKey, Arc<tokio::sync::Mutex<Entry>>>>,
     reaper: std::sync::OnceLock<()>,
+}
+
+/// A session's key in the registry: its tenant and its id.
+type SessionKey = (Option<String>, String);
+
+fn key_of(tenant: Option<&str>, id: &str) -> SessionKey {
+    (tenant.map(str::to_owned), id.to_owned())
 }
 
 /// Entries kept for sessions without an interpreter (so their loss can be reported), at most.
@@ -80,24 +90,32 @@ impl Registry {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<Entry>>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Arc<tokio::sync::Mutex<Entry>>>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The session `id`, made if it is new. Starts the idle reaper on first use.
-    pub(crate) fn entry(self: &Arc<Self>, id: &str) -> Arc<tokio::sync::Mutex<Entry>> {
+    /// The session `id` of `tenant`, made if it is new. Starts the idle reaper on first use.
+    pub(crate) fn entry(
+        self: &Arc<Self>,
+        tenant: Option<&str>,
+        id: &str,
+    ) -> Arc<tokio::sync::Mutex<Entry>> {
         self.start_reaper();
+        let key = key_of(tenant, id);
         let mut entries = self.lock();
-        if entries.len() >= MAX_ENTRIES && !entries.contains_key(id) {
+        if entries.len() >= MAX_ENTRIES && !entries.contains_key(&key) {
             // Forget sessions that have nothing left to report (no interpreter, no loss pending).
             entries.retain(|_, e| {
                 e.try_lock()
                     .map_or(true, |e| e.live.is_some() || e.lost.is_some())
             });
         }
-        Arc::clone(entries.entry(id.to_owned()).or_insert_with(|| {
+        Arc::clone(entries.entry(key).or_insert_with(|| {
             Arc::new(tokio::sync::Mutex::new(Entry {
                 id: id.to_owned(),
+                tenant: tenant.map(str::to_owned),
                 live: None,
                 cells: 0,
                 lost: None,
@@ -110,13 +128,13 @@ impl Registry {
         }))
     }
 
-    /// Forgets `id` (its interpreter, if any, is killed when the entry drops).
-    pub(crate) fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    /// Forgets `tenant`'s `id` (its interpreter, if any, is killed when the entry drops).
+    pub(crate) fn remove(&self, tenant: Option<&str>, id: &str) {
+        self.lock().remove(&key_of(tenant, id));
     }
 
     /// After `keep` got an interpreter: evicts the least recently used idle ones past the cap.
-    pub(crate) fn evict_over_capacity(&self, keep: &str) {
+    pub(crate) fn evict_over_capacity(&self, tenant: Option<&str>, keep: &str) {
         let entries: Vec<Arc<tokio::sync::Mutex<Entry>>> = self.lock().values().cloned().collect();
         let mut live = 0usize;
         let mut idle: Vec<(Instant, Arc<tokio::sync::Mutex<Entry>>)> = Vec::new();
@@ -126,7 +144,7 @@ impl Registry {
                 Err(_) => live += 1,
                 Ok(e) if e.live.is_some() => {
                     live += 1;
-                    if e.id != keep {
+                    if e.id != keep || e.tenant.as_deref() != tenant {
                         idle.push((e.last_used, Arc::clone(&entry)));
                     }
                 }
