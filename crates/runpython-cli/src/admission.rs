@@ -1,6 +1,6 @@
 //! Who is calling and how many runs they may have: the client scope (the process for stdio, the token
-//! for HTTP) that per-client limits and session ids live in, and the gate that admits runs (a limit per
-//! scope, draining on shutdown).
+//! for HTTP) that is the tenant its runs belong to and that per-client limits live in, and the gate
+//! that admits runs (a limit per scope, draining on shutdown).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -8,13 +8,24 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-/// Who is calling: the scope that per-client limits and session ids live in.
+/// Who is calling: the tenant its runs belong to, and the scope per-client limits live in.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ClientScope {
-    /// The one client of a stdio server (the server process is the scope).
+    /// The one client of a stdio server: the default tenant (the CLI's local use).
     Stdio,
-    /// An HTTP client, by the name of the bearer token it presented.
+    /// An HTTP client, by the name of the bearer token it presented (a static token's name, or
+    /// `jwt:<claim>` for an access token): a tenant of its own.
     Token(String),
+}
+
+impl ClientScope {
+    /// The tenant the client's runs belong to; `None` for the default tenant.
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Self::Stdio => None,
+            Self::Token(name) => Some(name),
+        }
+    }
 }
 
 impl std::fmt::Display for ClientScope {
@@ -23,24 +34,6 @@ impl std::fmt::Display for ClientScope {
             Self::Stdio => f.write_str("stdio"),
             Self::Token(name) => f.write_str(name),
         }
-    }
-}
-
-/// The key a `session_id` is looked up by: an id a caller chose is only ever meaningful within its
-/// client's scope, so two tokens choosing `"s"` get two sessions, and no token can reach another's.
-/// `Server::answer` hands the core `scope:session_id` ([`std::fmt::Display`]).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SessionKey {
-    /// Whose session it is.
-    pub scope: ClientScope,
-    /// The id the client chose.
-    pub session_id: String,
-}
-
-impl std::fmt::Display for SessionKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Token names are letters, digits, `-`, `_` and `.`: the key is a valid session id.
-        write!(f, "{}:{}", self.scope, self.session_id)
     }
 }
 

@@ -32,6 +32,7 @@ mod human;
 mod lines;
 mod listener;
 mod mcp;
+mod oauth;
 mod repl;
 mod runs;
 mod sandbox_flags;
@@ -304,7 +305,7 @@ fn main() -> ExitCode {
             Command::Artifacts { command } => artifacts(command).await,
             Command::Gc(store) => gc(store).await,
             Command::Doctor(args) => doctor(args).await,
-            Command::Runs { json, store } => runs::list(json, store.open()?).await,
+            Command::Runs { json, store } => runs::list(json, store).await,
         }
     });
     match outcome {
@@ -373,7 +374,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     say_err!(
                         "runpython: durable run {run_id}; if this host stops, `runpython runs` lists it \
                          and `{}` (with this run's tool flags) continues it",
-                        runs::resume_command(&run_id, store, false)
+                        runs::resume_command(&run_id, store, python.tenant_name(), false)
                     );
                 }
                 _ => {}
@@ -404,7 +405,17 @@ fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
 
 impl EngineArgs {
     async fn build(&self) -> anyhow::Result<RunPython> {
-        Ok(self.builder().await?.build()?)
+        self.scoped(self.builder().await?.build()?)
+    }
+
+    /// `engine` as `--tenant`'s, when given.
+    fn scoped(&self, engine: RunPython) -> anyhow::Result<RunPython> {
+        match &self.store.tenant {
+            Some(name) => engine
+                .tenant(name)
+                .with_context(|| format!("--tenant {name:?}")),
+            None => Ok(engine),
+        }
     }
 
     /// The builder these flags describe, with the MCP servers' tools connected. One-shot commands
@@ -453,7 +464,7 @@ impl EngineArgs {
         builder = self.limits.apply(builder);
         builder = self.installs.apply(builder)?;
         if !self.no_store {
-            match self.store.open() {
+            match self.store.open_base() {
                 Ok(store) => {
                     builder = builder.store(store);
                     if self.persistent {
@@ -530,8 +541,33 @@ struct ServeArgs {
     /// A request's body must arrive within this.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "30")]
     body_timeout: Duration,
+    /// Bytes each token may keep in the store (e.g. 5G); over it, runs still run and are not kept
+    /// (`kept: false` says why).
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    max_stored_bytes_per_token: Option<u64>,
+    /// Accept OAuth access tokens (JWTs) signed by a key of this JWKS (a file or an http(s) URL),
+    /// besides the static tokens. Needs --jwt-issuer and --jwt-audience.
+    #[arg(long, value_name = "FILE|URL", requires_all = ["jwt_issuer", "jwt_audience"])]
+    jwks: Option<String>,
+    /// The issuer access tokens must name (`iss`), listed as the authorization server.
+    #[arg(long, value_name = "URL", requires = "jwks")]
+    jwt_issuer: Option<String>,
+    /// The audience access tokens must name (`aud`): this server's resource identifier.
+    #[arg(long, value_name = "AUDIENCE", requires = "jwks")]
+    jwt_audience: Option<String>,
+    /// The access token claim that names the tenant (its runs are `jwt:<claim>`'s).
+    #[arg(long, value_name = "CLAIM", default_value = "sub", requires = "jwks")]
+    jwt_tenant_claim: String,
+    /// This server's MCP endpoint as clients reach it, for the resource metadata (default: the
+    /// audience when it is a URL, else http://<Host>/mcp).
+    #[arg(long, value_name = "URL", requires = "jwks")]
+    resource_url: Option<String>,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    runpython_core::parse_size(s)
 }
 
 /// Logs go to stderr through `tracing`: `RUST_LOG` when set, else warnings (`serve`: one line per
@@ -573,11 +609,17 @@ async fn serve_mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
         .await?
         .pool(PoolConfig::default())
         .build()?;
-    mcp::serve_stdio(engine).await?;
+    mcp::serve_stdio(args.engine.scoped(engine)?).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if args.engine.store.tenant.is_some() {
+        anyhow::bail!(
+            "serve gives each token a tenant of its own (its name, or jwt:<claim>); --tenant is for \
+             the local commands"
+        );
+    }
     let engine = args
         .engine
         .builder()
@@ -595,6 +637,14 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_connections: args.max_connections,
             header_timeout: args.header_timeout,
             body_timeout: args.body_timeout,
+            max_stored_bytes_per_token: args.max_stored_bytes_per_token,
+            oauth: args.jwks.map(|jwks| oauth::OAuthConfig {
+                jwks,
+                issuer: args.jwt_issuer.unwrap_or_default(),
+                audience: args.jwt_audience.unwrap_or_default(),
+                tenant_claim: args.jwt_tenant_claim,
+                resource: args.resource_url,
+            }),
         },
     )
     .await?;

@@ -31,7 +31,7 @@ use runpython_core::{
 };
 use serde_json::{json, Map, Value};
 
-pub use crate::admission::{ClientScope, RunGate, SessionKey};
+pub use crate::admission::{ClientScope, RunGate};
 use crate::lines::{LineTransport, MAX_LINE_BYTES};
 
 /// The URI scheme of artifacts served as resources: `runpython://artifact/<id>`.
@@ -58,11 +58,14 @@ struct Shared {
     tools: Vec<Tool>,
     schemas: HashMap<String, Value>,
     gate: Arc<RunGate>,
+    /// Bytes each token's tenant may keep in the store (`--max-stored-bytes-per-token`).
+    quota: Option<u64>,
 }
 
 impl Server {
-    /// A handler for `python`'s tools, admitting runs through `gate`.
-    pub fn new(python: RunPython, gate: Arc<RunGate>) -> anyhow::Result<Self> {
+    /// A handler for `python`'s tools, admitting runs through `gate`; each token's runs are its own
+    /// tenant's, keeping at most `quota` bytes in the store.
+    pub fn new(python: RunPython, gate: Arc<RunGate>, quota: Option<u64>) -> anyhow::Result<Self> {
         let mut tools = Vec::new();
         let mut schemas = HashMap::new();
         for spec in python
@@ -82,7 +85,22 @@ impl Server {
                 tools,
                 schemas,
                 gate,
+                quota,
             }),
+        })
+    }
+
+    /// The engine for `scope`'s calls: its tenant's (runs, artifacts, checkpoints, sessions and memo
+    /// entries of its own; every other tenant's ids read as missing), under its quota. Stdio's is the
+    /// engine as configured (the default tenant, the one the CLI's local commands use).
+    fn engine(&self, scope: &ClientScope) -> Result<RunPython, Error> {
+        let Some(tenant) = scope.tenant() else {
+            return Ok(self.shared.python.clone());
+        };
+        let engine = self.shared.python.tenant(tenant)?;
+        Ok(match self.shared.quota {
+            Some(bytes) => engine.with_stored_bytes_quota(bytes),
+            None => engine,
         })
     }
 }
@@ -141,7 +159,7 @@ impl ServerHandler for Server {
             Err(e) => format!("rpc_error {}", e.code.0),
         };
         tracing::info!(
-            client = %scope,
+            tenant = %scope,
             tool = %name,
             status = %status,
             ms = started.elapsed().as_millis() as u64,
@@ -153,11 +171,16 @@ impl ServerHandler for Server {
     async fn list_resources(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        let Some(store) = self.shared.python.store() else {
+        let scope = caller(&context);
+        let engine = self
+            .engine(&scope)
+            .map_err(|e| ErrorData::internal_error(runpython_core::error_report(&e), None))?;
+        let Some(store) = engine.store() else {
             return Ok(ListResourcesResult::default());
         };
+        tracing::info!(tenant = %scope, method = "resources/list", "call");
         let start = match request.and_then(|r| r.cursor) {
             None => 0,
             Some(cursor) => cursor.parse::<usize>().map_err(|_| {
@@ -196,9 +219,35 @@ impl ServerHandler for Server {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        let scope = caller(&context);
         let uri = request.uri.to_string();
+        let outcome = self.read(&scope, &uri).await;
+        tracing::info!(
+            tenant = %scope,
+            method = "resources/read",
+            status = match &outcome {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => format!("rpc_error {}", e.code.0),
+            },
+            "call"
+        );
+        outcome
+    }
+}
+
+impl Server {
+    /// `resources/read` of `uri` for `scope`.
+    async fn read(
+        &self,
+        scope: &ClientScope,
+        uri: &str,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let uri = uri.to_owned();
+        let engine = self
+            .engine(scope)
+            .map_err(|e| ErrorData::internal_error(runpython_core::error_report(&e), None))?;
         let Some(id) = uri.strip_prefix(ARTIFACT_URI_PREFIX) else {
             return Err(ErrorData::new(
                 ErrorCode::RESOURCE_NOT_FOUND,
@@ -210,9 +259,7 @@ impl ServerHandler for Server {
         };
         // A ranged read of at most the limit: an artifact over it is refused by its size alone,
         // never read into memory.
-        let read = self
-            .shared
-            .python
+        let read = engine
             .get_run_artifact_range(id, 0, None, MAX_RESOURCE_BYTES as u64)
             .await;
         let bytes = match read {
@@ -255,9 +302,7 @@ impl ServerHandler for Server {
                 .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         Ok(result.into())
     }
-}
 
-impl Server {
     async fn answer(
         &self,
         name: &str,
@@ -278,17 +323,13 @@ impl Server {
                 Some(json!({"code": "invalid_arguments"})),
             ));
         }
-        // A session id is the caller's within its scope only: two clients choosing "s" get two
-        // sessions, and none can reach another's (the scope is stable across restarts, so a session
-        // kept in a store is restored under the same key).
-        let mut args = args;
-        if let Some(Value::String(id)) = args.get("session_id") {
-            let key = SessionKey {
-                scope: scope.clone(),
-                session_id: id.clone(),
-            };
-            args.insert("session_id".into(), Value::String(key.to_string()));
-        }
+        // The caller's tenant's engine: a session id is the tenant's own (two clients choosing "s"
+        // get two sessions, and each sees back the id it passed), and every id it reads by is looked
+        // up among the tenant's own only.
+        let engine = match self.engine(scope) {
+            Ok(engine) => engine,
+            Err(e) => return Ok(failure(e.code(), &runpython_core::error_report(&e))),
+        };
         let runs_code = name == RUN_PYTHON_TOOL || name == RESUME_TOOL;
         let _admitted = if runs_code {
             match self.shared.gate.enter(scope) {
@@ -301,9 +342,9 @@ impl Server {
         let args = Value::Object(args);
         let work = async {
             if name == RUN_PYTHON_TOOL {
-                self.run_python(&args, context).await
+                Self::run_python(&engine, &args, context).await
             } else {
-                self.shared.python.handle_tool_call(name, &args).await
+                engine.handle_tool_call(name, &args).await
             }
         };
         // Dropping `work` drops the run's future (or its handle), which kills the run's processes.
@@ -321,11 +362,10 @@ impl Server {
 
     /// `run_python`, reporting progress when the request asked for it.
     async fn run_python(
-        &self,
+        python: &RunPython,
         args: &Value,
         context: &RequestContext<RoleServer>,
     ) -> Result<Value, Error> {
-        let python = &self.shared.python;
         let request = python.run_python_request(args)?;
         let Some(token) = context.meta.get_progress_token() else {
             let envelope = python.run(request).await?;
@@ -551,7 +591,7 @@ fn has_type(value: &Value, expected: &Value) -> bool {
 
 /// Serves on stdin and stdout until the client closes stdin.
 pub async fn serve_stdio(python: RunPython) -> anyhow::Result<()> {
-    let server = Server::new(python, RunGate::new(0))?;
+    let server = Server::new(python, RunGate::new(0), None)?;
     let transport = LineTransport::new(tokio::io::stdin(), tokio::io::stdout(), MAX_LINE_BYTES);
     let running = server
         .serve(transport)

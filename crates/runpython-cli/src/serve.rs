@@ -2,11 +2,16 @@
 //! `StreamableHttpService` under axum), for agents on other machines and for many hosts behind a load
 //! balancer.
 //!
-//! - `/mcp` needs `Authorization: Bearer <token>`; tokens come from `--tokens-file` or
-//!   `RUNPYTHON_TOKENS` (`name:token` entries) and are compared in constant time. Anything else is a
-//!   401. The token's name is the client's [`ClientScope`]: per-token run limits, the log line, and
-//!   (later) `session_id`s are scoped by it, and an MCP session (`Mcp-Session-Id`) made with one token
-//!   is unknown (404) to every other.
+//! - `/mcp` needs `Authorization: Bearer <token>`: a static token from `--tokens-file` or
+//!   `RUNPYTHON_TOKENS` (`name:token` entries, compared in constant time), or with `--jwks` an OAuth
+//!   access token (a JWT checked by [`crate::oauth`]; its tenant is `jwt:<claim>`). Anything else is
+//!   a 401 with `WWW-Authenticate`. The token's name is the client's [`ClientScope`] and its
+//!   tenant: its runs, artifacts, checkpoints, sessions and memo entries are its own and invisible to
+//!   every other token, it has its own run limit and stored-bytes quota
+//!   (`--max-stored-bytes-per-token`), the log line of each call names it, and an MCP session
+//!   (`Mcp-Session-Id`) made with one token is unknown (404) to every other.
+//! - `/.well-known/oauth-protected-resource` (and `…/mcp`): the resource metadata (RFC 9728) when
+//!   access tokens are accepted.
 //! - `GET /healthz`: 200 `{"status": "ok", "runs_in_flight": n}`, 503 with `"draining"` once shutdown
 //!   has begun (so a load balancer stops sending work), no token needed.
 //! - SIGTERM or SIGINT: new runs are refused, runs in flight may finish within `--drain-timeout`,
@@ -35,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lines::MAX_LINE_BYTES;
 use crate::mcp::{ClientScope, RunGate, Server};
+use crate::oauth::{quoted, Refused, Verifier};
 
 /// The environment variable holding tokens, as `name:token` entries separated by commas or newlines.
 pub const TOKENS_ENV: &str = "RUNPYTHON_TOKENS";
@@ -67,6 +73,10 @@ pub struct ServeConfig {
     pub header_timeout: Duration,
     /// A request's body must arrive within this.
     pub body_timeout: Duration,
+    /// Bytes each token's tenant may keep in the store (`None`: no quota).
+    pub max_stored_bytes_per_token: Option<u64>,
+    /// OAuth access tokens, when accepted.
+    pub oauth: Option<crate::oauth::OAuthConfig>,
 }
 
 /// Bearer tokens by value's check: name and secret.
@@ -125,7 +135,7 @@ fn parse_tokens(text: &str, source: &str) -> anyhow::Result<Vec<(String, Vec<u8>
     Ok(tokens)
 }
 
-fn load_tokens(file: Option<&PathBuf>) -> anyhow::Result<Tokens> {
+fn load_tokens(file: Option<&PathBuf>, oauth: bool) -> anyhow::Result<Tokens> {
     let mut tokens = Vec::new();
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
@@ -140,10 +150,10 @@ fn load_tokens(file: Option<&PathBuf>) -> anyhow::Result<Tokens> {
             tokens.push((name, secret));
         }
     }
-    if tokens.is_empty() {
+    if tokens.is_empty() && !oauth {
         bail!(
             "runpython serve needs at least one bearer token: pass --tokens-file FILE or set {TOKENS_ENV} \
-             (NAME:TOKEN entries)"
+             (NAME:TOKEN entries), or accept OAuth access tokens with --jwks"
         );
     }
     Ok(Tokens(Arc::new(tokens)))
@@ -174,19 +184,63 @@ struct AppState {
     tokens: Tokens,
     sessions: Arc<Mutex<SessionOwners>>,
     gate: Arc<RunGate>,
+    oauth: Option<Verifier>,
 }
 
-fn unauthorized(why: &str) -> Response {
+/// A 401: `WWW-Authenticate` says the scheme, where the resource metadata is (with access tokens
+/// accepted) and, for a token presented and refused, `error="invalid_token"` and why (RFC 6750).
+fn unauthorized(state: &AppState, host: Option<&str>, why: &str, presented: bool) -> Response {
+    let mut challenge = "Bearer realm=\"runpython\"".to_owned();
+    if let Some(oauth) = &state.oauth {
+        challenge.push_str(&format!(
+            ", resource_metadata=\"{}\"",
+            quoted(&oauth.metadata_url(host))
+        ));
+    }
+    if presented {
+        challenge.push_str(&format!(
+            ", error=\"invalid_token\", error_description=\"{}\"",
+            quoted(why)
+        ));
+    }
     let mut response = (
         StatusCode::UNAUTHORIZED,
         axum::Json(json!({"error": {"code": "unauthorized", "message": why}})),
     )
         .into_response();
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"runpython\""),
-    );
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
     response
+}
+
+fn host_of(request: &Request) -> Option<String> {
+    request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .filter(|h| {
+            h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-.:[]".contains(c))
+        })
+        .map(str::to_owned)
+}
+
+/// `/.well-known/oauth-protected-resource`: the resource metadata (RFC 9728), when access tokens are
+/// accepted.
+async fn resource_metadata(State(state): State<AppState>, request: Request) -> Response {
+    match &state.oauth {
+        Some(oauth) => {
+            axum::Json(oauth.metadata(host_of(&request).as_deref())).into_response()
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": {"code": "not_found", "message": "this server takes no OAuth access tokens (start it with --jwks)"}})),
+        )
+            .into_response(),
+    }
 }
 
 /// Bearer authentication and the binding of MCP sessions to the token that made them.
@@ -200,15 +254,33 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
+    let host = host_of(&request);
     let Some(presented) = presented else {
-        return unauthorized("this server needs `Authorization: Bearer <token>`");
+        return unauthorized(
+            &state,
+            host.as_deref(),
+            "this server needs `Authorization: Bearer <token>`",
+            false,
+        );
     };
-    let Some(name) = state
-        .tokens
-        .name_of(presented.as_bytes())
-        .map(str::to_owned)
-    else {
-        return unauthorized("the bearer token is not one this server accepts");
+    let name = match state.tokens.name_of(presented.as_bytes()) {
+        Some(name) => name.to_owned(),
+        None => {
+            let refused = match &state.oauth {
+                Some(oauth) => match oauth.verify(presented).await {
+                    Ok(tenant) => Ok(tenant),
+                    Err(Refused(why)) => Err(why),
+                },
+                None => Err("the bearer token is not one this server accepts".to_owned()),
+            };
+            match refused {
+                Ok(tenant) => tenant,
+                Err(why) => {
+                    tracing::info!(reason = %why, "refused a bearer token");
+                    return unauthorized(&state, host.as_deref(), &why, true);
+                }
+            }
+        }
     };
     if let Some(connection) = request
         .extensions()
@@ -291,9 +363,16 @@ async fn shutdown_signal() {
 
 /// Serves until SIGTERM or SIGINT, then drains.
 pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()> {
-    let tokens = load_tokens(config.tokens_file.as_ref())?;
+    let tokens = load_tokens(config.tokens_file.as_ref(), config.oauth.is_some())?;
+    let oauth = match config.oauth.clone() {
+        Some(oauth) => Some(Verifier::new(oauth).await?),
+        None => None,
+    };
+    if python.store().is_none() && config.max_stored_bytes_per_token.is_some() {
+        bail!("--max-stored-bytes-per-token needs a store to count in (--store)");
+    }
     let gate = RunGate::new(config.max_runs_per_token);
-    let server = Server::new(python, Arc::clone(&gate))?;
+    let server = Server::new(python, Arc::clone(&gate), config.max_stored_bytes_per_token)?;
     let sessions_ct = CancellationToken::new();
     let mut http = StreamableHttpServerConfig::default()
         .with_cancellation_token(sessions_ct.child_token())
@@ -320,6 +399,7 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
         tokens,
         sessions: Arc::default(),
         gate: Arc::clone(&gate),
+        oauth,
     };
     let app = Router::new()
         .nest_service("/mcp", mcp)
@@ -328,6 +408,14 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
             authenticate,
         ))
         .route("/healthz", get(health))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(resource_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(resource_metadata),
+        )
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(config.bind)
         .await

@@ -37,10 +37,16 @@ pub(crate) struct StoreArgs {
     /// user's data dir).
     #[arg(long, value_name = "URL")]
     pub(crate) store: Option<String>,
+    /// The tenant: a `serve` token's name, or `jwt:<claim>` for an access token's. `runs`,
+    /// `artifacts` and `gc` act on that tenant's only (without it: on every tenant's); `run`,
+    /// `resume`, `repl` and `mcp` run as it (without it: as the default tenant, the local one).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) tenant: Option<String>,
 }
 
 impl StoreArgs {
-    pub(crate) fn open(&self) -> anyhow::Result<Store> {
+    /// The store as a whole (the default tenant's, from which the others are reached).
+    pub(crate) fn open_base(&self) -> anyhow::Result<Store> {
         let url = match &self.store {
             Some(url) => url.clone(),
             None => default_local_url()
@@ -48,6 +54,34 @@ impl StoreArgs {
         };
         Store::open(&url).with_context(|| format!("cannot open the store {url}"))
     }
+
+    /// The store, scoped to `--tenant` when given.
+    pub(crate) fn open(&self) -> anyhow::Result<Store> {
+        let store = self.open_base()?;
+        match &self.tenant {
+            Some(name) => store
+                .tenant(name)
+                .with_context(|| format!("--tenant {name:?}")),
+            None => Ok(store),
+        }
+    }
+
+    /// What an operator command acts on: `--tenant`'s store, else every tenant's.
+    pub(crate) async fn stores(&self) -> anyhow::Result<Vec<Store>> {
+        let store = self.open()?;
+        if self.tenant.is_some() {
+            return Ok(vec![store]);
+        }
+        store
+            .every_tenant()
+            .await
+            .context("cannot list the store's tenants")
+    }
+}
+
+/// How a tenant is shown: its name, `-` for the default tenant.
+pub(crate) fn tenant_label(store: &Store) -> &str {
+    store.tenant_name().unwrap_or("-")
 }
 
 pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitCode> {
@@ -57,24 +91,38 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
             json,
             store,
         } => {
-            let store = store.open()?;
-            let listed = store
-                .list_artifacts(run_id.as_deref())
-                .await
-                .context("cannot list artifacts")?;
-            for key in &listed.unreadable {
-                say_err!(
-                    "warning: skipped the run manifest {key}: it cannot be read (corrupt, or written \
-                     by a newer runpython)"
-                );
+            let stores = store.stores().await?;
+            let named = stores.iter().any(|s| s.tenant_name().is_some());
+            let mut items = Vec::new();
+            for store in &stores {
+                let listed = store
+                    .list_artifacts(run_id.as_deref())
+                    .await
+                    .context("cannot list artifacts")?;
+                for key in &listed.unreadable {
+                    say_err!(
+                        "warning: skipped the run manifest {key}: it cannot be read (corrupt, or \
+                         written by a newer runpython)"
+                    );
+                }
+                items.extend(listed.items.into_iter().map(|item| (store, item)));
             }
             if json {
-                say!("{}", serde_json::to_string(&listed.items)?);
+                let mut listed = Vec::new();
+                for (store, item) in &items {
+                    let mut value = serde_json::to_value(item)?;
+                    value["tenant"] = serde_json::json!(store.tenant_name());
+                    listed.push(value);
+                }
+                say!("{}", serde_json::to_string(&listed)?);
             } else {
                 let mut out = std::io::stdout().lock();
-                for item in &listed.items {
+                for (store, item) in &items {
                     let a = &item.artifact;
                     let kind = serde_json::to_value(a.kind)?;
+                    if named {
+                        write!(out, "{}  ", escape_controls(tenant_label(store)))?;
+                    }
                     writeln!(
                         out,
                         "{}  {}  {:<12} {:>10}  {}",
@@ -88,11 +136,25 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
             }
         }
         ArtifactsCommand::Get { id, store } => {
-            let store = store.open()?;
-            let bytes = store
-                .get_run_artifact(&id)
-                .await
-                .with_context(|| format!("cannot read artifact {id}"))?;
+            let mut found = None;
+            let mut last = None;
+            for store in store.stores().await? {
+                match store.get_run_artifact(&id).await {
+                    Ok(bytes) => {
+                        found = Some(bytes);
+                        break;
+                    }
+                    Err(e @ runpython_core::StoreError::NotFound { .. }) => last = Some(e),
+                    Err(e) => return Err(e).with_context(|| format!("cannot read artifact {id}")),
+                }
+            }
+            let bytes = match (found, last) {
+                (Some(bytes), _) => bytes,
+                (None, Some(e)) => {
+                    return Err(e).with_context(|| format!("cannot read artifact {id}"))
+                }
+                (None, None) => anyhow::bail!("cannot read artifact {id}: no tenant holds it"),
+            };
             let mut out = std::io::stdout().lock();
             out.write_all(&bytes)?;
             out.flush()?;
@@ -102,21 +164,32 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
 }
 
 pub(crate) async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
-    let store = store.open()?;
-    let report = store
-        .gc(std::time::SystemTime::now())
-        .await
-        .context("gc failed")?;
-    say!(
-        "removed {} expired runs, {} unreferenced blobs ({} bytes), {} staging leftovers, {} expired memo entries",
-        report.expired_runs.len(),
-        report.deleted_blobs,
-        report.freed_bytes,
-        report.deleted_staging,
-        report.expired_memos
-    );
-    for key in &report.unreadable {
-        say_err!("runpython: gc left an unreadable record in place: {key}");
+    let stores = store.stores().await?;
+    let now = std::time::SystemTime::now();
+    for store in &stores {
+        let report = store
+            .gc(now)
+            .await
+            .with_context(|| match store.tenant_name() {
+                Some(name) => format!("gc of tenant {name} failed"),
+                None => "gc failed".to_owned(),
+            })?;
+        let whose = match store.tenant_name() {
+            Some(name) => format!("tenant {}: ", escape_controls(name)),
+            None if stores.len() > 1 => "default tenant: ".to_owned(),
+            None => String::new(),
+        };
+        say!(
+            "{whose}removed {} expired runs, {} unreferenced blobs ({} bytes), {} staging leftovers, {} expired memo entries",
+            report.expired_runs.len(),
+            report.deleted_blobs,
+            report.freed_bytes,
+            report.deleted_staging,
+            report.expired_memos
+        );
+        for key in &report.unreadable {
+            say_err!("runpython: gc left an unreadable record in place: {key}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

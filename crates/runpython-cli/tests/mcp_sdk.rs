@@ -66,3 +66,8 @@ fn http_server_serves_the_official_sdk_client_with_tokens_limits_and_drain() {
 fn two_hosts_sharing_an_s3_store_resume_and_memoize_each_others_runs() {
     run_script("two_hosts.py");
 }
+
+#[test]
+fn tenants_in_serve_see_only_their_own_on_file_and_s3_stores_with_tokens_and_jwts() {
+    run_script("tenancy.py");
+}

@@ -62,7 +62,7 @@ async def calls(serve):
         assert any(m.startswith("output: tick") for m in seen), seen
         ok(f"progress notifications over HTTP ({len(seen)})")
 
-        log = await wait_for(lambda: "client=alice tool=run_python status=success" in serve.read_log(), 5)
+        log = await wait_for(lambda: "tenant=alice tool=run_python status=success" in serve.read_log(), 5)
         assert log, serve.read_log()
         ok("one log line per call names the token, tool, status and time")
 

@@ -114,13 +114,15 @@ async def sessions(tmp):
     async with stdio_client("--store", store) as client:
         first = envelope_of(await client.call_tool("run_python", {"code": "x = 41", "session_id": "work"}))
         assert first["status"] == "success" and first["cell"] == 1, first
+        assert first["session_id"] == "work", first
         again = envelope_of(await client.call_tool("run_python", {"code": "x", "session_id": "work"}))
         assert again["return_value"] == 41 and again["cell"] == 2, again
-        ok("calls with one session_id share one interpreter")
+        ok("calls with one session_id share one interpreter, and the envelope names the id passed")
     # The server is gone with its interpreter; a new one on the same store restores the session.
     async with stdio_client("--store", store) as client:
         restored = envelope_of(await client.call_tool("run_python", {"code": "x + 1", "session_id": "work"}))
         assert restored["return_value"] == 42 and restored["restored"] is True, restored
+        assert restored["session_id"] == "work", restored
         ok("after a restart on the same store, x + 1 gives 42 with restored: true")
         fresh = envelope_of(await client.call_tool(
             "run_python", {"code": "'x' in globals()", "session_id": "work", "reset": True}))
