@@ -6,6 +6,7 @@ pub mod mcp_bench;
 pub mod py_bench;
 pub mod stats;
 pub mod template_bench;
+pub mod tenant_bench;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};

@@ -428,6 +428,7 @@ fn target_of(metric: &str) -> &'static str {
         "replay_overhead_ratio" => "(resumed / original; < 1 is faster)",
         "import_detect_10k_ms" => "≤ 5",
         "session_cell_vs_floor" => "≤ 0.05",
+        "tenant_foreign_vs_missing_read" => "≈ 1 (within noise: a refusal says nothing)",
         _ => "",
     }
 }

@@ -590,6 +590,11 @@ summarize(data)",
         m.insert("session_restore_ms".into(), json!(round3(restore_ms)));
     }
 
+    // Tenants: a refused read of another tenant's id against one of a missing id.
+    runpython_tests::tenant_bench::foreign_vs_missing(&mut m)
+        .await
+        .map_err(|e| e.to_string())?;
+
     // MCP: HTTP throughput with 16 concurrent clients.
     if bin.exists() {
         let rate = runpython_tests::mcp_bench::http_calls_per_s(&bin, 16, 8)
