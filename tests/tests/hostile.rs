@@ -232,22 +232,42 @@ async fn a_file_in_home_cannot_be_read() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn loopback_is_unreachable_with_network_off_and_reachable_when_allowed() {
+async fn the_hosts_loopback_is_reachable_only_with_the_hosts_network() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
     let code = format!(
         "import socket\ndef attempt():\n    try:\n        socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n        return 'connected'\n    except OSError as e:\n        return type(e).__name__\nattempt()"
     );
-    let allowed = builder().allow_network(true).build().unwrap();
-    let e = allowed.run(code.as_str()).await.unwrap();
+    let shared = builder()
+        .network(runpython_core::Network::Host)
+        .build()
+        .unwrap();
+    let e = shared.run(code.as_str()).await.unwrap();
     assert_eq!(e.return_value, json!("connected"), "{:?}", e.error);
     assert_eq!(e.isolation.unwrap().network, "host");
+    assert!(listener.accept().is_ok(), "the server saw no connection");
     if !has("net") {
         return;
     }
-    let e = builder().build().unwrap().run(code.as_str()).await.unwrap();
-    assert_ne!(e.return_value, json!("connected"));
-    assert_eq!(e.isolation.unwrap().network, "off");
+    // The public internet (--allow-network: the run's own loopback, where nothing listens) and no
+    // network at all (its loopback is down).
+    for (engine, mode, outcome) in [
+        (
+            builder().allow_network(true).build().unwrap(),
+            "public",
+            "ConnectionRefusedError",
+        ),
+        (builder().build().unwrap(), "off", "OSError"),
+    ] {
+        let e = engine.run(code.as_str()).await.unwrap();
+        assert_eq!(e.return_value, json!(outcome), "{mode}: {:?}", e);
+        assert_eq!(e.isolation.unwrap().network, mode);
+        assert!(
+            listener.accept().is_err(),
+            "{mode}: the server saw a connection"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

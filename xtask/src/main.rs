@@ -2,7 +2,7 @@
 //!
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. As root it also runs the sandbox, run, pool, template and hostile-install suites as an
+//!   exists. As root it also runs the sandbox, run, pool, template, egress and hostile-install suites as an
 //!   unprivileged user
 //!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
 //!   forked from a template; the acceptance cases run again with templates too.
@@ -170,7 +170,7 @@ fn ci() -> Result<()> {
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
-/// The sandbox, run, pool, template and hostile-install suites again as an unprivileged user. Users
+/// The sandbox, run, pool, template, egress and hostile-install suites again as an unprivileged user. Users
 /// are not root, and the sandbox takes another path for them: their own uid mapped into the user
 /// namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
 /// made ahead of time, a template without a uid range to give its runs.
@@ -217,6 +217,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "pool",
             "--test",
             "templates",
+            "--test",
+            "egress",
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -230,8 +232,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    if suites.len() != 6 {
-        bail!("{NAME}: expected 6 test executables, cargo built {suites:?}");
+    if suites.len() != 7 {
+        bail!("{NAME}: expected 7 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites
@@ -312,12 +314,12 @@ fn python3() -> Result<PathBuf> {
     bail!("no Python 3.10+ found on PATH; install python3")
 }
 
-/// Installs the test tools (uv, moto's S3 server) into `target/tools/venv` once, from PyPI, and returns
+/// Installs the test tools (uv, moto's S3 server, the MCP SDK, PyJWT and cryptography) into `target/tools/venv` once, from PyPI, and returns
 /// its `bin` directory. Idempotent: a complete bootstrap is marked and skipped next time.
 fn bootstrap_tools() -> Result<PathBuf> {
     let venv = root().join("target/tools/venv");
     let bin = venv.join("bin");
-    let marker = venv.join(".runpython-tools-v2");
+    let marker = venv.join(".runpython-tools-v3");
     if marker.exists() && bin.join("uv").exists() && bin.join("moto_server").exists() {
         return Ok(bin);
     }
@@ -341,6 +343,9 @@ fn bootstrap_tools() -> Result<PathBuf> {
             "moto[server]",
             // The official MCP client the CLI's end-to-end suite drives the servers with.
             "mcp==2.3.0",
+            // Test keys and access tokens for serve's OAuth tenants; test CAs for egress.
+            "PyJWT>=2.8",
+            "cryptography>=42",
         ]),
     )?;
     for tool in ["uv", "moto_server"] {
@@ -348,7 +353,7 @@ fn bootstrap_tools() -> Result<PathBuf> {
             bail!("the bootstrap did not produce {}", bin.join(tool).display());
         }
     }
-    std::fs::write(&marker, "uv moto[server] mcp==2.3.0\n")?;
+    std::fs::write(&marker, "uv moto[server] mcp==2.3.0 PyJWT cryptography\n")?;
     Ok(bin)
 }
 
@@ -429,6 +434,8 @@ fn target_of(metric: &str) -> &'static str {
         "import_detect_10k_ms" => "≤ 5",
         "session_cell_vs_floor" => "≤ 0.05",
         "tenant_foreign_vs_missing_read" => "≈ 1 (within noise: a refusal says nothing)",
+        "egress_rtt_vs_direct" => "≤ 1.3",
+        "egress_throughput_vs_direct" => "≥ 0.8",
         _ => "",
     }
 }

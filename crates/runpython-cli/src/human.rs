@@ -73,6 +73,26 @@ pub(crate) fn print_human(envelope: &Envelope) {
             }
         }
     }
+    if let Some(network) = &envelope.network {
+        // One line: what the policy refused and why (each reason names the flag that would allow it).
+        if let Some(first) = network.refused.first() {
+            let more = network.refused.len() as u64 - 1 + network.refused_more;
+            let target = match first.port {
+                Some(port) => format!("{}:{port}", first.host),
+                None => first.host.clone(),
+            };
+            let others = if more > 0 {
+                format!(" (and {more} more: the run's network-log.jsonl lists them)")
+            } else {
+                String::new()
+            };
+            say_err!(
+                "[runpython: the network policy refused {}: {}{others}]",
+                escape_controls(&target),
+                escape_controls(&first.reason)
+            );
+        }
+    }
     // Everything below is what the code chose: no control character reaches the terminal raw.
     match &envelope.error {
         Some(error) => match &error.traceback {
@@ -104,7 +124,10 @@ fn print_isolation(i: &Isolation) {
     say!("  filesystem      {}", i.filesystem);
     say!("  landlock        {}", i.landlock);
     say!("  seccomp         {}", i.seccomp);
-    say!("  network         {}", i.network);
+    match i.network_rules {
+        Some(n) => say!("  network         {} ({n} rules)", i.network),
+        None => say!("  network         {}", i.network),
+    }
     say!("  uid             {}", i.uid);
     say!("  processes end   {}", i.kill);
     let limit = |bytes: Option<u64>, by: &str| match bytes {
@@ -154,6 +177,7 @@ pub(crate) fn print_doctor(report: &Doctor) {
     say!("  landlock        {landlock}");
     say!("  cgroup          {}", k.cgroup);
     say!("  cgroup cpu      {}", k.cgroup_cpu);
+    say!("  network policy  {}", k.network_policy);
     say!("a run gets");
     match (&report.isolation, &report.isolation_error) {
         (Some(i), _) => print_isolation(i),

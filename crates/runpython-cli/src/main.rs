@@ -32,6 +32,7 @@ mod human;
 mod lines;
 mod listener;
 mod mcp;
+mod network_flags;
 mod oauth;
 mod repl;
 mod runs;
@@ -192,9 +193,8 @@ struct EngineArgs {
     #[arg(long, value_name = "DEPTH", num_args = 0..=1, require_equals = true, default_missing_value = "2",
           value_parser = clap::value_parser!(u32).range(1..))]
     allow_nested: Option<u32>,
-    /// Share the host's network with the code (default: none, an empty network namespace).
-    #[arg(long)]
-    allow_network: bool,
+    #[command(flatten)]
+    network: network_flags::NetworkArgs,
     #[command(flatten)]
     limits: sandbox_flags::SandboxArgs,
     #[command(flatten)]
@@ -458,9 +458,7 @@ impl EngineArgs {
         if let Some(depth) = self.allow_nested {
             builder = builder.allow_nested(depth);
         }
-        if self.allow_network {
-            builder = builder.allow_network(true);
-        }
+        builder = builder.network(self.network.network());
         builder = self.limits.apply(builder);
         builder = self.installs.apply(builder)?;
         if !self.no_store {

@@ -59,6 +59,16 @@ pub(crate) struct InstallArgs {
     /// Everything an install may write: the packages and the installer's cache (default 2G).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     install_disk: Option<u64>,
+    /// A host installs may reach besides their index (repeatable, --allow-host's patterns): a
+    /// private index's separate file host, say. The indexes themselves (UV_DEFAULT_INDEX,
+    /// UV_INDEX_URL, UV_INDEX, PIP_INDEX_URL, the extra indexes and find-links; PyPI and
+    /// files.pythonhosted.org by default) need no flag.
+    #[arg(long = "install-allow-host", value_name = "PATTERN",
+          value_parser = |s: &str| s.parse::<runpython_core::HostPattern>().map_err(|e| e.to_string()))]
+    install_allow_hosts: Vec<runpython_core::HostPattern>,
+    /// Installs share the host's network instead of reaching only their index.
+    #[arg(long, conflicts_with = "install_allow_hosts")]
+    install_host_network: bool,
 }
 
 impl SandboxArgs {
@@ -100,13 +110,25 @@ impl InstallArgs {
         if let Some(timeout) = self.install_timeout {
             builder = builder.prepare_timeout(timeout);
         }
-        if self.install_memory.is_some() || self.install_disk.is_some() {
+        if self.install_memory.is_some()
+            || self.install_disk.is_some()
+            || !self.install_allow_hosts.is_empty()
+            || self.install_host_network
+        {
             let mut sandbox = InstallPolicy::default_sandbox();
             if let Some(bytes) = self.install_memory {
                 sandbox.run_memory_bytes = bytes;
             }
             if let Some(bytes) = self.install_disk {
                 sandbox.disk_bytes = bytes;
+            }
+            if let runpython_core::Network::Policy(policy) = &mut sandbox.network {
+                policy
+                    .allow
+                    .extend(self.install_allow_hosts.iter().cloned());
+            }
+            if self.install_host_network {
+                sandbox.network = runpython_core::Network::Host;
             }
             builder = builder.install_sandbox(sandbox);
         }

@@ -359,7 +359,7 @@ fn a_host_killed_mid_call_is_resumed_and_only_that_call_runs_again() {
 }
 
 #[test]
-fn network_is_off_unless_allowed() {
+fn the_hosts_loopback_takes_an_explicit_flag() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let code = format!(
@@ -367,7 +367,8 @@ fn network_is_off_unless_allowed() {
     );
     let off = envelope(&runpython(&["run", "--json", "--no-store", "-c", &code]));
     assert_ne!(off["return_value"], "connected", "{off}");
-    let on = envelope(&runpython(&[
+    // The public internet is never the host's loopback.
+    let public = envelope(&runpython(&[
         "run",
         "--json",
         "--no-store",
@@ -375,10 +376,39 @@ fn network_is_off_unless_allowed() {
         "-c",
         &code,
     ]));
-    assert_eq!(on["return_value"], "connected", "{on}");
-    // Every requested layer was in force: the JSON envelope spends nothing on the report (`runpython
-    // doctor --allow-network` shows it).
-    assert!(on.get("isolation").is_none(), "{on}");
+    assert_ne!(public["return_value"], "connected", "{public}");
+    // Naming it, or sharing the host's network, reaches it.
+    let named = format!("127.0.0.1:{port}");
+    for flags in [
+        vec!["--allow-host", named.as_str()],
+        vec!["--network", "host"],
+    ] {
+        let mut args = vec!["run", "--json", "--no-store"];
+        args.extend(flags.iter().copied());
+        args.extend(["-c", code.as_str()]);
+        let on = envelope(&runpython(&args));
+        assert_eq!(on["return_value"], "connected", "{flags:?}: {on}");
+        // Every requested layer was in force: the JSON envelope spends nothing on the report.
+        assert!(on.get("isolation").is_none(), "{on}");
+    }
+    // Contradictory flags are the caller's error.
+    let out = runpython(&[
+        "run",
+        "--no-store",
+        "--network",
+        "host",
+        "--allow-network",
+        "-c",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = runpython(&["run", "--no-store", "--allow-host", "*.com", "-c", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("public suffix"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

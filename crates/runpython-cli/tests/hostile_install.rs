@@ -35,6 +35,8 @@ struct Index {
     _home: tempfile::TempDir,
     socket: PathBuf,
     _listeners: (UnixListener, UnixListener),
+    /// Another server on the host's loopback, not the index: no install may reach it.
+    exfil: std::net::TcpListener,
 }
 
 struct ServerGuard(Child);
@@ -97,6 +99,9 @@ fn index() -> &'static Index {
             .read_line(&mut line)
             .unwrap();
         let port: u16 = line.trim().parse().unwrap();
+        let exfil = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        exfil.set_nonblocking(true).unwrap();
+        let exfil_port = exfil.local_addr().unwrap().port();
         let tmp = std::env::temp_dir();
         let config = json!({
             "secret": home.join("secret.txt"),
@@ -115,6 +120,7 @@ fn index() -> &'static Index {
             "daemon_marker": DAEMON_MARKER,
             "slow_marker": SLOW_MARKER,
             "phone_home": format!("http://127.0.0.1:{port}/phone-home"),
+            "exfiltrate": format!("http://127.0.0.1:{exfil_port}/steal"),
             "bomb_bytes": 256 << 20,
             "traversal_name": format!("runpython-traversal-{}", std::process::id()),
         });
@@ -137,6 +143,7 @@ fn index() -> &'static Index {
             _home: home_dir,
             socket,
             _listeners: (path_listener, abstract_listener),
+            exfil,
         }
     })
 }
@@ -358,6 +365,17 @@ fn a_hostile_build_backend_reaches_nothing_of_the_host() {
         );
     }
     assert!(!accepted(&ix._listeners.0) && !accepted(&ix._listeners.1));
+    // Its network is the index's alone: another server of the host's was not reached.
+    assert!(
+        results["exfiltrated"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("refused")),
+        "{results}"
+    );
+    assert!(
+        ix.exfil.accept().is_err(),
+        "the install reached a host server beside the index"
+    );
     // Whatever it wrote stayed in its sandbox: nothing on the host but the new environment.
     for target in ix.config["targets"].as_array().unwrap() {
         assert!(!Path::new(target.as_str().unwrap()).exists(), "{target}");

@@ -152,7 +152,13 @@ fn doctor_reports_the_kernel_the_layers_a_run_gets_and_where_things_live() {
     assert_eq!(out.status.code(), Some(0));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["kernel"]["namespaces"].is_array(), "{report}");
-    assert_eq!(report["isolation"]["network"], "host", "{report}");
+    assert_eq!(report["isolation"]["network"], "public", "{report}");
+    assert_eq!(report["kernel"]["network_policy"], "ok", "{report}");
+    // An install reaches its index only: PyPI and its file host unless the environment names others.
+    assert_eq!(
+        report["install_isolation"]["Ok"]["network"], "allowlist",
+        "{report}"
+    );
     assert!(
         report["python"].as_str().unwrap().contains("3."),
         "{report}"

@@ -86,6 +86,11 @@ pub struct Envelope {
     /// before, a run that needs only the standard library).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependencies: Option<Dependencies>,
+    /// With a network policy, when the run used the network: the mode, the connections made, bytes
+    /// each way, lookups, and the first few refusals (host, port, reason). The whole log is kept
+    /// with the run as the artifact `network-log.jsonl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<runpython_sandbox::NetworkReport>,
 }
 
 /// The envelope's `dependencies`: what the run's environment holds, or what an install refused.
@@ -258,6 +263,7 @@ impl Envelope {
             kept: true,
             store_error: None,
             dependencies: None,
+            network: None,
         }
     }
 
@@ -319,6 +325,7 @@ mod tests {
             rlimits: RlimitReport::default(),
             seccomp: "deny-list".into(),
             network: "off".into(),
+            network_rules: None,
             uid: 1000,
             kill: "pid-namespace".into(),
             filesystem: "allowlist".into(),

@@ -35,6 +35,7 @@ mod error;
 #[cfg(feature = "mcp")]
 mod mcp_tools;
 mod nested;
+mod network_tool;
 mod outcome;
 mod persist;
 mod request;
@@ -57,7 +58,10 @@ pub use error::Error;
 pub use mcp_tools::{McpServer, CALL_ID_META};
 pub use request::{parse_size, Event, Limits, RunRequest, RUN_PYTHON_TOOL};
 pub use resume::{resumable_runs, ResumableRun, ResumableState};
-pub use runpython_sandbox::{KernelReport, Sandbox};
+pub use runpython_sandbox::Error as SandboxError;
+pub use runpython_sandbox::{
+    HostPattern, KernelReport, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox,
+};
 pub use session::SessionConfig;
 pub use tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,

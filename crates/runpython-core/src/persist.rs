@@ -175,6 +175,8 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
             parts.interpreter.version
         ),
         format!("runner-{}", parts.code_version),
+        // A run narrowed to some hosts is not the same run as one with the engine's whole network.
+        format!("{:?}", request.allow_hosts),
         parts.tools_fingerprint.clone(),
         format!(
             "{:?}|{}|{}|{}",

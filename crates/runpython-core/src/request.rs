@@ -94,6 +94,9 @@ pub struct RunRequest {
     /// passed-through variables, their values are masked wherever the run is kept (stored output,
     /// values, memo entries) and are never written to the store: a resumed run does not get them.
     pub env: BTreeMap<String, String>,
+    /// Narrows the engine's network policy for this run: only these of what the engine allows (none:
+    /// no network). It never widens it: a connection must pass both. `None`: the engine's policy.
+    pub allow_hosts: Option<Vec<runpython_sandbox::HostPattern>>,
 }
 
 impl RunRequest {
@@ -110,7 +113,15 @@ impl RunRequest {
             reset_session: false,
             repr: false,
             env: BTreeMap::new(),
+            allow_hosts: None,
         }
+    }
+
+    /// Narrows the engine's network policy for this run to `patterns` (see
+    /// [`RunRequest::allow_hosts`]).
+    pub fn allow_hosts(mut self, patterns: Vec<runpython_sandbox::HostPattern>) -> Self {
+        self.allow_hosts = Some(patterns);
+        self
     }
 
     /// Sets the environment variable `name` to `value` for this run only.

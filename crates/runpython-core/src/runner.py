@@ -789,6 +789,50 @@ def _warm_up(args):
                     pass
 
 
+_network_spec = None
+
+
+def _network_messages(spec):
+    """A connect refused by runpython's network policy fails with EACCES; the PermissionError then
+    says which rule refused it (asked of the host) instead of only "Permission denied"."""
+    import errno
+    import socket
+
+    global _network_spec
+    _network_spec = spec  # a session's cells each bring their own bridge
+    if getattr(socket.socket.connect, "_runpython", False):
+        return
+    connect = socket.socket.connect
+
+    def why(address):
+        try:
+            tools = sys.modules.get("runpython_tools")
+            if tools is None or tools._bridge is None:
+                tools = _install_bridge(_network_spec, {})
+            return tools.call("runpython_network_refusal", host=str(address[0]), port=int(address[1]))
+        except BaseException:
+            return None
+
+    def checked_connect(self, address):
+        try:
+            return connect(self, address)
+        except PermissionError as exc:
+            if exc.errno != errno.EACCES or self.family not in (socket.AF_INET, socket.AF_INET6):
+                raise
+            reason = why(address)
+            if not reason:
+                raise
+            raise PermissionError(
+                errno.EACCES, "runpython's network policy refused %s:%s: %s" % (address[0], address[1], reason)
+            ) from None
+
+    checked_connect.__doc__ = connect.__doc__
+    checked_connect.__name__ = "connect"
+    checked_connect.__qualname__ = "socket.connect"
+    checked_connect._runpython = True
+    socket.socket.connect = checked_connect
+
+
 def _bind_inputs(request, namespace):
     for name, value in (request.get("inputs") or {}).items():
         namespace[name] = value
@@ -822,6 +866,8 @@ def _run(request, namespace, loop=None):
         bridge = _install_bridge(spec, namespace) if visible else None
         if request.get("artifact_helpers") and spec is not None:
             _artifact_helpers(namespace, spec, request.get("saved_dir") or "saved")
+        if spec is not None and any(t.get("name") == "runpython_network_refusal" for t in spec["tools"]):
+            _network_messages(spec)
         code_dir = request.get("code_dir")
         if code_dir in sys.path:
             sys.path.remove(code_dir)  # it was only needed to import runpython's own modules

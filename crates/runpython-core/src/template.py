@@ -65,6 +65,14 @@ SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
 LANDLOCK_RULE_PATH_BENEATH = 1
 SIGKILL = 9
+# seccomp(2): its number per architecture, and the connect notifier's flags (NEW_LISTENER,
+# WAIT_KILLABLE_RECV).
+SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
+SECCOMP_SET_MODE_FILTER = 1
+NOTIFIER_FLAGS = (1 << 3) | (1 << 5)
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP_RUNNING = 0x1 | 0x40
 # Descriptors a run keeps: stdin, stdout, stderr, the result pipe, the bridge.
 RUN_FDS = ("stdin", "stdout", "stderr", "result", "bridge")
 
@@ -156,6 +164,19 @@ class Sys:
             posix.close(fd)
             self.check(rc, "landlock_rule")
         self.check(self.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict")
+
+    def notifier(self, program):
+        """Installs the connect notifier (a classic BPF program returning USER_NOTIF for connect) with
+        a listener for the host; returns the listener's descriptor."""
+        ct = self.ct
+        buf = ct.create_string_buffer(program, len(program))
+        fprog = self.SockFprog(len(program) // 8, ct.addressof(buf))
+        number = SYS_SECCOMP.get(posix.uname().machine)
+        if number is None:
+            raise StepFailed("egress_notifier", 38)  # ENOSYS
+        return self.check(
+            self.syscall(number, SECCOMP_SET_MODE_FILTER, NOTIFIER_FLAGS, ct.addressof(fprog)), "egress_notifier"
+        )
 
     def seccomp(self, program):
         """Installs a classic BPF program (`struct sock_filter`s, 8 bytes each, as the host compiled it)."""
@@ -541,10 +562,11 @@ def _interpreter(s, command, fds, run, peer):
         socket.send_fds(init, [b"H"], [me])
         init.close()
         posix.close(me)
-        scratch = _setup(s, command, fds)
+        scratch, egress_fds = _setup(s, command, fds)
         _reseed()
-        socket.send_fds(sock, [b"R"], [scratch])
-        posix.close(scratch)
+        socket.send_fds(sock, [b"R"], [scratch] + egress_fds)
+        for fd in [scratch] + egress_fds:
+            posix.close(fd)
         message, got, _, _ = socket.recv_fds(sock, 16, len(RUN_FDS) + 1)
         if message != b"G" or len(got) != len(RUN_FDS):
             # The host let go of this run (an engine dropped, an idle one discarded).
@@ -564,7 +586,9 @@ def _interpreter(s, command, fds, run, peer):
 
 
 def _setup(s, command, fds):
-    """Everything H takes before the code runs, in order; returns the scratch's descriptor."""
+    """Everything H takes before the code runs, in order; returns the scratch's descriptor and, with a
+    network policy, the descriptors of its egress for the host (the last its connect notifier's
+    listener, which H must not keep)."""
     import signal
 
     s.set_name(Template.comm)  # the interpreter's own name, not its init's
@@ -574,6 +598,8 @@ def _setup(s, command, fds):
     if command.get("net"):
         flags |= CLONE_NEWNET
     s.unshare(flags)
+    egress = command.get("egress")
+    egress_fds = _egress_sockets(egress) if egress else []
     if flags & CLONE_NEWUTS:
         s.check(s.libc.sethostname(b"runpython", 9), "hostname")
     scratch = _mount_scratch(s, command["scratch"], int(command.get("owner") or 0))
@@ -616,7 +642,54 @@ def _setup(s, command, fds):
         s.landlock(fds.one("landlock"), command["landlock"])
     if command.get("seccomp"):
         s.seccomp(bytes.fromhex(command["seccomp"]))
-    return scratch
+    if egress:
+        # Last: from here on every connect of the run is the host's to decide.
+        egress_fds.append(s.notifier(bytes.fromhex(egress["notifier"])))
+    return scratch, egress_fds
+
+
+def _egress_sockets(spec):
+    """With a network policy, in the run's fresh network namespace while H still holds the
+    capabilities there: its loopback up, and the host's endpoints in it (the resolver's UDP socket
+    and TCP listener, the relay's listeners). Returns their descriptors, for the host."""
+    import fcntl
+    import socket
+    import struct
+
+    ifreq = "16sH22x"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            flags = struct.unpack(ifreq, fcntl.ioctl(probe.fileno(), SIOCGIFFLAGS, struct.pack(ifreq, b"lo", 0)))[1]
+            fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, struct.pack(ifreq, b"lo", flags | IFF_UP_RUNNING))
+    except OSError as exc:
+        raise StepFailed("loopback_up", exc.errno or 5) from None
+    dns, relay = int(spec["dns_port"]), int(spec["relay_port"])
+    made = []
+    try:
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        made.append(udp)
+        udp.bind(("127.0.0.1", dns))
+        for port, backlog in ((dns, 64), (relay, 4096)):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            made.append(listener)
+            listener.bind(("127.0.0.1", port))
+            listener.listen(backlog)
+    except OSError as exc:
+        for sock in made:
+            sock.close()
+        raise StepFailed("egress_sockets", exc.errno or 5) from None
+    try:
+        six = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            six.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            six.bind(("::1", relay))
+            six.listen(4096)
+            made.append(six)
+        except OSError:
+            six.close()  # no IPv6 in the namespace: the relay serves IPv4 sockets only
+    except OSError:
+        pass
+    return [sock.detach() for sock in made]
 
 
 def _mount_scratch(s, spec, owner):

@@ -132,7 +132,8 @@ impl RunPython {
             run_description.push_str("\n```");
         }
         // Tools or the network let the code reach beyond the sandbox.
-        let open_world = !self.tools().is_empty() || self.sandbox().allow_network;
+        let open_world = !self.tools().is_empty()
+            || !matches!(self.sandbox().network, runpython_sandbox::Network::Off);
         let mut run_schema = run_python_schema();
         run_schema["properties"]["session_id"] = json!({
             "type": "string",
@@ -151,6 +152,20 @@ impl RunPython {
                 self.limits().timeout.as_secs_f64()
             ),
         });
+        if let runpython_sandbox::Network::Policy(policy) = &self.sandbox().network {
+            run_schema["properties"]["allow_hosts"] = json!({
+                "type": "array",
+                "items": {"type": "string"},
+                "description": format!(
+                    "Only these hosts for this run ([] for no network), within what the server allows ({}): \
+                     names, *.name, IPs or CIDRs, each with an optional :port.",
+                    match policy.public {
+                        true => "the public internet",
+                        false => "an allowlist",
+                    }
+                ),
+            });
+        }
         let mut definitions = vec![
             ToolDefinition {
                 name: RUN_PYTHON_TOOL.into(),
@@ -365,9 +380,30 @@ fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Err
             "timeout",
             "session_id",
             "reset",
+            "allow_hosts",
         ],
     )?;
     let mut request = run_request_from(input)?;
+    match input.get("allow_hosts") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            let mut patterns = Vec::with_capacity(items.len());
+            for item in items {
+                let text = item.as_str().ok_or_else(|| {
+                    Error::InvalidInput(format!("`allow_hosts` items must be strings, not {item}"))
+                })?;
+                patterns.push(text.parse().map_err(|e: runpython_sandbox::Error| {
+                    Error::InvalidInput(format!("`allow_hosts`: {e}"))
+                })?);
+            }
+            request.allow_hosts = Some(patterns);
+        }
+        Some(other) => {
+            return Err(Error::InvalidInput(format!(
+                "`allow_hosts` must be a list of host patterns, not {other}"
+            )))
+        }
+    }
     if let Some(timeout) = optional_seconds(input, "timeout")? {
         request = request.timeout(timeout);
     }

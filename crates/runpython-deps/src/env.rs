@@ -9,12 +9,11 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::layout::{building_dir, short_hash, BUILDING, ENVS, MANIFEST, SITE};
+use crate::job::{InstallJob, Progress, ProgressFn, SourceBuilds};
+use crate::layout::{building_dir, discard, short_hash, ENVS, MANIFEST, SITE};
 use crate::lock::KeyLock;
-use crate::provider::{
-    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, SourceBuilds,
-    UvProvider,
-};
+use crate::policy::{install_network, install_reads, InstallPolicy};
+use crate::provider::{EnvProvider, PipProvider, UvProvider};
 use crate::requirement::normalize_name;
 use crate::{Error, Interpreter, Requirement, Source};
 
@@ -57,64 +56,6 @@ pub struct Installed {
     /// Who asked for it, when a requirement named it; `None` for what came as a dependency.
     #[serde(skip)]
     pub source: Option<Source>,
-}
-
-/// What installs may do, whoever asks: the sandbox they run in (its limits are the install's), which
-/// packages may be built from source, and which the code may install at all.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstallPolicy {
-    /// The sandbox every installer runs in ([`InstallPolicy::default_sandbox`]).
-    pub sandbox: runpython_sandbox::Sandbox,
-    /// Any package may be built from source (`--allow-source-builds`); by default only the
-    /// operator's requirements ([`Source::Operator`]) may be, and everything else installs wheels.
-    pub source_builds: bool,
-    /// The distributions (PEP 503 names) the code may ask for; `None` allows any. The operator's
-    /// requirements are always allowed; what an allowed package depends on comes with it.
-    pub allowed_packages: Option<Vec<String>>,
-}
-
-impl Default for InstallPolicy {
-    fn default() -> Self {
-        Self {
-            sandbox: Self::default_sandbox(),
-            source_builds: false,
-            allowed_packages: None,
-        }
-    }
-}
-
-impl InstallPolicy {
-    /// Every layer a run gets, with the network (the index: the host's namespace until an egress
-    /// policy narrows it), 2 GiB of scratch for the install and the installer's cache, 4 GiB of
-    /// memory in all (the scratch's pages included), 512 processes and threads.
-    pub fn default_sandbox() -> runpython_sandbox::Sandbox {
-        runpython_sandbox::Sandbox {
-            allow_network: true,
-            disk_bytes: 2 << 30,
-            run_memory_bytes: 4 << 30,
-            memory_bytes: 16 << 30,
-            file_size_bytes: 2 << 30,
-            open_files: 4096,
-            processes: 512,
-            ..runpython_sandbox::Sandbox::default()
-        }
-    }
-
-    /// Refuses a requirement the code asked for that the allowlist does not name.
-    fn check(&self, requirements: &[Requirement]) -> Result<(), Error> {
-        let Some(allowed) = &self.allowed_packages else {
-            return Ok(());
-        };
-        for r in requirements {
-            if !r.source().is_operator() && !allowed.iter().any(|a| normalize_name(a) == r.name()) {
-                return Err(Error::NotAllowed {
-                    package: r.name().to_owned(),
-                    asked_by: r.source().clone(),
-                });
-            }
-        }
-        Ok(())
-    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -268,6 +209,10 @@ impl Environments {
             .map(|r| r.name().to_owned())
             .collect();
         let reads = install_reads(requirements);
+        let sandbox = runpython_sandbox::Sandbox {
+            network: install_network(&self.policy.sandbox.network, requirements),
+            ..self.policy.sandbox.clone()
+        };
         self.provider
             .install(InstallJob {
                 interpreter,
@@ -276,7 +221,7 @@ impl Environments {
                 root: &self.root,
                 deadline,
                 progress,
-                sandbox: &self.policy.sandbox,
+                sandbox: &sandbox,
                 reads: &reads,
                 source_builds: match self.policy.source_builds {
                     true => SourceBuilds::Any,
@@ -391,56 +336,6 @@ fn with_sources(mut env: PreparedEnv, requirements: &[Requirement]) -> PreparedE
     env
 }
 
-/// What an install reads besides the system, the interpreter and the installer: the local paths in
-/// the installer's own configuration (indexes and find-links as paths or `file://` URLs, CA bundles,
-/// configuration files) and the operator's `name @ file://` requirements. Never a path the code
-/// named: its requirements' URLs are not read.
-fn install_reads(requirements: &[Requirement]) -> Vec<PathBuf> {
-    const PATHS: &[&str] = &[
-        "UV_FIND_LINKS",
-        "UV_INDEX_URL",
-        "UV_EXTRA_INDEX_URL",
-        "UV_DEFAULT_INDEX",
-        "UV_INDEX",
-        "UV_CONFIG_FILE",
-        "PIP_FIND_LINKS",
-        "PIP_INDEX_URL",
-        "PIP_EXTRA_INDEX_URL",
-        "PIP_CONFIG_FILE",
-        "PIP_CERT",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-    ];
-    let local = |text: &str| -> Option<PathBuf> {
-        // `name=url` entries of UV_INDEX, plain paths and file:// URLs.
-        let text = text.rsplit_once('=').map_or(text, |(_, url)| url);
-        let path = text.strip_prefix("file://").unwrap_or(text);
-        let path = Path::new(path);
-        (path.is_absolute() && path.exists()).then(|| path.to_owned())
-    };
-    let mut reads: Vec<PathBuf> = installer_env()
-        .into_iter()
-        .filter(|(name, _)| name.to_str().is_some_and(|n| PATHS.contains(&n)))
-        .flat_map(|(_, value)| {
-            value
-                .to_string_lossy()
-                .split(|c: char| c.is_whitespace() || c == ',')
-                .filter_map(local)
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    reads.extend(
-        requirements
-            .iter()
-            .filter(|r| r.source().is_operator())
-            .filter_map(|r| r.url().and_then(local)),
-    );
-    reads.sort();
-    reads.dedup();
-    reads
-}
-
 fn canonical_specs(requirements: &[Requirement]) -> Vec<String> {
     let mut specs: Vec<String> = requirements.iter().map(ToString::to_string).collect();
     specs.sort();
@@ -519,126 +414,15 @@ impl Drop for BuildingDir {
     }
 }
 
-/// Makes `dir` disappear atomically (renamed into `building/`), then deletes it.
-fn discard(root: &Path, dir: &Path) {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let aside = root.join(BUILDING).join(format!("{name}.discarded"));
-    let _ = std::fs::create_dir_all(root.join(BUILDING));
-    let _ = std::fs::remove_dir_all(&aside);
-    if std::fs::rename(dir, &aside).is_ok() {
-        let _ = std::fs::remove_dir_all(&aside);
-    }
-}
-
-/// What [`gc`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GcReport {
-    /// Keys of the environments removed.
-    pub removed: Vec<String>,
-    /// Bytes those environments and any crash leftovers took.
-    pub freed_bytes: u64,
-    /// Environments kept.
-    pub kept: usize,
-    /// Bytes the kept environments take.
-    pub kept_bytes: u64,
-}
-
-/// Removes environments under `root` not used for `max_age`, then the least recently used ones until
-/// the rest fit in `max_bytes`, and leftovers of crashed builds. Environments being prepared or
-/// removed by someone else (their lock is held) are skipped. The installers' caches are not touched.
-/// Blocking: run it on a blocking thread.
-pub fn gc(root: &Path, max_age: Duration, max_bytes: u64) -> Result<GcReport, Error> {
-    let mut report = GcReport::default();
-    let now = SystemTime::now();
-
-    // Crash leftovers: a building directory whose key nobody holds.
-    for (path, name) in list_dirs(&root.join(BUILDING))? {
-        let key = name.split('.').next().unwrap_or_default();
-        if KeyLock::try_acquire(root, key)?.is_some() {
-            report.freed_bytes += dir_size(&path);
-            let _ = std::fs::remove_dir_all(&path);
-        }
-    }
-
-    let mut envs: Vec<(PathBuf, String, SystemTime, u64)> = list_dirs(&root.join(ENVS))?
-        .into_iter()
-        .map(|(path, key)| {
-            let used = std::fs::metadata(path.join(MANIFEST))
-                .and_then(|m| m.modified())
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            let size = dir_size(&path);
-            (path, key, used, size)
-        })
-        .collect();
-    envs.sort_by_key(|env| std::cmp::Reverse(env.2)); // Most recently used first.
-    let mut total = 0u64;
-    for (path, key, used, size) in envs {
-        let too_old = now.duration_since(used).unwrap_or_default() > max_age;
-        if !too_old && total + size <= max_bytes {
-            total += size;
-            report.kept += 1;
-            continue;
-        }
-        match KeyLock::try_acquire(root, &key)? {
-            Some(_lock) => {
-                discard(root, &path);
-                report.removed.push(key);
-                report.freed_bytes += size;
-            }
-            None => {
-                total += size;
-                report.kept += 1;
-            }
-        }
-    }
-    report.kept_bytes = total;
-    Ok(report)
-}
-
-fn list_dirs(dir: &Path) -> Result<Vec<(PathBuf, String)>, Error> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("list", dir, e)),
-    };
-    Ok(entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| Some((e.path(), e.file_name().into_string().ok()?)))
-        .collect())
-}
-
-/// Bytes under `dir`, not following symlinks.
-fn dir_size(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.filter_map(Result::ok) {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            if meta.is_dir() {
-                pending.push(entry.path());
-            } else {
-                total += meta.len();
-            }
-        }
-    }
-    total
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
     use super::*;
+    use crate::gc::{gc, list_dirs};
+    use crate::layout::BUILDING;
+
     use crate::BoxFuture;
 
     /// Writes a fake `name-1.0.dist-info` per spec; counts its calls; fails on a spec named `broken`.

@@ -59,3 +59,17 @@ pub(crate) fn building_dir(root: &Path, name: &str) -> Result<PathBuf, Error> {
     std::fs::create_dir(&dir).map_err(|e| Error::io("create a building directory", &dir, e))?;
     Ok(dir)
 }
+
+/// Makes `dir` disappear atomically (renamed into `building/`), then deletes it.
+pub(crate) fn discard(root: &Path, dir: &Path) {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let aside = root.join(BUILDING).join(format!("{name}.discarded"));
+    let _ = std::fs::create_dir_all(root.join(BUILDING));
+    let _ = std::fs::remove_dir_all(&aside);
+    if std::fs::rename(dir, &aside).is_ok() {
+        let _ = std::fs::remove_dir_all(&aside);
+    }
+}

@@ -48,11 +48,14 @@
 
 mod detect;
 mod env;
+mod gc;
 mod interpreter;
+mod job;
 mod layout;
 mod lock;
 mod mapping;
 mod merge;
+mod policy;
 mod provider;
 mod requirement;
 mod sandboxed;
@@ -64,14 +67,13 @@ use std::path::{Path, PathBuf};
 use interpreter::MIN_VERSION;
 
 pub use detect::{detect_imports, detect_imports_async, ImportDetector, RuffImportDetector};
-pub use env::InstallPolicy;
-pub use env::{gc, Environments, GcReport, PreparedEnv};
+pub use env::{Environments, PreparedEnv};
+pub use gc::{gc, GcReport};
 pub use interpreter::{cache_dir, Interpreter};
+pub use job::{installer_env, InstallJob, Progress, ProgressFn, SourceBuilds};
 pub use merge::{merge_requirements, DependencySources};
-pub use provider::{
-    installer_env, EnvProvider, InstallJob, PipProvider, Progress, ProgressFn, SourceBuilds,
-    UvProvider,
-};
+pub use policy::{install_network, InstallPolicy};
+pub use provider::{EnvProvider, PipProvider, UvProvider};
 
 /// A boxed, sendable future, so that [`EnvProvider`] stays object safe: what
 /// [`EnvProvider::install`] returns. The same type as runpython-bridge's `BoxFuture`: futures-util's.

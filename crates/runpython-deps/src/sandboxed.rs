@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
-use crate::provider::{installer_env, InstallJob, Progress, ProgressFn};
+use crate::job::{installer_env, InstallJob, Progress, ProgressFn};
 use crate::Error;
 
 /// Where the installer installs, relative to its working directory (its scratch's `work/`).
@@ -61,9 +61,19 @@ pub(crate) async fn run(installer: Installer<'_>, job: &InstallJob<'_>) -> Resul
     for path in job.reads {
         command = command.read(path);
     }
+    // Under a network policy the host's relay takes the host's proxy itself: the installer connects
+    // as if direct, and its hosts are the policy's to decide.
+    let relayed = matches!(job.sandbox.network, runpython_sandbox::Network::Policy(_));
     for (name, value) in installer_env() {
         // The installer's HOME is its scratch's (the sandbox sets it), never the host's.
         if name == "HOME" {
+            continue;
+        }
+        if relayed
+            && name
+                .to_str()
+                .is_some_and(|n| n.to_ascii_lowercase().ends_with("_proxy"))
+        {
             continue;
         }
         if let (Some(name), Some(value)) = (name.to_str(), value.to_str()) {
@@ -212,6 +222,50 @@ fn report(line: &str, progress: &ProgressFn<'_>) {
         progress(Progress::Installing {
             detail: trimmed.to_owned(),
         });
+    }
+}
+
+impl InstallJob<'_> {
+    /// Runs an installer whose arguments `args` makes (given the packages to build from source, none
+    /// at first) in the job's sandbox, and takes what it installed out into `target`. When it fails
+    /// for want of a wheel, the package is built from source if the job allows it (the installer runs
+    /// again with `args` naming it), else the install fails with [`Error::SourceBuildRefused`]; no
+    /// build script ran.
+    pub(crate) async fn run_sandboxed(
+        &self,
+        program: &Path,
+        program_prefix: bool,
+        args: impl Fn(&[String]) -> Vec<OsString>,
+    ) -> Result<(), Error> {
+        let mut build: Vec<String> = Vec::new();
+        loop {
+            let installer = Installer {
+                program,
+                program_prefix,
+                args: args(&build),
+            };
+            let err = match run(installer, self).await {
+                Ok(()) => return Ok(()),
+                Err(err) => err,
+            };
+            let Error::Install { output, .. } = &err else {
+                return Err(err);
+            };
+            let Some(package) = needs_source_build(output) else {
+                return Err(err);
+            };
+            if build.contains(&package) {
+                // Allowed to build and still wanting a wheel: the installer's own failure.
+                return Err(err);
+            }
+            if !self.source_builds.allows(&package) {
+                return Err(Error::SourceBuildRefused {
+                    package,
+                    asked_by: None,
+                });
+            }
+            build.push(package);
+        }
     }
 }
 

@@ -8,14 +8,12 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use runpython_core::{
-    InstallPolicy, PoolConfig, RunPython, RunPythonBuilder, RunRequest, Sandbox, SessionConfig,
-    Store, Tier, ToolFormat,
+    InstallPolicy, RunPython, RunPythonBuilder, RunRequest, Sandbox, Store, ToolFormat,
 };
 use serde_json::Value;
 
 use crate::convert::{
-    boolean, count, dict, mapping, path, seconds, short_repr, string, strings, to_json, to_py,
-    type_name,
+    boolean, count, mapping, path, seconds, short_repr, string, strings, to_json, to_py, type_name,
 };
 use crate::envelope::PyEnvelope;
 use crate::errors::{config, invalid, py_err};
@@ -23,6 +21,9 @@ use crate::handle::{PyRunHandle, Shared};
 use crate::request::{request, RequestArgs};
 use crate::runtime::{block_on, deferred, runtime, InRuntime, RunContext};
 use crate::session::PySession;
+use crate::settings::{
+    parse_network, parse_pool, parse_sandbox, parse_sandbox_from, parse_sessions, parse_tier,
+};
 use crate::tools::PyTool;
 use pyo3_async_runtimes::tokio::future_into_py;
 
@@ -54,6 +55,7 @@ impl PyRunPython {
         approvals = None,
         durable = None,
         allow_network = None,
+        network = None,
         python = None,
         max_output_chars = None,
         max_code_chars = None,
@@ -87,6 +89,7 @@ impl PyRunPython {
         approvals: Option<&Bound<'_, PyAny>>,
         durable: Option<&Bound<'_, PyAny>>,
         allow_network: Option<&Bound<'_, PyAny>>,
+        network: Option<&Bound<'_, PyAny>>,
         python: Option<&Bound<'_, PyAny>>,
         max_output_chars: Option<&Bound<'_, PyAny>>,
         max_code_chars: Option<&Bound<'_, PyAny>>,
@@ -224,7 +227,14 @@ impl PyRunPython {
             sandbox_config = parse_sandbox(&v)?;
         }
         if let Some(v) = given(allow_network) {
-            sandbox_config.allow_network = boolean("allow_network", &v)?;
+            sandbox_config.network = if boolean("allow_network", &v)? {
+                runpython_core::Network::Policy(runpython_core::NetworkPolicy::public_internet())
+            } else {
+                runpython_core::Network::Off
+            };
+        }
+        if let Some(v) = given(network) {
+            sandbox_config.network = parse_network(&v)?;
         }
         b = b.sandbox(sandbox_config);
         if let Some(v) = given(allow_source_builds) {
@@ -577,172 +587,4 @@ fn tool_arguments(arguments: Option<&Bound<'_, PyAny>>) -> PyResult<Value> {
             .map_err(|e| invalid(format!("the arguments are not valid JSON text: {e}")));
     }
     to_json(arguments).map_err(|e| invalid(format!("the arguments are not JSON values: {e}")))
-}
-
-fn parse_tier(value: &Bound<'_, PyAny>) -> PyResult<Tier> {
-    if value.is_instance_of::<PyString>() {
-        return match value.extract::<String>()?.as_str() {
-            "persistent" => Ok(Tier::Persistent),
-            "ephemeral" => Ok(Tier::ephemeral()),
-            other => Err(config(format!(
-                "tier must be \"ephemeral\", \"persistent\" or a lifetime in seconds, got {other:?}"
-            ))),
-        };
-    }
-    Ok(Tier::Ephemeral {
-        ttl: seconds("tier", value)?,
-    })
-}
-
-fn parse_pool(value: &Bound<'_, PyAny>) -> PyResult<PoolConfig> {
-    let mut pool = PoolConfig::default();
-    if value.is_instance_of::<pyo3::types::PyBool>() {
-        if !boolean("pool", value)? {
-            pool.size = 0;
-        }
-        return Ok(pool);
-    }
-    if value.is_instance_of::<pyo3::types::PyInt>() {
-        pool.size = count("pool", value)?;
-        return Ok(pool);
-    }
-    let settings = dict("pool", value).map_err(|_| {
-        config(
-            "pool must be a bool, a size, or a dict of size, idle, warm_imports, prestart, templates",
-        )
-    })?;
-    for (key, v) in settings.iter() {
-        let key: String = key.extract()?;
-        let name = format!("pool[{key:?}]");
-        match key.as_str() {
-            "size" => pool.size = count(&name, &v)?,
-            "idle" => pool.idle = seconds(&name, &v)?,
-            "warm_imports" => pool.warm_imports = strings(&name, &v)?,
-            "prestart" => pool.prestart = boolean(&name, &v)?,
-            "templates" => pool.templates = boolean(&name, &v)?,
-            _ => {
-                return Err(config(format!(
-                "pool has no setting {key:?}; the settings are size, idle, warm_imports, prestart, \
-                 templates"
-            )))
-            }
-        }
-    }
-    Ok(pool)
-}
-
-fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig> {
-    let settings = dict("sessions", value).map_err(|_| {
-        config(format!(
-            "sessions must be a dict of settings (max_live, idle), got {} {}",
-            type_name(value),
-            short_repr(value)
-        ))
-    })?;
-    let mut sessions = SessionConfig::default();
-    for (key, v) in settings.iter() {
-        let key: String = key.extract()?;
-        let name = format!("sessions[{key:?}]");
-        match key.as_str() {
-            "max_live" => sessions.max_live = count(&name, &v)?,
-            "idle" => sessions.idle = seconds(&name, &v)?,
-            _ => {
-                return Err(config(format!(
-                    "sessions has no setting {key:?}; the settings are max_live, idle"
-                )))
-            }
-        }
-    }
-    Ok(sessions)
-}
-
-const SANDBOX_KEYS: &str = "memory, disk, max_processes, cpus, namespaces, landlock, rlimits, seccomp, drop_privileges, \
-                            require, allow_network, memory_bytes, run_memory_bytes, disk_bytes, cgroups, file_size_bytes, \
-                            open_files, processes, read_paths";
-
-fn parse_sandbox(value: &Bound<'_, PyAny>) -> PyResult<Sandbox> {
-    parse_sandbox_from("sandbox", value, Sandbox::default())
-}
-
-/// A size: an int of bytes or a string as `512M`, `2G`.
-fn size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if let Ok(text) = value.extract::<String>() {
-        return runpython_core::parse_size(&text).map_err(|e| config(format!("{name}: {e}")));
-    }
-    let bytes: u64 = count(name, value)?;
-    if bytes < 4096 {
-        return Err(config(format!(
-            "{name} is {bytes} bytes: give at least 4096, or a size as \"512M\""
-        )));
-    }
-    Ok(bytes)
-}
-
-/// `sandbox=` or `install_sandbox=`: a bool (every layer, or none) or a dict of settings over `base`.
-fn parse_sandbox_from(knob: &str, value: &Bound<'_, PyAny>, base: Sandbox) -> PyResult<Sandbox> {
-    if value.is_instance_of::<pyo3::types::PyBool>() {
-        return Ok(if boolean(knob, value)? {
-            base
-        } else {
-            Sandbox::off()
-        });
-    }
-    let settings = dict(knob, value).map_err(|_| {
-        config(format!(
-            "{knob} must be a bool or a dict of settings ({SANDBOX_KEYS})"
-        ))
-    })?;
-    let mut sandbox = base;
-    for (key, v) in settings.iter() {
-        let key: String = key.extract()?;
-        let name = format!("{knob}[{key:?}]");
-        match key.as_str() {
-            // What a person sets: the run's memory (its total, and each process's address space,
-            // which is the limit where the host has no cgroup), its disk, its processes.
-            "memory" => {
-                let bytes = size(&name, &v)?;
-                sandbox.run_memory_bytes = bytes;
-                sandbox.memory_bytes = bytes;
-            }
-            "disk" => sandbox.disk_bytes = size(&name, &v)?,
-            "max_processes" => sandbox.processes = count(&name, &v)?,
-            "cpus" => {
-                let cpus: f64 = v.extract().map_err(|_| {
-                    config(format!(
-                        "{name} must be a number of CPUs, got {}",
-                        type_name(&v)
-                    ))
-                })?;
-                if !cpus.is_finite() || cpus < 0.01 {
-                    return Err(config(format!(
-                        "{name} must be at least 0.01 CPUs, got {cpus}"
-                    )));
-                }
-                sandbox.cpu_millis = (cpus * 1000.0).round() as u64;
-            }
-            "namespaces" => sandbox.namespaces = boolean(&name, &v)?,
-            "landlock" => sandbox.landlock = boolean(&name, &v)?,
-            "rlimits" => sandbox.rlimits = boolean(&name, &v)?,
-            "seccomp" => sandbox.seccomp = boolean(&name, &v)?,
-            "drop_privileges" => sandbox.drop_privileges = boolean(&name, &v)?,
-            "require" => sandbox.require = boolean(&name, &v)?,
-            "allow_network" => sandbox.allow_network = boolean(&name, &v)?,
-            "memory_bytes" => sandbox.memory_bytes = count(&name, &v)?,
-            "file_size_bytes" => sandbox.file_size_bytes = count(&name, &v)?,
-            "open_files" => sandbox.open_files = count(&name, &v)?,
-            "processes" => sandbox.processes = count(&name, &v)?,
-            "run_memory_bytes" => sandbox.run_memory_bytes = count(&name, &v)?,
-            "disk_bytes" => sandbox.disk_bytes = count(&name, &v)?,
-            "cgroups" => sandbox.cgroups = boolean(&name, &v)?,
-            "read_paths" => {
-                sandbox.read_paths = strings(&name, &v)?.into_iter().map(Into::into).collect()
-            }
-            _ => {
-                return Err(config(format!(
-                    "{knob} has no setting {key:?}; the settings are {SANDBOX_KEYS}"
-                )))
-            }
-        }
-    }
-    Ok(sandbox)
 }

@@ -133,6 +133,16 @@ impl PyEnvelope {
             .map(|v| serialize_to_py(py, v))
             .transpose()
     }
+    /// With a network policy, when the run used the network: the mode, connections, bytes each way,
+    /// lookups and the first refusals (`host`, `port`, `reason`); `None` otherwise.
+    #[getter]
+    fn network(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.inner
+            .network
+            .as_ref()
+            .map(|v| serialize_to_py(py, v))
+            .transpose()
+    }
     /// The session a cell ran in; `None` for a run of its own.
     #[getter]
     fn session_id(&self) -> Option<&str> {

@@ -34,6 +34,7 @@ mod handle;
 mod request;
 mod runtime;
 mod session;
+mod settings;
 mod tools;
 
 use pyo3::prelude::*;

@@ -168,3 +168,51 @@ def test_isolation_report_and_repr(rp: RunPython) -> None:
     assert report["kill"] in ("pid-namespace", "process-group")
     assert repr(rp).startswith("RunPython(timeout=20")
     assert rp.timeout == 20.0
+
+
+def _loopback_server():
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    seen = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            seen.append(1)
+            conn.sendall(b"hi")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, seen
+
+
+def test_network_policies_decide_what_the_code_reaches():
+    server, seen = _loopback_server()
+    port = server.getsockname()[1]
+    code = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=5).recv(2).decode()\n"
+        "except OSError as e:\n"
+        "    type(e).__name__\n"
+    )
+    probe = RunPython(network="public", pool=False).isolation_report()
+    if probe["network"] != "public":
+        pytest.skip("no network policy on this host: %s" % probe.get("missing"))
+    named = RunPython(network=[f"127.0.0.1:{port}"], pool=False).run(code)
+    assert named.return_value == "hi" and named.network["connections"] == 1, named
+    assert RunPython(network="public", pool=False).run(code).return_value != "hi"
+    assert RunPython(pool=False).run(code).return_value != "hi"
+    assert len(seen) == 1
+    with pytest.raises(ConfigError, match="public suffix"):
+        RunPython(network=["*.com"])
+    with pytest.raises(ConfigError):
+        RunPython(network="everything")
+    server.close()

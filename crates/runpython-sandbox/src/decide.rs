@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::probe::{Kernel, NS_NAMES};
 use super::seccomp::Extra;
-use super::Sandbox;
+use super::{Network, Sandbox};
 use crate::report::{CpuReport, Isolation, LimitReport, RlimitReport};
 
 /// Who the host is.
@@ -43,6 +43,8 @@ pub(crate) struct Decision {
     pub cpu: bool,
     /// What the seccomp filter refuses on top of the deny-list.
     pub seccomp_extra: Extra,
+    /// The host decides the run's connections and lookups (its network policy is in force).
+    pub egress: bool,
     /// Requested layers that are not available, each with the reason.
     pub missing: Vec<String>,
 }
@@ -79,10 +81,14 @@ impl Decision {
                 (false, false) => "off".into(),
                 (false, true) => "unavailable".into(),
             },
-            network: if self.unshare & libc::CLONE_NEWNET != 0 {
-                "off".into()
-            } else {
-                "host".into()
+            network: match (&config.network, self.egress) {
+                (Network::Policy(policy), true) => policy.mode().into(),
+                _ if self.unshare & libc::CLONE_NEWNET != 0 => "off".into(),
+                _ => "host".into(),
+            },
+            network_rules: match (&config.network, self.egress) {
+                (Network::Policy(policy), true) => Some(policy.rules()),
+                _ => None,
             },
             uid,
             kill: if self.pid_ns {
@@ -185,13 +191,12 @@ pub(crate) fn decide(
             missing.push(format!("namespaces: user namespaces are refused: {why}"));
         } else {
             unshare = kernel.ns_flags;
-            if config.allow_network {
+            let host_network = matches!(config.network, Network::Host);
+            if host_network {
                 unshare &= !libc::CLONE_NEWNET;
             }
             for (flag, name) in NS_NAMES {
-                if kernel.ns_flags & flag == 0
-                    && (flag != libc::CLONE_NEWNET || !config.allow_network)
-                {
+                if kernel.ns_flags & flag == 0 && (flag != libc::CLONE_NEWNET || !host_network) {
                     let why = kernel
                         .ns_refused
                         .iter()
@@ -295,6 +300,29 @@ pub(crate) fn decide(
             "cpu share: {why}; the run can use every CPU of the host"
         ));
     }
+    // A policy needs the run's own network namespace (its only way out is the host's relay) and the
+    // kernel's connect notifications; without either the run has no network at all.
+    let egress = match &config.network {
+        Network::Policy(_) => {
+            let netns = unshare & (libc::CLONE_NEWNET | libc::CLONE_NEWUSER)
+                == libc::CLONE_NEWNET | libc::CLONE_NEWUSER;
+            match (&kernel.egress, netns) {
+                (Ok(()), true) => true,
+                (Err(why), _) => {
+                    missing.push(format!("network policy: {why}; the run has no network"));
+                    false
+                }
+                (Ok(()), false) => {
+                    missing.push(
+                        "network policy: needs user and network namespaces; the run has no network"
+                            .into(),
+                    );
+                    false
+                }
+            }
+        }
+        _ => false,
+    };
     let seccomp_extra = Extra {
         shared_memory: cgroup.is_none(),
         vsock: unshare & libc::CLONE_NEWNET != 0,
@@ -313,6 +341,7 @@ pub(crate) fn decide(
         cgroup,
         cpu,
         seccomp_extra,
+        egress,
         missing,
     }
 }
@@ -403,7 +432,7 @@ mod tests {
     #[test]
     fn allowing_the_network_keeps_the_host_network_without_calling_it_missing() {
         let config = Sandbox {
-            allow_network: true,
+            network: Network::Host,
             ..Sandbox::default()
         };
         let kernel = Kernel {
@@ -608,7 +637,7 @@ mod tests {
     #[test]
     fn the_network_allowed_lets_vsock_through() {
         let config = Sandbox {
-            allow_network: true,
+            network: Network::Host,
             ..Sandbox::default()
         };
         let d = decide(&config, &Kernel::permissive(), USER, open);

@@ -13,6 +13,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+use super::plan::Exec;
 use super::sys::{
     cloexec_from, close_from, cvt, exit_like, read_exact_fd, send_fd, set_pdeathsig, set_rlimit,
     write_all_fd, zero_host_args, AtStep, Step, StepError,
@@ -50,6 +51,7 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
         // SAFETY: unshare with flags the probe found to work.
         cvt(unsafe { libc::unshare(early | libc::CLONE_NEWNS) }).at(Step::Unshare)?;
         join_netns(plan)?;
+        egress_sockets(plan)?;
         if let Some(view) = &plan.view {
             mounts::build(view, &mounts::open_sources(view)?)?;
         }
@@ -61,10 +63,19 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
         set_nproc(plan)?;
     } else {
         join_netns(plan)?;
+        if plan.netns.is_some() {
+            // Root of the user namespace that owns the namespace made ahead of time.
+            egress_sockets(plan)?;
+        }
         if let Some((uid, gid)) = plan.drop_to {
             drop_ids(uid, gid)?;
         }
         enter_userns(plan, plan.unshare)?;
+        if plan.netns.is_none() {
+            // The run's own user namespace owns its network namespace; its capabilities last until
+            // the exec.
+            egress_sockets(plan)?;
+        }
         if let Some(view) = &plan.view {
             mounts::build(view, &mounts::open_sources(view)?)?;
         }
@@ -99,6 +110,15 @@ fn join_netns(plan: &Plan) -> Result<(), StepError> {
             .at(Step::JoinNetns)?;
     }
     Ok(())
+}
+
+/// With a network policy: the host's endpoints in the run's network namespace (see
+/// [`crate::egress::setup`]), made by a process that still holds the capabilities there.
+fn egress_sockets(plan: &Plan) -> Result<(), StepError> {
+    match (&plan.egress, &plan.egress_sock) {
+        (Some(_), Some(sock)) => crate::egress::setup::make_sockets(sock.as_raw_fd()),
+        _ => Ok(()),
+    }
 }
 
 /// Unshares `flags` and, when they make a user namespace, maps its ids, forbids namespaces below it
@@ -192,6 +212,15 @@ fn restrict_interpreter(plan: &Plan) -> Result<(), StepError> {
     if let Some(filter) = plan.seccomp {
         seccomp::install(filter)?;
     }
+    if let (Some(_), Some(sock)) = (&plan.egress, &plan.egress_sock) {
+        // Last: from here on every connect of the run is the host's to decide.
+        if !plan.no_new_privs {
+            // SAFETY: prctl with integer arguments.
+            cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })
+                .at(Step::NoNewPrivs)?;
+        }
+        crate::egress::setup::install_notifier(sock.as_raw_fd())?;
+    }
     // The interpreter gets stdin, stdout, stderr, the result pipe and the bridge, nothing else.
     cloexec_from(5).at(Step::CloseDescriptors)
 }
@@ -210,20 +239,6 @@ fn inner_setup(plan: &Plan) -> Result<(), StepError> {
     }
     Ok(())
 }
-
-/// The interpreter's command line, prepared in the host so that H can exec it itself.
-#[derive(Debug)]
-pub(crate) struct Exec {
-    pub program: std::ffi::CString,
-    pub _strings: Vec<std::ffi::CString>,
-    pub argv: Vec<*const libc::c_char>,
-    pub envp: Vec<*const libc::c_char>,
-}
-
-// SAFETY: the pointers point into `program`/`strings`, owned by the same value and never mutated.
-unsafe impl Send for Exec {}
-// SAFETY: as above; shared access only reads.
-unsafe impl Sync for Exec {}
 
 /// Stack of G and of H (each), which run on their own stacks in S's memory.
 const CHILD_STACK: usize = 256 << 10;

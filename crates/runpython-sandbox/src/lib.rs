@@ -97,18 +97,21 @@ mod clone_vm;
 mod command;
 mod copy;
 mod decide;
+mod egress;
 mod error;
 mod init;
 mod landlock;
 mod layers;
 mod mounts;
 mod netns;
+mod network;
 mod plan;
 mod probe;
 mod report;
 mod run_dir;
 mod seccomp;
 mod spawn;
+mod step;
 mod sys;
 mod template;
 mod userns;
@@ -119,9 +122,11 @@ use std::path::PathBuf;
 pub use cgroup::RunCgroup;
 pub use command::{Command, Output, Sandboxed, Scratch};
 pub use copy::CopyReport;
+pub use egress::{Egress, EgressFds, EgressQuery, LogEntry, Mark, NetworkReport, Refusal};
 pub use error::Error;
 pub use init::enter;
 pub use netns::refill as refill_netns;
+pub use network::{HostAddrs, HostPattern, Network, NetworkPolicy, Verdict};
 pub use plan::{kernel_report, prepare, report, template_eligible, Plan, Role, Target};
 pub use probe::KernelReport;
 pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};
@@ -142,8 +147,9 @@ pub use view::{SCRATCH, SCRATCH_DIRS};
 pub struct Sandbox {
     /// User, PID, mount, IPC, UTS (and network, unless allowed) namespaces (default on).
     pub namespaces: bool,
-    /// Share the host's network instead of an empty network namespace (default off).
-    pub allow_network: bool,
+    /// What the code may reach (default [`Network::Off`]: an empty network namespace). With a
+    /// [`NetworkPolicy`], every connection and lookup is the host's decision (see [`Egress`]).
+    pub network: Network,
     /// Landlock: writes only in the run directory and the private tmp, reads of the system, the
     /// interpreter and runpython's code only (default on).
     pub landlock: bool,
@@ -190,7 +196,7 @@ impl Default for Sandbox {
     fn default() -> Self {
         Self {
             namespaces: true,
-            allow_network: false,
+            network: Network::Off,
             landlock: true,
             rlimits: true,
             seccomp: true,

@@ -12,7 +12,6 @@ use std::time::Duration;
 use crate::cgroup::RunCgroup;
 use crate::decide::{self, decide, Decision, Host};
 use crate::error::Error;
-use crate::init::Exec;
 use crate::layers::{cgroup_for, landlock_for, rlimits_for, InnerRules};
 use crate::netns::{self, ReadyNetns};
 use crate::probe::{self, KernelReport};
@@ -20,7 +19,8 @@ use crate::report::Isolation;
 use crate::sys::{dup_high, getegid, geteuid};
 use crate::userns::{self, IdMaps};
 use crate::view::{self, cstring, View, ViewSpec};
-use crate::{seccomp, Sandbox};
+use crate::{seccomp, Network, NetworkPolicy, Sandbox};
+use std::sync::Arc;
 
 /// The most hierarchies a run's cgroup spans (v1: memory, pids, cpu).
 const MAX_CGROUPS: usize = 3;
@@ -61,6 +61,10 @@ pub struct Plan {
     pub(crate) cgroup_procs: [RawFd; MAX_CGROUPS],
     /// The child's end of the socket the scratch's descriptor is handed to the host through.
     pub(crate) handoff: Option<OwnedFd>,
+    /// The network policy the host enforces for the run (its egress), when there is one.
+    pub(crate) egress: Option<Arc<NetworkPolicy>>,
+    /// The child's end of the socket the run's egress descriptors reach the host through.
+    pub(crate) egress_sock: Option<OwnedFd>,
     /// Where the host's argv and environment lie in memory (copied into S by the fork): zeroed before
     /// the run's init, which shares S's memory, can show them in `/proc/1/cmdline`.
     pub(crate) host_args: (usize, usize),
@@ -224,6 +228,23 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
         _ => drop_to,
     };
 
+    // A run whose connections the host decides looks names up through the host's resolver in its
+    // namespace; a template needs none (it never runs code, and its runs bring their own).
+    let egress = match (&config.network, decision.egress, role) {
+        (Network::Policy(policy), true, Role::Run) => Some(Arc::new(policy.clone())),
+        _ => None,
+    };
+    let resolver = match (&config.network, decision.egress) {
+        // A template's view is its runs' view: they look names up through their resolver too.
+        (Network::Policy(_), true) if decision.view => {
+            let path = run_dir.join("resolv.conf");
+            std::fs::write(&path, RESOLV_CONF).map_err(|source| {
+                Error::io("writing the run's resolver configuration", &path, source)
+            })?;
+            Some(path)
+        }
+        _ => None,
+    };
     let view = if decision.view {
         let root = run_dir.join("root");
         std::fs::create_dir(&root)
@@ -234,7 +255,8 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
             disk_bytes: config.disk_bytes,
             owner: view_owner,
             pid_ns: decision.pid_ns,
-            allow_network: config.allow_network,
+            host_network: matches!(config.network, Network::Host),
+            resolver: resolver.as_deref(),
         })?)
     } else {
         None
@@ -337,6 +359,8 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
         cgroup,
         cgroup_procs,
         handoff: None,
+        egress,
+        egress_sock: None,
         host_args: host_args(),
         exec: None,
         work_dir: cstring(&run_dir.join("work"))?,
@@ -344,6 +368,10 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
         report,
     })
 }
+
+/// The run's resolver configuration: the host's resolver inside the run's network namespace, over
+/// TCP when an answer does not fit a datagram.
+const RESOLV_CONF: &str = "nameserver 127.0.0.1\noptions edns0 timeout:2 attempts:2\n";
 
 /// `RLIMIT_CPU` for a run of `timeout`: one second more than its wall-clock limit.
 pub(crate) fn cpu_seconds(timeout: Duration) -> u64 {
@@ -412,6 +440,17 @@ impl Plan {
         }
     }
 
+    /// The network policy the host must enforce for the run, when it has one: the spawner starts the
+    /// run's [`crate::Egress`] with it.
+    pub fn egress_policy(&self) -> Option<&Arc<NetworkPolicy>> {
+        self.egress.as_ref()
+    }
+
+    /// The socket the run's processes send their egress descriptors through (the child's end).
+    pub fn set_egress_sock(&mut self, child_end: OwnedFd) {
+        self.egress_sock = Some(child_end);
+    }
+
     /// Whether the run has a filesystem view (and so hands its scratch to the host).
     pub fn has_view(&self) -> bool {
         self.view.is_some()
@@ -453,3 +492,17 @@ impl Plan {
         Ok(())
     }
 }
+
+/// The interpreter's command line, prepared in the host so that H can exec it itself.
+#[derive(Debug)]
+pub(crate) struct Exec {
+    pub program: std::ffi::CString,
+    pub _strings: Vec<std::ffi::CString>,
+    pub argv: Vec<*const libc::c_char>,
+    pub envp: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into `program`/`strings`, owned by the same value and never mutated.
+unsafe impl Send for Exec {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Exec {}

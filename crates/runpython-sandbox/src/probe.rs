@@ -46,6 +46,8 @@ pub(crate) struct Kernel {
     pub cgroup: Result<&'static str, String>,
     /// Run cgroups get a CPU quota, or why not.
     pub cgroup_cpu: Result<(), String>,
+    /// The host can be handed a run's connects (seccomp user notifications), or why not.
+    pub egress: Result<(), String>,
 }
 
 impl Kernel {
@@ -62,6 +64,7 @@ impl Kernel {
             landlock_abi: 7,
             cgroup: Ok("cgroup-v1"),
             cgroup_cpu: Ok(()),
+            egress: Ok(()),
         }
     }
 }
@@ -85,6 +88,9 @@ pub struct KernelReport {
     pub cgroup: String,
     /// `"ok"`, or why runs get no CPU quota.
     pub cgroup_cpu: String,
+    /// `"ok"`, or why a network policy cannot be enforced (the host is handed each connect by a
+    /// seccomp user notification).
+    pub network_policy: String,
 }
 
 impl Kernel {
@@ -116,6 +122,7 @@ impl Kernel {
                 Err(why) => why.clone(),
             },
             cgroup_cpu: ok(&self.cgroup_cpu),
+            network_policy: ok(&self.egress),
         }
     }
 }
@@ -194,7 +201,21 @@ fn run() -> Kernel {
             Ok(h) => h.cpu(),
             Err(why) => Err(why.clone()),
         },
+        egress: probe_egress(),
     }
+}
+
+/// Whether a process can install the connect notifier (and so hand the host its connects).
+fn probe_egress() -> Result<(), String> {
+    let (host, child) = super::sys::seqpacket_pair().map_err(|e| e.to_string())?;
+    let result = in_forked_child(Step::Fork, || {
+        // SAFETY: prctl with integer arguments.
+        cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(Step::NoNewPrivs)?;
+        super::egress::setup::install_notifier(std::os::fd::AsRawFd::as_raw_fd(&child))
+    })
+    .map_err(reason);
+    drop((host, child));
+    result
 }
 
 /// Forks, and in the child tries what a run does: drop to `uid` (when root), unshare `flags`, write

@@ -16,8 +16,13 @@ pub struct Isolation {
     /// `"deny-list"` when the seccomp filter is installed, `"off"` when not asked for, `"unavailable"`.
     #[serde(default)]
     pub seccomp: String,
-    /// `"off"` (an empty network namespace) or `"host"`.
+    /// `"off"` (an empty network namespace), `"allowlist"` (only what the operator's patterns name,
+    /// every connection and lookup decided on the host), `"public"` (the public internet, never the
+    /// host nor private networks, plus what patterns name) or `"host"` (the host's network, shared).
     pub network: String,
+    /// The network policy's rules (patterns and pinned names), with `"allowlist"` or `"public"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_rules: Option<usize>,
     /// The host uid the code runs as.
     pub uid: u32,
     /// How the run's processes are ended: `"pid-namespace"` or `"process-group"`.

@@ -88,6 +88,8 @@ pub struct Child {
     /// With a filesystem view: the host's end of the socket the scratch's descriptor arrives through
     /// (its first process sends it before the command starts; [`crate::recv_fd`]).
     pub handoff: Option<OwnedFd>,
+    /// With a network policy: the host's side of the run's network, serving until dropped.
+    pub egress: Option<crate::Egress>,
 }
 
 /// Starts `spawn` under `plan`, in a new process group, with PDEATHSIG (it dies with the host), in
@@ -113,6 +115,16 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
         Some(host)
     } else {
         None
+    };
+    let egress = match plan.egress_policy().cloned() {
+        Some(policy) => {
+            let (host, child) = seqpacket_pair().map_err(|e| {
+                Error::io_pathless("creating the socket the run's network comes through", e)
+            })?;
+            plan.set_egress_sock(child);
+            Some((host, policy))
+        }
+        None => None,
     };
     plan.exec_with(program, args, env)?;
     // Above the fixed slots, so that placing one cannot clobber another.
@@ -158,6 +170,7 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
     let mut process = command
         .spawn()
         .map_err(|source| spawn_error(program, source))?;
+    let egress = egress.map(|(host, policy)| crate::Egress::start(host, policy));
     // The child holds the only copies of what it inherited now: end of file comes when it exits.
     drop(placed);
     let pid = process.id().ok_or_else(|| {
@@ -198,6 +211,7 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
         stderr,
         cgroup,
         handoff,
+        egress,
     })
 }
 

@@ -33,6 +33,9 @@ pub struct ForkPlan {
     pub landlock: Option<OwnedFd>,
     /// The command's fields that say what the run takes (`runpython_template.py`'s `_setup`).
     pub command: serde_json::Map<String, Value>,
+    /// The network policy the host enforces for the run: it then sends its resolver's and relay's
+    /// sockets and its connect notifier's listener with its scratch ([`crate::EgressFds`]).
+    pub egress: Option<std::sync::Arc<crate::NetworkPolicy>>,
 }
 
 impl ForkPlan {
@@ -105,6 +108,10 @@ pub fn prepare_fork(
             .map(|(path, access)| json!([path.to_string_lossy(), access]))
             .collect::<Vec<_>>()
     });
+    let egress = match (&config.network, decision.egress) {
+        (crate::Network::Policy(policy), true) => Some(std::sync::Arc::new(policy.clone())),
+        _ => None,
+    };
     let mut report = decision.report(config, host_uid, cpu);
     report.start = START_TEMPLATE.into();
     let owner = inside_template.unwrap_or(0);
@@ -120,6 +127,11 @@ pub fn prepare_fork(
         "rlimits": rlimits,
         "landlock": landlock_rules,
         "seccomp": seccomp,
+        "egress": egress.as_ref().map(|_| json!({
+            "notifier": hex(&crate::egress::setup::program_bytes()),
+            "relay_port": crate::egress::setup::RELAY_PORT,
+            "dns_port": crate::egress::setup::DNS_PORT,
+        })),
         "scratch": {
             "path": view::SCRATCH,
             "size": config.disk_bytes,
@@ -135,6 +147,7 @@ pub fn prepare_fork(
         cgroup,
         landlock,
         command,
+        egress,
     })
 }
 

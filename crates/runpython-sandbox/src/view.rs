@@ -94,7 +94,10 @@ pub(crate) struct ViewSpec<'a> {
     /// The run has its own PID namespace (its init mounts a fresh `/proc`); else the host's is bound.
     pub pid_ns: bool,
     /// The host's network is shared: its resolver configuration is bound too.
-    pub allow_network: bool,
+    pub host_network: bool,
+    /// A resolver configuration of the run's own (naming the host's resolver inside the run's
+    /// network namespace), bound over `/etc/resolv.conf` (or where that link leads).
+    pub resolver: Option<&'a Path>,
 }
 
 /// A path as a C string; a NUL byte in it is the caller's error, named.
@@ -197,7 +200,22 @@ pub(crate) fn plan(spec: &ViewSpec<'_>) -> Result<View, Error> {
     }
     // What the code reads: bound read-only at its own path, parents first.
     let mut reads: Vec<PathBuf> = spec.read_paths.to_vec();
-    if spec.allow_network {
+    if let Some(resolver) = spec.resolver {
+        let etc = Path::new("/etc/resolv.conf");
+        match std::fs::canonicalize(etc) {
+            // Inside /etc (bound already): over the file itself, a mount point that exists.
+            Ok(target) if target.starts_with("/etc") => b.bind(resolver, &target, true)?,
+            // A link out of /etc (systemd-resolved's): where it leads, made in the view.
+            Ok(target) => {
+                b.mkdir_parents(&target)?;
+                b.file(&target)?;
+                b.bind(resolver, &target, true)?;
+            }
+            // None at all: glibc then asks 127.0.0.1, the run's resolver, by default.
+            Err(_) => {}
+        }
+    }
+    if spec.host_network {
         if let Ok(target) = std::fs::canonicalize("/etc/resolv.conf") {
             if !target.starts_with("/etc") {
                 reads.push(target);
@@ -402,7 +420,8 @@ mod tests {
             disk_bytes: 1 << 30,
             owner: None,
             pid_ns: true,
-            allow_network: false,
+            host_network: false,
+            resolver: None,
         })
         .unwrap();
         let r = root.display().to_string();
@@ -431,7 +450,8 @@ mod tests {
             disk_bytes: 1 << 20,
             owner: Some((5, 5)),
             pid_ns: false,
-            allow_network: false,
+            host_network: false,
+            resolver: None,
         })
         .unwrap();
         assert!(targets(&view).contains(&format!("{r}/proc")));

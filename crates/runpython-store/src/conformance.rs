@@ -5,6 +5,9 @@
 //! naming what broke. [`run_all`] runs them in order. Checks that move time forward call
 //! [`Store::gc`] with a future `now`, which can also collect other checks' ephemeral runs; run them
 //! on a store no one else is using.
+//!
+//! Why this file is long: it is one job, the suite every backend must pass, one function per
+//! property (runs, blobs, listings, memo entries, checkpoints, sessions, tenants).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -454,7 +457,11 @@ pub async fn memo_round_trip_and_expiry(store: &Store) -> Check {
         format!("{hit:?}")
     })?;
     // Drop the memory copy: the store must have it too.
-    store.inner.memo.invalidate(&store.cache_slot(key.as_str())).await;
+    store
+        .inner
+        .memo
+        .invalidate(&store.cache_slot(key.as_str()))
+        .await;
     let hit = store
         .get_memo(&key)
         .await

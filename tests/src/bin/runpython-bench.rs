@@ -590,6 +590,11 @@ summarize(data)",
         m.insert("session_restore_ms".into(), json!(round3(restore_ms)));
     }
 
+    // Egress: the same client to the same loopback server, through the policy and direct.
+    runpython_tests::egress_bench::egress_figures(&mut m)
+        .await
+        .map_err(|e| e.to_string())?;
+
     // Tenants: a refused read of another tenant's id against one of a missing id.
     runpython_tests::tenant_bench::foreign_vs_missing(&mut m)
         .await

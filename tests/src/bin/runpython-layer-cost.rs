@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "namespaces_host_net",
             Sandbox {
                 namespaces: true,
-                allow_network: true,
+                network: runpython_sandbox::Network::Host,
                 ..off.clone()
             },
         ),
@@ -74,7 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (
             "all_host_net",
             Sandbox {
-                allow_network: true,
+                network: runpython_sandbox::Network::Host,
                 ..Sandbox::default()
             },
         ),

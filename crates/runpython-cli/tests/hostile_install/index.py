@@ -88,6 +88,8 @@ def _attempts():
         os._exit(0)
     os.waitpid(pid, 0)
     results["phoned_home"] = _try(lambda: urllib.request.urlopen(CONFIG["phone_home"] + "/" + NAME, timeout=5).status)
+    # Anything but the index: another server of the host's, by its address.
+    results["exfiltrated"] = _try(lambda: urllib.request.urlopen(CONFIG["exfiltrate"], timeout=5).status)
     return results
 
 

@@ -64,6 +64,8 @@ pub(crate) struct Spawned {
     pub cgroup: Option<runpython_sandbox::RunCgroup>,
     /// With a filesystem view: the host's end of the socket the run's scratch arrives through.
     pub handoff: Option<OwnedFd>,
+    /// With a network policy: the host's side of the run's network.
+    pub egress: Option<runpython_sandbox::Egress>,
 }
 
 /// The descriptors a child gets besides its pipes: its end of the tool bridge (as fd 4) and, for a
@@ -125,6 +127,7 @@ pub(crate) fn spawn_runner(
         stderr,
         cgroup,
         handoff,
+        egress,
     } = child;
     Ok(Spawned {
         process: RunProcess::Child {
@@ -137,6 +140,7 @@ pub(crate) fn spawn_runner(
         result,
         cgroup,
         handoff,
+        egress,
     })
 }
 
@@ -147,6 +151,8 @@ pub(crate) struct SpawnedParts {
     process: RunProcess,
     cgroup: Option<runpython_sandbox::RunCgroup>,
     run_dir: Option<tempfile::TempDir>,
+    /// With a network policy: the host's side of the interpreter's network.
+    pub egress: Option<runpython_sandbox::Egress>,
 }
 
 impl SpawnedParts {
@@ -155,6 +161,7 @@ impl SpawnedParts {
             process: spawned.process,
             cgroup: spawned.cgroup,
             run_dir,
+            egress: spawned.egress,
         }
     }
 

@@ -65,6 +65,9 @@ pub(super) struct Attempt {
     pub oom_killed: bool,
     /// When runs are kept: stdout and stderr whole, on their way to the store.
     pub uploads: Vec<OutputUpload>,
+    /// With a network policy, when the run used the network: what it did, and its whole log
+    /// (JSON lines).
+    pub network: Option<(runpython_sandbox::NetworkReport, Vec<u8>)>,
 }
 
 /// One whole output stream on its way to the store (see [`FullStream`]).
@@ -223,10 +226,17 @@ impl RunPython {
         } = slot;
 
         let RunTools {
-            tools,
+            mut tools,
             call_budget,
             saved: saved_artifacts,
         } = self.run_tools(Instant::now(), &scratch)?;
+        if let Some(egress) = &spawned.egress {
+            // A refused connection's exception names the rule.
+            tools.insert(crate::network_tool::WhyRefused {
+                query: egress.query(),
+            })?;
+            egress.narrow(request.allow_hosts.clone());
+        }
         let tools = match &events {
             Some(events) => super::tools::announced(&tools, events)?,
             None => tools,
@@ -299,6 +309,7 @@ impl RunPython {
             stderr,
             result: mut result_pipe,
             cgroup,
+            egress,
             ..
         } = spawned;
 
@@ -434,6 +445,12 @@ impl RunPython {
             }
             _ => None,
         };
+        let network = egress.and_then(|egress| {
+            let report = egress.report_since(runpython_sandbox::Mark::default());
+            report
+                .used()
+                .then(|| (report, egress.log_since(runpython_sandbox::Mark::default())))
+        });
         let oom_killed = cgroup.as_ref().is_some_and(|cg| cg.oom_killed());
         drop(cgroup); // removed once its processes are gone, off this task
         if let Some(run_dir) = run_dir {
@@ -451,6 +468,7 @@ impl RunPython {
             journal: journal.and_then(|j| j.lock().ok().map(|j| j.clone())),
             oom_killed,
             uploads,
+            network,
         })
     }
 }

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::nested::Nesting;
 use crate::persist::Keeping;
 use crate::request::{Limits, RUN_PYTHON_TOOL};
-use runpython_sandbox::Sandbox;
+use runpython_sandbox::{Network, NetworkPolicy, Sandbox};
 
 /// Builds a [`RunPython`].
 #[derive(Debug, Default)]
@@ -276,10 +276,23 @@ impl RunPythonBuilder {
         self.pool = pool;
         self
     }
-    /// Shares the host's network with the code (default: an empty network namespace).
-    pub fn allow_network(mut self, allow: bool) -> Self {
-        self.sandbox.allow_network = allow;
+    /// What the code may reach (default [`Network::Off`]: an empty network namespace). A
+    /// [`NetworkPolicy`] is enforced on the host for every connection and lookup of every run,
+    /// session, template-forked run and nested run of this engine (the envelope's `network` says
+    /// what a run did); [`Network::Host`] shares the host's network, reported as such.
+    pub fn network(mut self, network: Network) -> Self {
+        self.sandbox.network = network;
         self
+    }
+
+    /// `true`: the public internet only, never the host nor its private networks
+    /// ([`NetworkPolicy::public_internet`]); `false`: no network.
+    pub fn allow_network(self, allow: bool) -> Self {
+        self.network(if allow {
+            Network::Policy(NetworkPolicy::public_internet())
+        } else {
+            Network::Off
+        })
     }
 
     /// How many session interpreters live at once and how long an idle one is kept (default 16, 10

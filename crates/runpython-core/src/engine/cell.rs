@@ -76,10 +76,17 @@ impl RunPython {
             }
         };
         let RunTools {
-            tools,
+            mut tools,
             call_budget,
             saved: _,
         } = self.run_tools(Instant::now(), &live.scratch)?;
+        if let Some(egress) = live.egress() {
+            tools.insert(crate::network_tool::WhyRefused {
+                query: egress.query(),
+            })?;
+            // Each cell its own hosts (or the session's whole policy).
+            egress.narrow(request.allow_hosts.clone());
+        }
         let tools = match (&events, quiet) {
             (Some(events), false) => super::tools::announced(&tools, events)?,
             _ => tools,
@@ -151,11 +158,20 @@ impl RunPython {
             .take()
             .ok_or_else(|| Error::Internal("a session cell without an interpreter".into()))?;
         let run_id = new_run_id();
+        let mark = live.egress().map(runpython_sandbox::Egress::mark);
         let ran = self
             .run_live_cell(
                 e, &mut live, request, &run_id, replay, events, cancel, false,
             )
             .await;
+        // What this cell did with the network (the session's interpreter keeps one egress).
+        let network = match (live.egress(), mark) {
+            (Some(egress), Some(mark)) => {
+                let report = egress.report_since(mark);
+                report.used().then(|| (report, egress.log_since(mark)))
+            }
+            _ => None,
+        };
         let (mut raw, uploads) = match ran {
             Ok(Ok(ran)) => ran,
             Ok(Err(mut envelope)) => {
@@ -205,6 +221,11 @@ impl RunPython {
         )?;
         e.cells += 1;
         envelope.dependencies = e.added_deps.take();
+        let (network_report, network_log) = match network {
+            Some((report, log)) => (Some(report), Some(log)),
+            None => (None, None),
+        };
+        envelope.network = network_report;
         envelope.session_id = Some(e.id.clone());
         envelope.cell = Some(e.cells);
         if envelope.status == Status::Timeout && raw.lost.is_none() {
@@ -233,6 +254,22 @@ impl RunPython {
             let kept = match upload_failed {
                 Some(err) => Err(err),
                 None => {
+                    let mut streamed = streamed;
+                    if let Some(log) = network_log {
+                        match keep
+                            .store
+                            .put_artifact_stream(
+                                super::execute::NETWORK_LOG,
+                                std::io::Cursor::new(log),
+                            )
+                            .await
+                        {
+                            Ok(artifact) => streamed.push(artifact),
+                            Err(err) => {
+                                super::execute::not_kept(&mut envelope, &crate::error_report(&err))
+                            }
+                        }
+                    }
                     let cell = KeptCell {
                         journal: raw.journal.as_ref(),
                         record: completed || !suspended.is_empty(),

@@ -129,6 +129,15 @@ impl RunPython {
         }
         let started = Instant::now();
         let limits = &self.inner.limits;
+        if request.allow_hosts.is_some()
+            && matches!(self.inner.sandbox.network, runpython_sandbox::Network::Host)
+        {
+            return Err(Error::InvalidInput(
+                "allow_hosts narrows a network policy, and this engine shares the host's network \
+                 instead: give it a policy (--allow-network, --allow-host) to narrow"
+                    .into(),
+            ));
+        }
         check_input_names(&request)?;
         check_env(&request)?;
         let code_chars = request.code.chars().count();
@@ -272,6 +281,7 @@ impl RunPython {
             journal,
             oom_killed,
             uploads,
+            network,
         } = attempt;
         let (mut stdout_captured, mut stderr_captured) = (stdout_captured, stderr_captured);
         // A store that failed while taking the output is named in the envelope below, and nothing
@@ -301,6 +311,25 @@ impl RunPython {
             started,
         )?;
         envelope.dependencies = dependencies;
+        let files = match (network, &self.inner.keep, files) {
+            (Some((report, log)), Some(keep), Some((collected, mut stored))) => {
+                envelope.network = Some(report);
+                // The whole log beside the run's other artifacts (its envelope names a few refusals).
+                match keep
+                    .store
+                    .put_artifact_stream(NETWORK_LOG, std::io::Cursor::new(log))
+                    .await
+                {
+                    Ok(artifact) => stored.push(artifact),
+                    Err(e) => not_kept(&mut envelope, &crate::error_report(&e)),
+                }
+                Some((collected, stored))
+            }
+            (network, _, files) => {
+                envelope.network = network.map(|(report, _)| report);
+                files
+            }
+        };
         if let Some(keep) = &self.inner.keep {
             // The code ran: a store that fails from here on is named in the envelope, never an
             // `Err` that would throw away what the code did.
@@ -388,6 +417,9 @@ impl RunPython {
         Ok(())
     }
 }
+
+/// The name of the artifact holding a run's whole network log.
+pub(crate) const NETWORK_LOG: &str = "network-log.jsonl";
 
 /// Marks `envelope` as not kept, with the store's `error` (its head: the envelope stays small).
 pub(super) fn not_kept(envelope: &mut Envelope, error: &str) {

@@ -113,6 +113,11 @@ impl Live {
         })
     }
 
+    /// With a network policy: the host's side of the interpreter's network.
+    pub(crate) fn egress(&self) -> Option<&runpython_sandbox::Egress> {
+        self.parts.egress.as_ref()
+    }
+
     /// Kills the interpreter and everything it started.
     pub(crate) fn kill(&mut self) {
         self.parts.kill();

@@ -135,6 +135,10 @@ class Envelope:
     def dependencies(self) -> dict[str, Any] | None:
         """What the run's environment holds (`installed`) or what an install refused (`refused`)."""
     @property
+    def network(self) -> dict[str, Any] | None:
+        """With a network policy, when the run used the network: `mode`, `connections`, `bytes_out`,
+        `bytes_in`, `lookups`, and the first `refused` (host, port, reason)."""
+    @property
     def session_id(self) -> str | None:
         """The session a cell ran in; None for a run of its own."""
     @property
@@ -190,6 +194,11 @@ class _PoolSettings(TypedDict, total=False):
 class _SessionSettings(TypedDict, total=False):
     max_live: int
     idle: _Seconds
+
+class _NetworkSettings(TypedDict, total=False):
+    allow: Sequence[str]
+    public: bool
+    resolve: Mapping[str, str]
 
 class _SandboxSettings(TypedDict, total=False):
     memory: int | str
@@ -266,6 +275,7 @@ class RunPython:
         approvals: Sequence[str] | None = None,
         durable: bool | None = None,
         allow_network: bool | None = None,
+        network: Literal["off", "public", "host"] | Sequence[str] | _NetworkSettings | None = None,
         python: str | os.PathLike[str] | None = None,
         max_output_chars: int | None = None,
         max_code_chars: int | None = None,

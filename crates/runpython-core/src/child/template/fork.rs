@@ -130,7 +130,12 @@ impl Template {
         self.forks.fetch_add(1, Ordering::Relaxed);
         let mut socket = async_fd(socket).map_err(|e| Error::io_pathless("the run's socket", e))?;
         // A failure from here on drops `init`, which kills what was forked.
-        let scratch = match tokio::time::timeout(SETUP_TIMEOUT, setup_result(&mut socket)).await {
+        let (scratch, egress) = match tokio::time::timeout(
+            SETUP_TIMEOUT,
+            setup_result(&mut socket, plan.egress.clone()),
+        )
+        .await
+        {
             Ok(result) => result?,
             Err(_) => {
                 return Err(Error::SandboxSetup {
@@ -147,6 +152,7 @@ impl Template {
             socket,
             status,
             scratch,
+            egress,
             cgroup: plan.cgroup,
             isolation: plan.report,
             timeout,
@@ -170,6 +176,7 @@ impl Template {
             socket,
             status,
             scratch,
+            egress,
             cgroup,
             isolation,
             ..
@@ -216,6 +223,7 @@ impl Template {
                     .map_err(io("reading the result pipe"))?,
                 cgroup,
                 handoff: None,
+                egress,
             },
             scratch: Arc::new(scratch),
             saved_dir: Path::new(runpython_sandbox::SCRATCH).join("saved"),
@@ -235,6 +243,8 @@ pub(super) struct ReadyRun {
     socket: AsyncFd<OwnedFd>,
     status: OwnedFd,
     scratch: BeneathDir,
+    /// With a network policy: the host's side of the run's network, serving from the fork on.
+    egress: Option<sandbox::Egress>,
     cgroup: Option<RunCgroup>,
     isolation: Isolation,
     /// The run's timeout its CPU limit was set for.
@@ -242,9 +252,12 @@ pub(super) struct ReadyRun {
     born: Instant,
 }
 
-/// Waits for the run's word on its socket: ready with its scratch's descriptor, or the step that
-/// failed.
-async fn setup_result(socket: &mut AsyncFd<OwnedFd>) -> Result<BeneathDir, Error> {
+/// Waits for the run's word on its socket: ready with its scratch's descriptor (and with `egress`, its
+/// network's descriptors, whose host side starts now), or the step that failed.
+async fn setup_result(
+    socket: &mut AsyncFd<OwnedFd>,
+    egress: Option<Arc<sandbox::NetworkPolicy>>,
+) -> Result<(BeneathDir, Option<sandbox::Egress>), Error> {
     let failed = |step: Step, source: std::io::Error| Error::SandboxSetup {
         step: step.describe(),
         source,
@@ -254,13 +267,46 @@ async fn setup_result(socket: &mut AsyncFd<OwnedFd>) -> Result<BeneathDir, Error
         .map_err(|e| failed(Step::HandOverScratch, e))?;
     match message.first() {
         Some(b'R') => {
-            let fd = fds.into_iter().next().ok_or_else(|| {
+            let mut fds = fds.into_iter();
+            let fd = fds.next().ok_or_else(|| {
                 failed(
                     Step::HandOverScratch,
                     std::io::Error::other("the run sent no descriptor of its scratch"),
                 )
             })?;
-            BeneathDir::from_fd(fd.as_fd()).map_err(|e| failed(Step::HandOverScratch, e))
+            let scratch =
+                BeneathDir::from_fd(fd.as_fd()).map_err(|e| failed(Step::HandOverScratch, e))?;
+            let egress = match egress {
+                None => None,
+                Some(policy) => {
+                    // The resolver's two sockets, the relay's one or two listeners, the listener.
+                    let mut rest: Vec<OwnedFd> = fds.collect();
+                    if !(4..=5).contains(&rest.len()) {
+                        return Err(failed(
+                            Step::EgressSockets,
+                            std::io::Error::other(
+                                "the run sent the wrong descriptors for its network",
+                            ),
+                        ));
+                    }
+                    let listener = rest.remove(rest.len() - 1);
+                    let relay6 = (rest.len() == 4).then(|| rest.remove(3));
+                    let relay4 = rest.remove(2);
+                    let dns_tcp = rest.remove(1);
+                    let dns_udp = rest.remove(0);
+                    Some(sandbox::Egress::start_with(
+                        sandbox::EgressFds {
+                            dns_udp,
+                            dns_tcp,
+                            relay4,
+                            relay6,
+                            listener,
+                        },
+                        policy,
+                    ))
+                }
+            };
+            Ok((scratch, egress))
         }
         Some(b'E') => {
             let report: Value = serde_json::from_slice(&message[1..]).unwrap_or(Value::Null);

@@ -1,0 +1,180 @@
+//! Egress through the CLI, against servers on loopback only: HTTPS to a server whose certificate a
+//! test CA signed (the run sees the real TLS of the real server: the relay carries bytes), and the
+//! host's `HTTPS_PROXY` taking every allowed connection as a `CONNECT` tunnel. The servers come from
+//! `tests/egress/servers.py`, run with the tools venv's python (`cargo xtask ci` sets
+//! `RUNPYTHON_TOOLS_BIN`).
+
+#![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_runpython");
+
+/// A server of `servers.py`, killed (by its pid) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tools_python() -> Option<PathBuf> {
+    let Some(bin) = std::env::var_os("RUNPYTHON_TOOLS_BIN") else {
+        println!("skipped: RUNPYTHON_TOOLS_BIN is unset (cargo xtask ci sets it)");
+        return None;
+    };
+    Some(Path::new(&bin).join("python"))
+}
+
+fn server(python: &Path, mode: &str, arg: &Path) -> Server {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/egress/servers.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .arg(mode)
+        .arg(arg)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{mode}: {line:?}"));
+    Server { child, port }
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Value {
+    let out = Command::new(BIN)
+        .args(["run", "--json", "--no-store"])
+        .args(args)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("ALL_PROXY")
+        .env_remove("NO_PROXY")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "not an envelope: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Whether this host enforces network policies (else the run's network is off and says why).
+fn enforced() -> bool {
+    let out = Command::new(BIN)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let doctor: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ok = doctor["kernel"]["network_policy"] == "ok";
+    if !ok {
+        println!("skipped: {}", doctor["kernel"]["network_policy"]);
+    }
+    ok
+}
+
+const FETCH: &str = "import ssl, urllib.request\n\
+ctx = ssl.create_default_context(cadata=ca)\n\
+urllib.request.urlopen(url, context=ctx, timeout=20).read().decode()";
+
+#[test]
+fn https_reaches_an_allowed_server_end_to_end_and_only_it() {
+    let (Some(python), true) = (tools_python(), enforced()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tls = server(&python, "https", dir.path());
+    let ca = std::fs::read_to_string(dir.path().join("ca.pem")).unwrap();
+    let inputs = [
+        "--input".to_owned(),
+        format!("ca={}", serde_json::to_string(&ca).unwrap()),
+        "--input".to_owned(),
+        format!("url=\"https://api.test:{}/hello\"", tls.port),
+    ];
+    let mut args: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let allow = format!("api.test:{}", tls.port);
+    args.extend([
+        "--resolve",
+        "api.test=127.0.0.1",
+        "--allow-host",
+        &allow,
+        "-c",
+        FETCH,
+    ]);
+    let e = run(&args, &[]);
+    assert_eq!(e["return_value"], "hello over tls", "{e}");
+    assert_eq!(e["network"]["connections"], 1, "{e}");
+    let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+    assert_eq!(seen.lines().collect::<Vec<_>>(), ["/hello"]);
+
+    // The public internet is not that server, however it is named.
+    let mut public: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    public.extend([
+        "--resolve",
+        "api.test=127.0.0.1",
+        "--allow-network",
+        "-c",
+        FETCH,
+    ]);
+    let e = run(&public, &[]);
+    assert_eq!(e["status"], "error", "{e}");
+    let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+    assert_eq!(seen.lines().count(), 1, "{seen}");
+}
+
+#[test]
+fn the_hosts_https_proxy_carries_every_allowed_connection() {
+    let (Some(python), true) = (tools_python(), enforced()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tls = server(&python, "https", dir.path());
+    let log = dir.path().join("proxy.log");
+    let proxy = server(&python, "proxy", &log);
+    let ca = std::fs::read_to_string(dir.path().join("ca.pem")).unwrap();
+    let ca_input = format!("ca={}", serde_json::to_string(&ca).unwrap());
+    let url_input = format!("url=\"https://api.test:{}/through-the-proxy\"", tls.port);
+    let allow = format!("api.test:{}", tls.port);
+    let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
+    let e = run(
+        &[
+            "--input",
+            &ca_input,
+            "--input",
+            &url_input,
+            "--resolve",
+            "api.test=127.0.0.1",
+            "--allow-host",
+            &allow,
+            "-c",
+            FETCH,
+        ],
+        &[("HTTPS_PROXY", &proxy_url)],
+    );
+    assert_eq!(e["return_value"], "hello over tls", "{e}");
+    // The tunnel names the host the code asked for, as the proxy resolves it.
+    let connects = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        connects.lines().collect::<Vec<_>>(),
+        [format!("CONNECT api.test:{} HTTP/1.1", tls.port)],
+        "{connects}"
+    );
+    let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+    assert!(seen.contains("/through-the-proxy"), "{seen}");
+}

@@ -1,0 +1,195 @@
+//! The relay: the host's listeners inside the run's network namespace, each accepted connection
+//! joined to the destination the host connected for it (known by the run's end of it), bytes
+//! counted as they pass. A connection the host did not arrange is closed at once.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{Counters, Shared};
+
+/// Bytes buffered each way per connection.
+const BUFFER: usize = 64 << 10;
+
+/// A connection arranged but not accepted within this is forgotten.
+const UNCLAIMED: Duration = Duration::from_secs(30);
+
+/// The destination side of an arranged connection.
+pub(super) enum Upstreaming {
+    /// Connected already (the run's connect was blocking and waited for it).
+    Ready(TcpStream),
+    /// Connecting (the run's connect was non-blocking and returned at once).
+    Later(tokio::task::JoinHandle<io::Result<TcpStream>>),
+}
+
+/// An arranged connection, until the relay accepts the run's end of it.
+pub(super) struct Pending {
+    pub upstream: Upstreaming,
+    pub counters: Arc<Counters>,
+    pub index: usize,
+}
+
+/// Arranged connections by the run's end of them.
+#[derive(Default)]
+pub(crate) struct Pairing {
+    map: Mutex<HashMap<SocketAddr, (Pending, Instant)>>,
+    pub(super) v6: AtomicBool,
+}
+
+impl Pairing {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, (Pending, Instant)>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn insert(&self, key: SocketAddr, pending: Pending) {
+        let mut map = self.lock();
+        map.retain(|_, (_, at)| at.elapsed() < UNCLAIMED);
+        map.insert(key, (pending, Instant::now()));
+    }
+
+    pub(super) fn remove(&self, key: &SocketAddr) -> Option<Pending> {
+        self.lock().remove(key).map(|(p, _)| p)
+    }
+
+    /// Whether the relay listens on IPv6 too.
+    pub(super) fn has_v6(&self) -> bool {
+        self.v6.load(Ordering::Relaxed)
+    }
+}
+
+/// Accepts on the relay's listeners until dropped.
+pub(super) async fn serve(relay4: OwnedFd, relay6: Option<OwnedFd>, shared: Arc<Shared>) {
+    let listen = |fd: OwnedFd| -> io::Result<TcpListener> {
+        let std = std::net::TcpListener::from(fd);
+        std.set_nonblocking(true)?;
+        TcpListener::from_std(std)
+    };
+    let Ok(v4) = listen(relay4) else {
+        return std::future::pending().await;
+    };
+    let v6 = relay6.and_then(|fd| listen(fd).ok());
+    let accept6 = async {
+        match &v6 {
+            Some(l) => accept_loop(l, &shared).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::join!(accept_loop(&v4, &shared), accept6);
+}
+
+async fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                // Out of descriptors, most likely: let the runs' connections end first.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(pending) = shared.pairing.remove(&peer) else {
+            continue; // not one the host arranged: dropped, so closed
+        };
+        tokio::spawn(join(stream, pending, Arc::clone(shared)));
+    }
+}
+
+/// Copies between the run's end and the destination until either closes or the run's egress ends.
+async fn join(child: TcpStream, pending: Pending, shared: Arc<Shared>) {
+    let Pending {
+        upstream,
+        counters,
+        index,
+    } = pending;
+    let _ = child.set_nodelay(true);
+    let upstream = match upstream {
+        Upstreaming::Ready(stream) => Ok(stream),
+        Upstreaming::Later(connecting) => match connecting.await {
+            Ok(result) => result,
+            Err(e) => Err(io::Error::other(e.to_string())),
+        },
+    };
+    let upstream = match upstream {
+        Ok(stream) => stream,
+        Err(e) => {
+            // The destination refused or did not answer: the run's connection is reset.
+            shared.failed(index, e.to_string());
+            let _ = child.set_zero_linger();
+            drop(child);
+            shared.leave_live();
+            return;
+        }
+    };
+    let mut child = Counted {
+        inner: child,
+        counters: Arc::clone(&counters),
+        out: true,
+    };
+    let mut upstream = Counted {
+        inner: upstream,
+        counters,
+        out: false,
+    };
+    let mut shutdown = shared.shutdown.subscribe();
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional_with_sizes(&mut child, &mut upstream, BUFFER, BUFFER) => {}
+        _ = shutdown.wait_for(|stop| *stop) => {}
+    }
+    shared.leave_live();
+}
+
+/// A stream counting the bytes read from it: the run's end counts what the code sent, the
+/// destination's what the code received.
+struct Counted {
+    inner: TcpStream,
+    counters: Arc<Counters>,
+    out: bool,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = (buf.filled().len() - before) as u64;
+        if n > 0 {
+            let counter = if self.out {
+                &self.counters.out
+            } else {
+                &self.counters.inn
+            };
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,168 @@
+//! What the egress path costs: the same sandboxed client against the same loopback HTTP server,
+//! through the policy (every connection decided on the host and relayed) and direct (the host's
+//! network shared), in one run, alternating. Timed inside the run, so a run's start is not counted.
+
+use std::time::Duration;
+
+use runpython_core::{Network, NetworkPolicy, RunPython};
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::stats::{p50, round3};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bytes of the download.
+const DOWNLOAD: u64 = 256 << 20;
+
+/// A keep-alive HTTP/1.1 server on loopback: `GET /small` answers 64 bytes, `GET /big` 256 MiB.
+async fn serve() -> Result<u16, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let chunk = vec![b'x'; 1 << 20];
+                let mut buf = vec![0u8; 4096];
+                let mut have = Vec::new();
+                loop {
+                    let n = match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    have.extend_from_slice(&buf[..n]);
+                    while let Some(end) = have.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&have[..end]).into_owned();
+                        have.drain(..end + 4);
+                        let big = head.starts_with("GET /big");
+                        let len = if big { DOWNLOAD } else { 64 };
+                        let header = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+                        if stream.write_all(header.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        if big {
+                            for _ in 0..(DOWNLOAD >> 20) {
+                                if stream.write_all(&chunk).await.is_err() {
+                                    return;
+                                }
+                            }
+                        } else if stream.write_all(&chunk[..64]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// The client: p50 of a small request on one kept-alive connection, p50 of a small request on a
+/// new connection each, and the download's MB/s.
+fn client(port: u16) -> String {
+    format!(
+        r#"
+import http.client, socket, time
+def p50(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=30)
+for _ in range(20):
+    c.request("GET", "/small"); c.getresponse().read()
+kept = []
+for _ in range(300):
+    t = time.perf_counter(); c.request("GET", "/small"); c.getresponse().read(); kept.append(time.perf_counter() - t)
+c.close()
+fresh = []
+for _ in range(150):
+    t = time.perf_counter()
+    c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=30)
+    c.request("GET", "/small"); c.getresponse().read(); c.close()
+    fresh.append(time.perf_counter() - t)
+s = socket.create_connection(("127.0.0.1", {port}), timeout=60)
+s.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+want = {download} + len(b"HTTP/1.1 200 OK\r\nContent-Length: {download}\r\n\r\n")
+buf = bytearray(1 << 20); view = memoryview(buf); got = 0; t = time.perf_counter()
+while got < want:
+    n = s.recv_into(view)
+    if not n: break
+    got += n
+secs = time.perf_counter() - t
+s.close()
+[p50(kept) * 1e6, p50(fresh) * 1e6, (got / secs) / 1e6]
+"#,
+        download = DOWNLOAD
+    )
+}
+
+async fn measure(engine: &RunPython, code: &str) -> Result<(f64, f64, f64), BoxError> {
+    let e = engine.run(code).await?;
+    let v = e
+        .return_value
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("the egress client failed: {:?} {:?}", e.error, e.stderr))?;
+    let at = |i: usize| v.get(i).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    Ok((at(0), at(1), at(2)))
+}
+
+/// Adds `egress_rtt_vs_direct` (p50 of a small request on a kept-alive connection, through the
+/// policy over direct), `egress_connect_rtt_vs_direct` (the same with a new connection per
+/// request), `egress_throughput_vs_direct` (a 256 MiB download's rate, through over direct) and the
+/// absolute figures behind them. Skipped (with why) where no policy can be enforced.
+pub async fn egress_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> {
+    let port = serve().await?;
+    let engine = |network: Network| {
+        RunPython::builder()
+            .timeout(Duration::from_secs(300))
+            .network(network)
+            .build()
+    };
+    let policy = engine(Network::Policy(NetworkPolicy {
+        allow: vec![format!("127.0.0.1:{port}").parse()?],
+        ..NetworkPolicy::default()
+    }))?;
+    if policy.isolation_report()?.network != "allowlist" {
+        m.insert(
+            "egress".into(),
+            json!("skipped: no network policy can be enforced on this host"),
+        );
+        return Ok(());
+    }
+    let direct = engine(Network::Host)?;
+    let code = client(port);
+    let (mut kept, mut fresh, mut rate) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut kept_d, mut fresh_d, mut rate_d) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (k, f, r) = measure(&policy, &code).await?;
+        kept.push(k);
+        fresh.push(f);
+        rate.push(r);
+        let (k, f, r) = measure(&direct, &code).await?;
+        kept_d.push(k);
+        fresh_d.push(f);
+        rate_d.push(r);
+    }
+    let (kept, fresh, rate) = (p50(kept), p50(fresh), p50(rate));
+    let (kept_d, fresh_d, rate_d) = (p50(kept_d), p50(fresh_d), p50(rate_d));
+    m.insert("egress_request_us".into(), json!(round3(kept)));
+    m.insert("egress_request_us_direct".into(), json!(round3(kept_d)));
+    m.insert("egress_rtt_vs_direct".into(), json!(round3(kept / kept_d)));
+    m.insert("egress_connect_request_us".into(), json!(round3(fresh)));
+    m.insert(
+        "egress_connect_request_us_direct".into(),
+        json!(round3(fresh_d)),
+    );
+    m.insert(
+        "egress_connect_rtt_vs_direct".into(),
+        json!(round3(fresh / fresh_d)),
+    );
+    m.insert("egress_download_mb_s".into(), json!(rate.round()));
+    m.insert("egress_download_mb_s_direct".into(), json!(rate_d.round()));
+    m.insert(
+        "egress_throughput_vs_direct".into(),
+        json!(round3(rate / rate_d)),
+    );
+    Ok(())
+}
