@@ -199,9 +199,10 @@ def test_network_policies_decide_what_the_code_reaches():
     code = (
         "import socket\n"
         "try:\n"
-        f"    socket.create_connection(('127.0.0.1', {port}), timeout=5).recv(2).decode()\n"
+        f"    r = socket.create_connection(('127.0.0.1', {port}), timeout=5).recv(2).decode()\n"
         "except OSError as e:\n"
-        "    type(e).__name__\n"
+        "    r = type(e).__name__\n"
+        "r\n"
     )
     probe = RunPython(network="public", pool=False).isolation_report()
     if probe["network"] != "public":
