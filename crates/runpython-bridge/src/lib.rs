@@ -44,7 +44,7 @@ pub use server::{socket_pair, Bridge, HostEnd};
 pub use stubs::python_stubs;
 pub use tool::{is_python_identifier, tool_fn, FnTool, Tool, ToolArgs, ToolError, ToolSet};
 
-/// A boxed, sendable future: what [`Tool::call`], [`Tool::resume`] and [`JournalSink::persist`] return
+/// A boxed, sendable future: what [`Tool::call`], [`Tool::resume`] and [`JournalSink::record`] return
 /// (as `BoxFuture<'static, _>`). The same type as runpython-deps' `BoxFuture`: futures-util's.
 pub use futures_util::future::BoxFuture;
 

@@ -557,7 +557,7 @@ struct ServeArgs {
     #[arg(long, value_name = "CLAIM", default_value = "sub", requires = "jwks")]
     jwt_tenant_claim: String,
     /// This server's MCP endpoint as clients reach it, for the resource metadata (default: the
-    /// audience when it is a URL, else http://<Host>/mcp).
+    /// audience when it is a URL, else http://HOST/mcp with the request's Host).
     #[arg(long, value_name = "URL", requires = "jwks")]
     resource_url: Option<String>,
     #[command(flatten)]

@@ -13,10 +13,15 @@ pub(crate) struct NetworkArgs {
     /// decided on the host.
     #[arg(long)]
     allow_network: bool,
-    /// Only these (repeatable): a name, *.name, an IP or a CIDR, each with or without :PORT (IPv6
-    /// in brackets: [2001:db8::1]:443). With --allow-network, these add to the public internet
-    /// (a private database, say).
-    #[arg(long = "allow-host", value_name = "PATTERN", value_parser = parse_pattern)]
+    /// Only these (repeatable): a name, `*.name`, an IP or a CIDR, each with or without a port.
+    #[arg(
+        long = "allow-host",
+        value_name = "PATTERN",
+        value_parser = parse_pattern,
+        help = "Only these (repeatable): a name, *.name, an IP or a CIDR, each with or without :PORT \
+                (IPv6 in brackets: [2001:db8::1]:443). With --allow-network, these add to the public \
+                internet (a private database, say)."
+    )]
     allow_hosts: Vec<HostPattern>,
     /// What NAME resolves to inside runs (repeatable, as curl's --resolve): the host's resolver is
     /// not asked for it. Allows nothing by itself.

@@ -1,8 +1,8 @@
 //! Egress through the CLI, against servers on loopback only: HTTPS to a server whose certificate a
 //! test CA signed (the run sees the real TLS of the real server: the relay carries bytes), and the
 //! host's `HTTPS_PROXY` taking every allowed connection as a `CONNECT` tunnel. The servers come from
-//! `tests/egress/servers.py`, run with the tools venv's python (`cargo xtask ci` sets
-//! `RUNPYTHON_TOOLS_BIN`).
+//! `tests/egress/servers.py` (the standard library only, so any user's `python3` runs it); the test
+//! CA and the server's certificate are made here with rcgen.
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
@@ -27,17 +27,44 @@ impl Drop for Server {
     }
 }
 
-fn tools_python() -> Option<PathBuf> {
-    let Some(bin) = std::env::var_os("RUNPYTHON_TOOLS_BIN") else {
-        println!("skipped: RUNPYTHON_TOOLS_BIN is unset (cargo xtask ci sets it)");
-        return None;
-    };
-    Some(Path::new(&bin).join("python"))
+fn python3() -> PathBuf {
+    std::env::var_os("RUNPYTHON_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
 }
 
-fn server(python: &Path, mode: &str, arg: &Path) -> Server {
+/// A test CA and a certificate it signed for `api.test`, written to `dir` as `ca.pem`, `cert.pem` and
+/// `key.pem`; returns the CA's PEM.
+fn test_certs(dir: &Path) -> String {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "runpython test CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["api.test".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "api.test");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    // Python 3.13's default context checks strictly (VERIFY_X509_STRICT): an authority key id.
+    params.use_authority_key_identifier_extension = true;
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.join("cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), key.serialize_pem()).unwrap();
+    ca.pem()
+}
+
+fn server(mode: &str, arg: &Path) -> Server {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/egress/servers.py");
-    let mut child = Command::new(python)
+    let mut child = Command::new(python3())
         .arg(script)
         .arg(mode)
         .arg(arg)
@@ -95,12 +122,12 @@ urllib.request.urlopen(url, context=ctx, timeout=20).read().decode()";
 
 #[test]
 fn https_reaches_an_allowed_server_end_to_end_and_only_it() {
-    let (Some(python), true) = (tools_python(), enforced()) else {
+    if !enforced() {
         return;
-    };
+    }
     let dir = tempfile::tempdir().unwrap();
-    let tls = server(&python, "https", dir.path());
-    let ca = std::fs::read_to_string(dir.path().join("ca.pem")).unwrap();
+    let ca = test_certs(dir.path());
+    let tls = server("https", dir.path());
     let inputs = [
         "--input".to_owned(),
         format!("ca={}", serde_json::to_string(&ca).unwrap()),
@@ -140,14 +167,14 @@ fn https_reaches_an_allowed_server_end_to_end_and_only_it() {
 
 #[test]
 fn the_hosts_https_proxy_carries_every_allowed_connection() {
-    let (Some(python), true) = (tools_python(), enforced()) else {
+    if !enforced() {
         return;
-    };
+    }
     let dir = tempfile::tempdir().unwrap();
-    let tls = server(&python, "https", dir.path());
+    let ca = test_certs(dir.path());
+    let tls = server("https", dir.path());
     let log = dir.path().join("proxy.log");
-    let proxy = server(&python, "proxy", &log);
-    let ca = std::fs::read_to_string(dir.path().join("ca.pem")).unwrap();
+    let proxy = server("proxy", &log);
     let ca_input = format!("ca={}", serde_json::to_string(&ca).unwrap());
     let url_input = format!("url=\"https://api.test:{}/through-the-proxy\"", tls.port);
     let allow = format!("api.test:{}", tls.port);

@@ -14,7 +14,7 @@ pub struct InstallPolicy {
     /// The sandbox every installer runs in ([`InstallPolicy::default_sandbox`]).
     pub sandbox: runpython_sandbox::Sandbox,
     /// Any package may be built from source (`--allow-source-builds`); by default only the
-    /// operator's requirements ([`Source::Operator`]) may be, and everything else installs wheels.
+    /// operator's requirements ([`Source::Operator`](crate::Source::Operator)) may be, and everything else installs wheels.
     pub source_builds: bool,
     /// The distributions (PEP 503 names) the code may ask for; `None` allows any. The operator's
     /// requirements are always allowed; what an allowed package depends on comes with it.

@@ -15,7 +15,7 @@ use crate::{Error, Interpreter};
 /// (a plain directory, relocatable: it is renamed after the install) or fails with
 /// [`Error::Install`] / [`Error::InstallTimeout`]; it never leaves a process running past
 /// `job.deadline`, and its installer sees only the environment variables of the allowlist
-/// (see [`installer_env`]).
+/// (see [`installer_env`](crate::installer_env)).
 pub trait EnvProvider: Send + Sync + fmt::Debug {
     /// A short stable name that is part of every environment key (`"uv"`, `"pip"`).
     fn kind(&self) -> &str;

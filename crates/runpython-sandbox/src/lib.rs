@@ -21,8 +21,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Decide first, then build: [`decide::decide`] turns the configuration, what the kernel allows
-//! ([`probe::kernel`], probed once per process) and who the host is into a [`decide::Decision`] (pure
+//! Decide first, then build: `decide::decide` turns the configuration, what the kernel allows
+//! (`probe::kernel`, probed once per process) and who the host is into a `decide::Decision` (pure
 //! data: `RunPython::isolation_report` prints it without building anything); [`prepare`] builds that
 //! decision into a [`Plan`] (the uid, the mount plan, the Landlock ruleset, the rlimits, a network
 //! namespace made ahead of time); [`init::enter`] runs between fork and exec and makes plain system
@@ -55,7 +55,7 @@
 //! pivot), pivots into the view, then drops to a fresh uid in `[2^30, 2^30+2^24)` and unshares the user,
 //! IPC and UTS namespaces, mapping inside uid/gid 1000 to that uid. A non-root host enters its user
 //! namespace first (joining a network namespace made ahead of time through the user namespace that
-//! owns it, see [`netns`]), maps inside 1000 to its own uid, builds the view inside, and G mounts
+//! owns it, see `netns`), maps inside 1000 to its own uid, builds the view inside, and G mounts
 //! `/proc` and pivots. Either way the code is not uid 0 inside, so H's exec leaves it no capability in
 //! its user namespace, and the namespace's own `max_user_namespaces` is 0 (a per-namespace limit; the
 //! host's is untouched), so the code cannot make a namespace of its own to regain them, which keeps
@@ -65,17 +65,17 @@
 //! run can read `/proc/1/cmdline`. H sets `PR_SET_NO_NEW_PRIVS`, the rlimits (AS, CPU = timeout+1 s,
 //! FSIZE, NOFILE), restricts itself with Landlock (reads: the allowlist; writes: the scratch and a few
 //! devices; signals and abstract sockets scoped to the run at ABI ≥ 6), installs the seccomp deny-list
-//! ([`seccomp`]) and marks every descriptor above the bridge's close-on-exec.
+//! (`seccomp`) and marks every descriptor above the bridge's close-on-exec.
 //!
 //! # Runs forked from a template
 //!
-//! A template ([`prepare_template`]) is built as above with its own role: root of its user namespace
+//! A template ([`prepare`] with [`Role::Template`]) is built as above with its own role: root of its user namespace
 //! (0 mapped to the host's uid, or for a root host the templates' namespace of the run uid range,
 //! entered by G after the pivot, G then a copy of S since `setns` refuses a process sharing its
 //! memory), a network namespace and (root host) a second PID namespace made inside it, and no
 //! Landlock, seccomp, `no_new_privs` or limits. Each run forked from it takes every layer itself in
 //! `runpython_template.py`, from what [`prepare_fork`] prepared in the host for it: the same
-//! [`decide::Decision`] as a fresh run's, its cgroup, its Landlock ruleset, its seccomp program, its
+//! `decide::Decision` as a fresh run's, its cgroup, its Landlock ruleset, its seccomp program, its
 //! uid. ARCHITECTURE.md ("Runs forked from a template") has the whole sequence and what a fork shares.
 //!
 //! # Invariants

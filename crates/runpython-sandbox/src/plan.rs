@@ -100,7 +100,7 @@ pub struct Target<'a> {
     /// More directories or files it reads, read-only, besides the system and
     /// [`Sandbox::read_paths`] (for a run: runpython's code dir and its environment).
     pub reads: &'a [&'a Path],
-    /// The host directory made for it by [`crate::RunDir::create`]: the view's root is mounted
+    /// The host directory made for it by [`crate::create_run_dir`]: the view's root is mounted
     /// beneath it, and without a view the process works in its `work/`.
     pub run_dir: &'a Path,
     /// The wall-clock limit: CPU time is limited to one second more.

@@ -245,7 +245,7 @@ impl StepError {
         io::Error::from_raw_os_error(code)
     }
 
-    /// The inverse of [`StepError::to_io`]; `None` for a plain OS error.
+    /// The inverse of `StepError::to_io`; `None` for a plain OS error.
     pub fn from_io(error: &io::Error) -> Option<Self> {
         let code = error.raw_os_error()?;
         let step = u16::try_from(code >> STEP_SHIFT)

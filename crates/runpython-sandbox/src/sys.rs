@@ -196,7 +196,7 @@ union Control {
 /// The most descriptors one message carries.
 pub(crate) const MAX_FDS: usize = 16;
 
-/// Sends `data` (small: one `sendmsg`) with `fds` attached (`SCM_RIGHTS`, at most [`MAX_FDS`]).
+/// Sends `data` (small: one `sendmsg`) with `fds` attached (`SCM_RIGHTS`, at most `MAX_FDS`).
 /// Async-signal-safe: the control message is built on the stack. A short write is an error.
 pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec {
@@ -252,7 +252,7 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     unsafe { Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))) }
 }
 
-/// Receives one descriptor sent with [`send_fd`] on `sock`, without waiting: it must be there already.
+/// Receives one descriptor sent with `send_fd` on `sock`, without waiting: it must be there already.
 pub fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
     let mut byte = [0u8; 1];
     let (_, fds) = recv_with_fds(sock, &mut byte)?;

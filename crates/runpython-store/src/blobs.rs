@@ -37,7 +37,7 @@ impl Store {
     /// Streams `reader` into a blob without holding it in memory; returns the hash and size.
     ///
     /// The bytes go to a staging key (multipart once they exceed
-    /// [`StoreOptions::upload_part_bytes`]) and are renamed to `v1/blobs/<hash>` when complete. If the
+    /// [`StoreOptions::upload_part_bytes`](crate::StoreOptions::upload_part_bytes)) and are renamed to `v1/blobs/<hash>` when complete. If the
     /// reader or the backend fails, the multipart upload is aborted and nothing becomes visible
     /// under `v1/blobs`; a staging object left by a killed host is removed by [`gc`](Self::gc).
     pub async fn put_blob_reader<R>(&self, mut reader: R) -> Result<(String, u64)>
@@ -93,7 +93,7 @@ impl Store {
     }
 
     /// Streams a file the run made into a blob, without holding it in memory, and describes it as an
-    /// artifact named `name` (its preview from the first 64 KiB). List it in [`RunRecord::stored`].
+    /// artifact named `name` (its preview from the first 64 KiB). List it in [`RunRecord::stored`](crate::RunRecord::stored).
     pub async fn put_artifact_stream<R>(&self, name: &str, mut reader: R) -> Result<Artifact>
     where
         R: AsyncRead + Unpin + Send,

@@ -1,13 +1,12 @@
-"""Loopback servers for the CLI's egress tests, run with the tools venv's python (cryptography).
+"""Loopback servers for the CLI's egress tests; the standard library only.
 
-  servers.py https DIR   a test CA and a certificate for api.test written to DIR (ca.pem), then an
-                         HTTPS server on 127.0.0.1; prints its port, logs each request to DIR/seen
+  servers.py https DIR   an HTTPS server on 127.0.0.1 with DIR/cert.pem and DIR/key.pem (the test
+                         writes them); prints its port, logs each request to DIR/seen
   servers.py proxy LOG   an HTTP CONNECT proxy on 127.0.0.1 that sends every tunnel to 127.0.0.1 at
                          the requested port; prints its port, appends each CONNECT line to LOG
 
 Each serves until killed. Nothing listens beyond 127.0.0.1."""
 
-import datetime
 import http.server
 import os
 import socket
@@ -16,63 +15,7 @@ import sys
 import threading
 
 
-def make_certs(directory):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "runpython test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api.test")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("api.test")]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = lambda c: c.public_bytes(serialization.Encoding.PEM)
-    with open(os.path.join(directory, "ca.pem"), "wb") as f:
-        f.write(pem(ca))
-    with open(os.path.join(directory, "cert.pem"), "wb") as f:
-        f.write(pem(cert))
-    with open(os.path.join(directory, "key.pem"), "wb") as f:
-        f.write(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-
-
 def https(directory):
-    make_certs(directory)
     seen = open(os.path.join(directory, "seen"), "a", buffering=1)
 
     class Handler(http.server.BaseHTTPRequestHandler):
