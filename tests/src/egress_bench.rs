@@ -166,3 +166,113 @@ pub async fn egress_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> 
     );
     Ok(())
 }
+
+/// The client for the secrets figures: p50 of an HTTPS request on a new connection each, and on one
+/// kept-alive connection, to `api.test`; `ca` is the roots to trust (`None`: the run's default,
+/// which with a secret is its bundle).
+fn secret_client(port: u16, ca: Option<&str>) -> String {
+    let context = match ca {
+        Some(ca) => format!(
+            "ssl.create_default_context(cadata={})",
+            serde_json::to_string(ca).unwrap_or_default()
+        ),
+        None => "ssl.create_default_context()".to_owned(),
+    };
+    format!(
+        r#"
+import http.client, os, ssl, time
+ctx = {context}
+key = os.environ.get("API_KEY", "none")
+def p50(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+def once(c):
+    c.request("GET", "/", headers={{"Authorization": "Bearer " + key}}); c.getresponse().read()
+fresh = []
+for i in range(60):
+    t = time.perf_counter()
+    c = http.client.HTTPSConnection("api.test", {port}, context=ctx, timeout=30)
+    once(c); c.close()
+    if i >= 10: fresh.append(time.perf_counter() - t)
+c = http.client.HTTPSConnection("api.test", {port}, context=ctx, timeout=30)
+for _ in range(20): once(c)
+kept = []
+for _ in range(200):
+    t = time.perf_counter(); once(c); kept.append(time.perf_counter() - t)
+c.close()
+[p50(fresh) * 1e3, p50(kept) * 1e3]
+"#
+    )
+}
+
+/// Adds `secret_request_overhead_ms` (p50 of an HTTPS request on a new connection with the value
+/// put in by the host's proxy, minus the same request allowed without a secret, its TLS passing
+/// through untouched), `secret_kept_request_overhead_ms` (the same on a kept-alive connection) and
+/// the figures behind them. Skipped (with why) where no policy can be enforced.
+pub async fn secret_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> {
+    let ca = crate::recorder::TestCa::new(&["api.test"])?;
+    let server = crate::recorder::Recorder::start(Some(&ca)).await?;
+    let port = server.port;
+    let policy = || NetworkPolicy {
+        allow: vec![format!("api.test:{port}").parse().ok()]
+            .into_iter()
+            .flatten()
+            .collect(),
+        resolve: vec![("api.test".into(), std::net::Ipv4Addr::LOCALHOST.into())],
+        ..NetworkPolicy::default()
+    };
+    let engine = |secret: bool| {
+        let mut builder = RunPython::builder()
+            .timeout(Duration::from_secs(300))
+            .network(Network::Policy(policy()));
+        if secret {
+            builder = builder
+                .secret(runpython_core::Secret::new(
+                    "API_KEY",
+                    "sk-bench-0123456789abcdef0123456789abcdef",
+                    vec!["api.test".parse().map_err(|e| format!("{e}"))?],
+                ))
+                .upstream_ca(ca.ca_pem.clone().into_bytes());
+        }
+        builder.build().map_err(|e| e.to_string())
+    };
+    let with = engine(true)?;
+    if with.isolation_report()?.network != "allowlist" {
+        m.insert(
+            "secrets".into(),
+            json!("skipped: no network policy can be enforced on this host"),
+        );
+        return Ok(());
+    }
+    let without = engine(false)?;
+    let (code_with, code_without) = (
+        secret_client(port, None),
+        secret_client(port, Some(&ca.ca_pem)),
+    );
+    let (mut fresh, mut kept, mut fresh_o, mut kept_o) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..3 {
+        let (f, k, _) = measure(&with, &code_with).await?;
+        fresh.push(f);
+        kept.push(k);
+        let (f, k, _) = measure(&without, &code_without).await?;
+        fresh_o.push(f);
+        kept_o.push(k);
+    }
+    let (fresh, kept, fresh_o, kept_o) = (p50(fresh), p50(kept), p50(fresh_o), p50(kept_o));
+    m.insert("secret_request_ms".into(), json!(round3(fresh)));
+    m.insert("secret_request_ms_opaque".into(), json!(round3(fresh_o)));
+    m.insert(
+        "secret_request_overhead_ms".into(),
+        json!(round3(fresh - fresh_o)),
+    );
+    m.insert("secret_kept_request_ms".into(), json!(round3(kept)));
+    m.insert(
+        "secret_kept_request_ms_opaque".into(),
+        json!(round3(kept_o)),
+    );
+    m.insert(
+        "secret_kept_request_overhead_ms".into(),
+        json!(round3(kept - kept_o)),
+    );
+    Ok(())
+}

@@ -5,6 +5,7 @@ pub mod deps_bench;
 pub mod egress_bench;
 pub mod mcp_bench;
 pub mod py_bench;
+pub mod recorder;
 pub mod stats;
 pub mod template_bench;
 pub mod tenant_bench;

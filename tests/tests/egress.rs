@@ -63,6 +63,7 @@ fn policy(public: bool, allow: &[String], resolve: &[(&str, &str)]) -> Network {
             .iter()
             .map(|(n, ip)| ((*n).to_owned(), ip.parse().unwrap()))
             .collect(),
+        ..NetworkPolicy::default()
     })
 }
 

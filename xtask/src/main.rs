@@ -2,7 +2,7 @@
 //!
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. As root it also runs the sandbox, run, pool, template, egress and hostile-install suites as an
+//!   exists. As root it also runs the sandbox, run, pool, template, egress, secrets and hostile-install suites as an
 //!   unprivileged user
 //!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
 //!   forked from a template; the acceptance cases run again with templates too.
@@ -174,7 +174,7 @@ fn ci() -> Result<()> {
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
-/// The sandbox, run, pool, template, egress and hostile-install suites again as an unprivileged user. Users
+/// The sandbox, run, pool, template, egress, secrets and hostile-install suites again as an unprivileged user. Users
 /// are not root, and the sandbox takes another path for them: their own uid mapped into the user
 /// namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
 /// made ahead of time, a template without a uid range to give its runs.
@@ -223,6 +223,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "templates",
             "--test",
             "egress",
+            "--test",
+            "secrets",
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -236,9 +238,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so seven names build eight.
-    if suites.len() != 8 {
-        bail!("{NAME}: expected 8 test executables, cargo built {suites:?}");
+    // Both packages have an `egress` suite (the engine's and the CLI's), so eight names build nine.
+    if suites.len() != 9 {
+        bail!("{NAME}: expected 9 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites

@@ -458,7 +458,7 @@ impl EngineArgs {
         if let Some(depth) = self.allow_nested {
             builder = builder.allow_nested(depth);
         }
-        builder = builder.network(self.network.network());
+        builder = self.network.apply(builder).map_err(anyhow::Error::msg)?;
         builder = self.limits.apply(builder);
         builder = self.installs.apply(builder)?;
         if !self.no_store {

@@ -1,8 +1,12 @@
 //! The flags that say what the code may reach: `--allow-network`, `--allow-host`, `--resolve` and
-//! `--network`, shared by every command that makes runs.
+//! `--network`, and the secrets it may use there (`--secret`, `--upstream-ca`), shared by every
+//! command that makes runs.
 
 use clap::Args;
-use runpython_core::{HostPattern, Network, NetworkPolicy};
+use runpython_core::{HostPattern, Network, NetworkPolicy, RunPythonBuilder, Secret};
+
+/// How many bytes of a request body `--secret-in-body` buffers to put a value in.
+const SECRET_BODY_LIMIT: usize = 1 << 20;
 
 /// What the code may reach.
 #[derive(Debug, Args)]
@@ -32,6 +36,49 @@ pub(crate) struct NetworkArgs {
     #[arg(long, value_name = "MODE", value_parser = ["off", "host"],
           conflicts_with_all = ["allow_network", "allow_hosts"])]
     network: Option<String>,
+    /// A credential the code may use but never read (repeatable): NAME:HOST[,HOST...] takes the
+    /// value from the host's variable NAME, NAME=VAR:HOSTS from VAR. The code's NAME holds a
+    /// placeholder; the host puts the value into request headers (Basic auth included) to those
+    /// hosts only, intercepting their HTTPS with a CA of the run's own. Each host must be allowed
+    /// (--allow-host or --allow-network).
+    #[arg(long = "secret", value_name = "NAME[=VAR]:HOSTS", value_parser = parse_secret)]
+    secrets: Vec<Secret>,
+    /// Also put secret NAME's value into request query strings (repeatable; off by default).
+    #[arg(long = "secret-in-query", value_name = "NAME")]
+    secret_in_query: Vec<String>,
+    /// Also put secret NAME's value into request bodies of up to 1 MiB (repeatable; off by
+    /// default; a larger body to its hosts is refused).
+    #[arg(long = "secret-in-body", value_name = "NAME")]
+    secret_in_body: Vec<String>,
+    /// A PEM bundle trusted, besides the host's roots, for the host's TLS to a secret's hosts
+    /// (repeatable): a private upstream's CA.
+    #[arg(long = "upstream-ca", value_name = "FILE")]
+    upstream_cas: Vec<std::path::PathBuf>,
+}
+
+/// `NAME:HOSTS` or `NAME=VAR:HOSTS`, the value read from the host's environment now. An error
+/// never holds the value.
+fn parse_secret(s: &str) -> Result<Secret, String> {
+    let (head, hosts) = s.split_once(':').ok_or_else(|| {
+        format!("{s:?} is not NAME:HOST[,HOST...] (e.g. ANTHROPIC_API_KEY:api.anthropic.com)")
+    })?;
+    let (name, var) = match head.split_once('=') {
+        Some((name, var)) => (name.trim(), var.trim()),
+        None => (head.trim(), head.trim()),
+    };
+    let value = std::env::var(var).map_err(|_| {
+        format!("secret {name}: the host's environment has no {var}; export it, or name another variable as {name}=VAR:HOSTS")
+    })?;
+    let hosts = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(|h| {
+            h.parse::<HostPattern>()
+                .map_err(|e| format!("secret {name}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Secret::new(name, value, hosts))
 }
 
 fn parse_pattern(s: &str) -> Result<HostPattern, String> {
@@ -67,6 +114,39 @@ impl NetworkArgs {
             public: self.allow_network,
             allow: self.allow_hosts.clone(),
             resolve: self.resolve.clone(),
+            ..NetworkPolicy::default()
         })
+    }
+
+    /// The network and the secrets, on `builder` (which checks them against each other).
+    pub(crate) fn apply(&self, mut builder: RunPythonBuilder) -> Result<RunPythonBuilder, String> {
+        builder = builder.network(self.network());
+        for name in self.secret_in_query.iter().chain(&self.secret_in_body) {
+            if !self.secrets.iter().any(|s| &s.name == name) {
+                return Err(format!(
+                    "--secret-in-query/--secret-in-body {name}: no --secret {name}:HOSTS declares it"
+                ));
+            }
+        }
+        for secret in &self.secrets {
+            let mut secret = secret.clone();
+            secret.in_query = self.secret_in_query.contains(&secret.name);
+            if self.secret_in_body.contains(&secret.name) {
+                secret.body_limit = Some(SECRET_BODY_LIMIT);
+            }
+            builder = builder.secret(secret);
+        }
+        for path in &self.upstream_cas {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("--upstream-ca {}: cannot read it ({e})", path.display()))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(format!(
+                    "--upstream-ca {}: not a PEM bundle (no BEGIN CERTIFICATE line)",
+                    path.display()
+                ));
+            }
+            builder = builder.upstream_ca(pem);
+        }
+        Ok(builder)
     }
 }

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_runpython");
 
@@ -204,4 +204,156 @@ fn the_hosts_https_proxy_carries_every_allowed_connection() {
     );
     let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
     assert!(seen.contains("/through-the-proxy"), "{seen}");
+}
+
+#[test]
+fn a_secret_goes_to_its_host_over_https_and_the_code_holds_a_placeholder() {
+    if !enforced() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    test_certs(dir.path());
+    let tls = server("https", dir.path());
+    let ca_file = dir.path().join("ca.pem");
+    let value = "sk-cli-2f6a0c9e41b7d853aa10c2e4f9b6d7e8";
+    let url_input = format!("url=\"https://api.test:{}/with-secret\"", tls.port);
+    let allow = format!("api.test:{}", tls.port);
+    // The code trusts the default roots: the run's bundle (the host's roots and the run's CA).
+    let code = "import os, urllib.request\n\
+        r = urllib.request.Request(url, headers={'Authorization': 'Bearer ' + os.environ['API_KEY']})\n\
+        [os.environ['API_KEY'], urllib.request.urlopen(r, timeout=20).read().decode()]";
+    let args = [
+        "--input",
+        &url_input,
+        "--resolve",
+        "api.test=127.0.0.1",
+        "--allow-host",
+        &allow,
+        "--secret",
+        "API_KEY=RUNPYTHON_TEST_KEY:api.test",
+        "--upstream-ca",
+        ca_file.to_str().unwrap(),
+        "-c",
+        code,
+    ];
+    let out = Command::new(BIN)
+        .args(["run", "--json", "--no-store"])
+        .args(args)
+        .env("RUNPYTHON_TEST_KEY", value)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stdout.contains(value) && !stderr.contains(value),
+        "{stdout}\n{stderr}"
+    );
+    let e: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(e["return_value"][1], "hello over tls", "{e}");
+    let placeholder = e["return_value"][0].as_str().unwrap();
+    assert_ne!(placeholder, value);
+    let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+    assert_eq!(
+        seen.lines().collect::<Vec<_>>(),
+        [format!("/with-secret Bearer {value}")],
+        "{seen}"
+    );
+
+    // Configuration errors, before any run: an unset variable, a host the policy refuses.
+    for (secret, env, says) in [
+        ("API_KEY:api.test", None, "no API_KEY"),
+        (
+            "API_KEY=RUNPYTHON_TEST_KEY:other.test",
+            Some(value),
+            "other.test",
+        ),
+    ] {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--json", "--no-store", "--allow-host", &allow])
+            .args(["--secret", secret, "-c", "1"])
+            .env_remove("API_KEY");
+        if let Some(v) = env {
+            cmd.env("RUNPYTHON_TEST_KEY", v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{secret}: {stderr}");
+        assert!(stderr.contains(says), "{secret}: {stderr}");
+        assert!(!stderr.contains(value), "{stderr}");
+    }
+}
+
+#[test]
+fn mcp_takes_the_operators_secrets_and_the_model_gets_placeholders() {
+    use std::io::Write;
+    if !enforced() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    test_certs(dir.path());
+    let tls = server("https", dir.path());
+    let ca_file = dir.path().join("ca.pem");
+    let value = "sk-mcp-9d1c44e0b7a25f68c3e1d0a9b8f7e6d5";
+    let allow = format!("api.test:{}", tls.port);
+    let mut child = Command::new(BIN)
+        .args(["mcp", "--no-store", "--resolve", "api.test=127.0.0.1"])
+        .args([
+            "--allow-host",
+            &allow,
+            "--secret",
+            "API_KEY=RUNPYTHON_TEST_KEY:api.test",
+        ])
+        .args(["--upstream-ca", ca_file.to_str().unwrap()])
+        .env("RUNPYTHON_TEST_KEY", value)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = format!(
+        "import os, urllib.request\n\
+         r = urllib.request.Request('https://api.test:{}/via-mcp', headers={{'Authorization': 'Bearer ' + os.environ['API_KEY']}})\n\
+         [os.environ['API_KEY'][:3], urllib.request.urlopen(r, timeout=20).read().decode()]",
+        tls.port
+    );
+    let messages = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "run_python", "arguments": {"code": code}}}),
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    for m in &messages {
+        writeln!(stdin, "{m}").unwrap();
+    }
+    let mut reader = BufReader::new(child.stdout.take().unwrap());
+    let mut reply = Value::Null;
+    for _ in 0..10 {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        if v["id"] == 2 {
+            assert!(!line.contains(value), "{line}");
+            reply = v;
+            break;
+        }
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = reply.to_string();
+    assert!(
+        text.contains("hello over tls") && text.contains("rp_"),
+        "{text}"
+    );
+    let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+    assert_eq!(
+        seen.lines().collect::<Vec<_>>(),
+        [format!("/via-mcp Bearer {value}")],
+        "{seen}"
+    );
 }

@@ -40,6 +40,7 @@ mod outcome;
 mod persist;
 mod request;
 mod resume;
+mod secrets;
 mod session;
 mod tenancy;
 mod tool_spec;
@@ -60,7 +61,7 @@ pub use request::{parse_size, Event, Limits, RunRequest, RUN_PYTHON_TOOL};
 pub use resume::{resumable_runs, ResumableRun, ResumableState};
 pub use runpython_sandbox::Error as SandboxError;
 pub use runpython_sandbox::{
-    HostPattern, KernelReport, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox,
+    HostPattern, KernelReport, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
 };
 pub use session::SessionConfig;
 pub use tool_spec::{

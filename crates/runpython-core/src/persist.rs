@@ -62,10 +62,20 @@ pub(crate) async fn collect_run_files(
     .map_err(|e| Error::Internal(format!("collecting the run's files panicked: {e}")))
 }
 
-/// Masks the host's secret-looking variables, every passed-through variable and every variable set
-/// for the run.
-pub(crate) fn redactor(passthrough: &[String], run_env: &BTreeMap<String, String>) -> Redactor {
+/// Masks the host's secret-looking variables, every passed-through variable, every variable set
+/// for the run, and the values of the engine's secrets (which the code never holds, but a server
+/// that echoes a request could hand back).
+pub(crate) fn redactor(
+    passthrough: &[String],
+    run_env: &BTreeMap<String, String>,
+    sandbox: &runpython_sandbox::Sandbox,
+) -> Redactor {
     let mut redactor = Redactor::from_env(std::env::vars());
+    if let runpython_sandbox::Network::Policy(policy) = &sandbox.network {
+        for secret in &policy.secrets {
+            redactor.add(&secret.name, &secret.value);
+        }
+    }
     for name in passthrough {
         if let Ok(value) = std::env::var(name) {
             redactor.add(name, value);
@@ -208,9 +218,9 @@ pub(crate) async fn keep_run(
     (files, stored): (CollectedFiles, Vec<runpython_store::Artifact>),
     interpreter: &Interpreter,
     env: Option<&PreparedEnv>,
-    passthrough: &[String],
+    (passthrough, sandbox): (&[String], &runpython_sandbox::Sandbox),
 ) -> Result<(), Error> {
-    let redactor = redactor(passthrough, &request.env);
+    let redactor = redactor(passthrough, &request.env, sandbox);
     let streamed = |kind| {
         stored
             .iter()

@@ -4,6 +4,7 @@ Stdlib only. The host imports this module (as `runpython_runner`, from runpython
 bytecode is cached) and writes one JSON request on stdin, on one line:
 
     {"code": str, "inputs": {name: json}, "env": {name: str}, "max_return_bytes": int, "inline_return_bytes": int,
+     "trust_bundle": null | {"path": str, "pem": str},
      "code_dir": str | null, "site_dir": str | null,
      "input_artifacts": {name: base64 | {"id": str, "bytes": int}}, "artifact_helpers": bool,
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
@@ -734,6 +735,25 @@ def _safe_preview(value):
         return {"type": type(value).__name__, "preview_error": "%s: %s" % (type(exc).__name__, _clip(str(exc)))}
 
 
+def _write_trust_bundle(bundle):
+    """The run's trust bundle (the host's roots and the run's own CA, which signs what the host shows
+    for a secret's hosts), written read-only where the trust variables in its environment point."""
+    if not bundle:
+        return
+    path = bundle["path"]
+    try:
+        posix.unlink(path)
+    except OSError:
+        pass
+    fd = posix.open(path, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_CLOEXEC, 0o444)
+    try:
+        data = bundle["pem"].encode("ascii")
+        while data:
+            data = data[posix.write(fd, data):]
+    finally:
+        posix.close(fd)
+
+
 def _set_env(env):
     """The run's own environment variables, set after start-up (a pooled interpreter started before its
     run was known): in `os.environ` if `os` is already imported, else where `os` will read them."""
@@ -957,6 +977,7 @@ def _one_shot():
     if code_dir:
         _code_dir = code_dir.rstrip("/") + "/"
     sys.argv = [FILENAME]
+    _write_trust_bundle(request.get("trust_bundle"))
     _set_env(request.get("env") or {})
     sys.stdout.reconfigure(line_buffering=True)
     _add_sites([request.get("site_dir")], [])
@@ -1071,6 +1092,7 @@ class _Session:
         if code_dir:
             _code_dir = code_dir.rstrip("/") + "/"
         _add_sites(request.get("site_dirs"), sites)
+        _write_trust_bundle(request.get("trust_bundle"))
         env = request.get("env") or {}
         previous = _env_now(env)
         _set_env(env)

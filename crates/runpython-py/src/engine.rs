@@ -76,6 +76,8 @@ impl PyRunPython {
         allow_source_builds = None,
         allowed_packages = None,
         install_sandbox = None,
+        secrets = None,
+        upstream_cas = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -110,6 +112,8 @@ impl PyRunPython {
         allow_source_builds: Option<&Bound<'_, PyAny>>,
         allowed_packages: Option<&Bound<'_, PyAny>>,
         install_sandbox: Option<&Bound<'_, PyAny>>,
+        secrets: Option<&Bound<'_, PyAny>>,
+        upstream_cas: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut b = RunPython::builder();
         if let Some(v) = given(timeout) {
@@ -237,6 +241,16 @@ impl PyRunPython {
             sandbox_config.network = parse_network(&v)?;
         }
         b = b.sandbox(sandbox_config);
+        if let Some(v) = given(secrets) {
+            for secret in crate::settings::parse_secrets(&v)? {
+                b = b.secret(secret);
+            }
+        }
+        if let Some(v) = given(upstream_cas) {
+            for pem in strings("upstream_cas", &v)? {
+                b = b.upstream_ca(pem.into_bytes());
+            }
+        }
         if let Some(v) = given(allow_source_builds) {
             b = b.allow_source_builds(boolean("allow_source_builds", &v)?);
         }

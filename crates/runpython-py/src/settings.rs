@@ -94,7 +94,7 @@ const SANDBOX_KEYS: &str = "memory, disk, max_processes, cpus, namespaces, landl
 /// shared), a list of patterns (only these), or a dict `{"allow": [...], "public": bool, "resolve":
 /// {name: ip}}`.
 pub(crate) fn parse_network(value: &Bound<'_, PyAny>) -> PyResult<runpython_core::Network> {
-    use runpython_core::{HostPattern, Network, NetworkPolicy};
+    use runpython_core::{Network, NetworkPolicy};
     const FORMS: &str =
         "network must be \"off\", \"public\", \"host\", a list of host patterns, or a dict \
                          with \"allow\" (patterns), \"public\" (bool) and \"resolve\" ({name: ip})";
@@ -106,15 +106,6 @@ pub(crate) fn parse_network(value: &Bound<'_, PyAny>) -> PyResult<runpython_core
             other => Err(config(format!("{FORMS}; not {other:?}"))),
         };
     }
-    let patterns = |name: &str, v: &Bound<'_, PyAny>| -> PyResult<Vec<HostPattern>> {
-        strings(name, v)?
-            .into_iter()
-            .map(|p| {
-                p.parse::<HostPattern>()
-                    .map_err(|e| config(format!("{name}: {e}")))
-            })
-            .collect()
-    };
     if let Ok(d) = value.cast::<pyo3::types::PyDict>() {
         let mut policy = NetworkPolicy::default();
         for (key, v) in d.iter() {
@@ -150,6 +141,73 @@ pub(crate) fn parse_network(value: &Bound<'_, PyAny>) -> PyResult<runpython_core
         }));
     }
     Err(config(FORMS.to_owned()))
+}
+
+/// Host patterns from a list of strings.
+fn patterns(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_core::HostPattern>> {
+    strings(name, v)?
+        .into_iter()
+        .map(|p| {
+            p.parse::<runpython_core::HostPattern>()
+                .map_err(|e| config(format!("{name}: {e}")))
+        })
+        .collect()
+}
+
+/// `secrets=`: `{"NAME": ("value", ["host", ...])}`, or per name a dict with `value`, `hosts`,
+/// `in_query` (bool) and `body_limit` (bytes). Errors never hold a value.
+pub(crate) fn parse_secrets(value: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_core::Secret>> {
+    const FORMS: &str = "secrets= takes {\"NAME\": (\"value\", [\"api.example.com\"])} or \
+        {\"NAME\": {\"value\": ..., \"hosts\": [...], \"in_query\": bool, \"body_limit\": int}}";
+    let d = dict("secrets", value)?;
+    let mut out = Vec::new();
+    for (name, spec) in d.iter() {
+        let name: String = name
+            .extract()
+            .map_err(|_| config(format!("{FORMS}; a name is not a string")))?;
+        let knob = format!("secrets[{name:?}]");
+        let (secret_value, hosts, in_query, body_limit) = if let Ok(spec) =
+            spec.cast::<pyo3::types::PyDict>()
+        {
+            let mut parts = (None, None, false, None);
+            for (key, v) in spec.iter() {
+                let key: String = key.extract()?;
+                match key.as_str() {
+                    "value" => parts.0 = Some(v),
+                    "hosts" => parts.1 = Some(v),
+                    "in_query" => parts.2 = boolean(&format!("{knob}[\"in_query\"]"), &v)?,
+                    "body_limit" => parts.3 = Some(count(&format!("{knob}[\"body_limit\"]"), &v)?),
+                    other => return Err(config(format!("{knob}: unknown key {other:?}"))),
+                }
+            }
+            match parts {
+                (Some(v), Some(h), q, b) => (v, h, q, b),
+                _ => return Err(config(format!("{knob} needs \"value\" and \"hosts\""))),
+            }
+        } else if let Ok(pair) = spec.cast::<pyo3::types::PyTuple>() {
+            if pair.len() != 2 {
+                return Err(config(format!("{knob}: {FORMS}")));
+            }
+            (pair.get_item(0)?, pair.get_item(1)?, false, None)
+        } else {
+            return Err(config(format!("{knob}: {FORMS}")));
+        };
+        let secret_value: String = secret_value
+            .extract()
+            .map_err(|_| config(format!("{knob}: the value must be a string")))?;
+        let hosts = if hosts.extract::<String>().is_ok() {
+            return Err(config(format!(
+                "{knob}: the hosts are a list of patterns, as [\"api.example.com\"]"
+            )));
+        } else {
+            patterns(&format!("{knob} hosts"), &hosts)?
+        };
+        let mut secret = runpython_core::Secret::new(name, secret_value, hosts);
+        secret.in_query = in_query;
+        secret.body_limit = body_limit;
+        out.push(secret);
+    }
+    Ok(out)
 }
 
 pub(crate) fn parse_sandbox(value: &Bound<'_, PyAny>) -> PyResult<Sandbox> {

@@ -217,3 +217,56 @@ def test_network_policies_decide_what_the_code_reaches():
     with pytest.raises(ConfigError):
         RunPython(network="everything")
     server.close()
+
+
+def _recording_http_server():
+    import http.server
+    import threading
+
+    heads = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            heads.append(str(self.headers))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, heads
+
+
+def test_secrets_reach_their_hosts_as_values_and_the_code_as_placeholders():
+    probe = RunPython(network="public", pool=False).isolation_report()
+    if probe["network"] != "public":
+        pytest.skip("no network policy on this host: %s" % probe.get("missing"))
+    server, heads = _recording_http_server()
+    port = server.server_address[1]
+    value = "sk-py-" + __import__("secrets").token_hex(20)
+    rp = RunPython(
+        pool=False,
+        network={"allow": [f"api.test:{port}"], "resolve": {"api.test": "127.0.0.1"}},
+        secrets={"API_KEY": (value, ["api.test"])},
+    )
+    code = (
+        "import os, urllib.request\n"
+        "key = os.environ['API_KEY']\n"
+        f"r = urllib.request.Request('http://api.test:{port}/', headers={{'Authorization': 'Bearer ' + key}})\n"
+        "[key, urllib.request.urlopen(r, timeout=20).status]\n"
+    )
+    e = rp.run(code)
+    placeholder, status = e.return_value
+    assert status == 200, e
+    assert placeholder != value and value not in repr(e)
+    assert heads and f"Bearer {value}" in heads[-1]
+    server.shutdown()
+    with pytest.raises(ConfigError, match="API_KEY") as raised:
+        RunPython(network=["api.test"], secrets={"API_KEY": (value, ["other.test"])})
+    assert value not in str(raised.value)
+    with pytest.raises(ConfigError, match="hosts"):
+        RunPython(network="public", secrets={"API_KEY": {"value": value}})

@@ -594,6 +594,10 @@ summarize(data)",
     runpython_tests::egress_bench::egress_figures(&mut m)
         .await
         .map_err(|e| e.to_string())?;
+    // Secrets: an HTTPS request with the value put in by the host, against one passed through.
+    runpython_tests::egress_bench::secret_figures(&mut m)
+        .await
+        .map_err(|e| e.to_string())?;
 
     // Tenants: a refused read of another tenant's id against one of a missing id.
     runpython_tests::tenant_bench::foreign_vs_missing(&mut m)

@@ -20,7 +20,8 @@ def https(directory):
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            seen.write(self.path + "\n")
+            auth = self.headers.get("Authorization")
+            seen.write(self.path + (" " + auth if auth else "") + "\n")
             body = b"hello over tls"
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))

@@ -147,6 +147,7 @@ impl RunPython {
         let redactor = Arc::new(crate::persist::redactor(
             &self.inner.env_passthrough,
             &request.env,
+            &self.inner.sandbox,
         ));
         let (out, out_stream) =
             OutputUpload::start(&keep.store, ArtifactKind::Stdout, "stdout.txt", &redactor);
@@ -282,11 +283,16 @@ impl RunPython {
             )
         };
 
+        // The secrets' placeholders and the trust bundle naming the run's CA: the runner's only
+        // (never in the request, so neither memo keys nor journals hold a placeholder).
+        let (runner_env, trust_bundle) =
+            crate::secrets::runner_env(&request.env, spawned.egress.as_ref());
         let runner_request = serde_json::json!({
             "code_dir": code_dir,
             "code": &request.code,
             "inputs": &request.inputs,
-            "env": &request.env,
+            "env": runner_env,
+            "trust_bundle": trust_bundle,
             "input_artifacts": input_artifacts,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::nested::Nesting;
 use crate::persist::Keeping;
 use crate::request::{Limits, RUN_PYTHON_TOOL};
-use runpython_sandbox::{Network, NetworkPolicy, Sandbox};
+use runpython_sandbox::{Network, NetworkPolicy, Sandbox, Secret};
 
 /// Builds a [`RunPython`].
 #[derive(Debug, Default)]
@@ -33,6 +33,9 @@ pub struct RunPythonBuilder {
     pool: PoolConfig,
     nested: Option<u32>,
     sessions: crate::session::SessionConfig,
+    /// Secrets and upstream CAs, put into the network policy at build.
+    secrets: Vec<Secret>,
+    upstream_cas: Vec<Vec<u8>>,
     errors: Vec<String>,
 }
 
@@ -285,6 +288,25 @@ impl RunPythonBuilder {
         self
     }
 
+    /// Adds a secret the code may use but never read ([`Secret`]): the run's environment holds a
+    /// placeholder under its name, and the host puts the value into requests to its hosts only
+    /// (HTTPS to them is intercepted with a CA of the run's own, which the run trusts). Needs a
+    /// [`NetworkPolicy`] (see [`RunPythonBuilder::network`]) allowing those hosts: [`build`]
+    /// refuses a secret the policy would never let out.
+    ///
+    /// [`build`]: RunPythonBuilder::build
+    pub fn secret(mut self, secret: Secret) -> Self {
+        self.secrets.push(secret);
+        self
+    }
+
+    /// Trusts this PEM bundle, besides the host's roots, for the TLS the host makes to a secret's
+    /// hosts (a private upstream's CA, a test server's).
+    pub fn upstream_ca(mut self, pem: Vec<u8>) -> Self {
+        self.upstream_cas.push(pem);
+        self
+    }
+
     /// `true`: the public internet only, never the host nor its private networks
     /// ([`NetworkPolicy::public_internet`]); `false`: no network.
     pub fn allow_network(self, allow: bool) -> Self {
@@ -323,6 +345,25 @@ impl RunPythonBuilder {
         if self.nested == Some(0) {
             errors.push("allow_nested needs a depth of at least 1".into());
         }
+        let mut sandbox = self.sandbox;
+        match &mut sandbox.network {
+            Network::Policy(policy) => {
+                policy.secrets.extend(self.secrets);
+                policy.upstream_cas.extend(self.upstream_cas);
+                if let Err(why) = policy.check_secrets() {
+                    errors.push(why);
+                }
+            }
+            _ => {
+                if let Some(secret) = self.secrets.first() {
+                    errors.push(format!(
+                        "secret {} needs a network policy allowing its hosts (network() with a \
+                         NetworkPolicy, or allow_network(true))",
+                        secret.name
+                    ));
+                }
+            }
+        }
         if self.nested.is_some() && self.tools.get(RUN_PYTHON_TOOL).is_some() {
             errors
                 .push("a host tool named run_python clashes with allow_nested's run_python".into());
@@ -345,7 +386,7 @@ impl RunPythonBuilder {
         if !errors.is_empty() {
             return Err(Error::Config(errors.join("; ")));
         }
-        for path in self.python.iter().chain(&self.sandbox.read_paths) {
+        for path in self.python.iter().chain(&sandbox.read_paths) {
             if path.as_os_str().as_encoded_bytes().contains(&0) {
                 errors.push(format!(
                     "the path {} contains a NUL byte; pass a path without one",
@@ -357,7 +398,7 @@ impl RunPythonBuilder {
             return Err(Error::Config(errors.join("; ")));
         }
         let spec = SlotSpec {
-            sandbox: self.sandbox.clone(),
+            sandbox: sandbox.clone(),
             timeout: self.limits.timeout,
             env_passthrough: self.env_passthrough.clone(),
         };
@@ -371,7 +412,7 @@ impl RunPythonBuilder {
                 keep,
                 deps: self.deps.build()?,
                 durable: self.durable,
-                sandbox: self.sandbox,
+                sandbox,
                 templates: self.pool.templates.then(|| {
                     Arc::new(Templates::new(
                         spec.clone(),

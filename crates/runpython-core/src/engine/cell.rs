@@ -84,9 +84,11 @@ impl RunPython {
             tools.insert(crate::network_tool::WhyRefused {
                 query: egress.query(),
             })?;
-            // Each cell its own hosts (or the session's whole policy).
+            // Each cell its own hosts (or the session's whole policy), and placeholders of its own.
             egress.narrow(request.allow_hosts.clone());
+            egress.rotate_secrets();
         }
+        let (runner_env, trust_bundle) = crate::secrets::runner_env(&request.env, live.egress());
         let tools = match (&events, quiet) {
             (Some(events), false) => super::tools::announced(&tools, events)?,
             _ => tools,
@@ -97,7 +99,8 @@ impl RunPython {
             "code_dir": code_dir()?,
             "code": &request.code,
             "inputs": &request.inputs,
-            "env": &request.env,
+            "env": runner_env,
+            "trust_bundle": trust_bundle,
             "input_artifacts": input_artifacts,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
@@ -341,7 +344,7 @@ impl RunPython {
                 (files, cell.streamed),
                 &interpreter,
                 None,
-                &self.inner.env_passthrough,
+                (&self.inner.env_passthrough, &self.inner.sandbox),
             )
             .await?;
         }

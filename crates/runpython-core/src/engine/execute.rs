@@ -195,7 +195,11 @@ impl RunPython {
                 // The memo entry is persisted: it carries no secret the code printed or returned.
                 let envelope = persist::redact_envelope(
                     envelope,
-                    &persist::redactor(&self.inner.env_passthrough, &request.env),
+                    &persist::redactor(
+                        &self.inner.env_passthrough,
+                        &request.env,
+                        &self.inner.sandbox,
+                    ),
                 );
                 let json =
                     serde_json::to_string(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
@@ -410,7 +414,7 @@ impl RunPython {
                 files,
                 &prepared.interpreter,
                 prepared.env.as_ref(),
-                &self.inner.env_passthrough,
+                (&self.inner.env_passthrough, &self.inner.sandbox),
             )
             .await?;
         }

@@ -200,6 +200,12 @@ class _NetworkSettings(TypedDict, total=False):
     public: bool
     resolve: Mapping[str, str]
 
+class _SecretSettings(TypedDict, total=False):
+    value: str
+    hosts: Sequence[str]
+    in_query: bool
+    body_limit: int
+
 class _SandboxSettings(TypedDict, total=False):
     memory: int | str
     disk: int | str
@@ -296,6 +302,8 @@ class RunPython:
         allow_source_builds: bool | None = None,
         allowed_packages: Sequence[str] | None = None,
         install_sandbox: bool | _SandboxSettings | None = None,
+        secrets: Mapping[str, tuple[str, Sequence[str]] | _SecretSettings] | None = None,
+        upstream_cas: Sequence[str] | None = None,
     ) -> RunPython: ...
     def run(
         self,

@@ -227,21 +227,36 @@ pub async fn serve(
     host: Arc<HostAddrs>,
     resolver: Arc<dyn Resolve>,
     resolved: Arc<Resolved>,
-    on_lookup: Arc<dyn Fn(Lookup) + Send + Sync>,
+    hooks: Hooks,
 ) {
+    let Hooks { on_lookup, screen } = hooks;
     let stub = Arc::new(Stub {
         policy,
         host,
         resolver,
         resolved,
         on_lookup,
+        screen,
         queries: Arc::new(Semaphore::new(MAX_QUERIES_PER_STUB)),
     });
     tokio::join!(serve_udp(udp, Arc::clone(&stub)), serve_tcp(tcp, stub));
 }
 
+/// What the stub tells about each lookup, and asks before it.
+pub struct Hooks {
+    /// Every question, as the log sees it.
+    pub on_lookup: Arc<dyn Fn(Lookup) + Send + Sync>,
+    /// Why a name may not be looked up at all (see [`Screen`]).
+    pub screen: Arc<Screen>,
+}
+
+/// Why a name may not be looked up at all, whatever the policy (it carries a secret's
+/// placeholder: a lookup is a message to whoever serves the name).
+pub type Screen = dyn Fn(&str) -> Option<String> + Send + Sync;
+
 /// What one stub answers with.
 struct Stub {
+    screen: Arc<Screen>,
     policy: Arc<NetworkPolicy>,
     host: Arc<HostAddrs>,
     resolver: Arc<dyn Resolve>,
@@ -418,6 +433,10 @@ impl Stub {
             lookup.refused = Some("reverse (PTR) lookups are not served".into());
             return (ResponseCode::NXDomain, Vec::new());
         }
+        if let Some(reason) = (self.screen)(name) {
+            lookup.refused = Some(reason);
+            return (ResponseCode::NXDomain, Vec::new());
+        }
         if let Verdict::Refuse { reason } = self.policy.judge_lookup(name) {
             lookup.refused = Some(reason);
             return (ResponseCode::NXDomain, Vec::new());
@@ -568,7 +587,12 @@ mod tests {
             Arc::new(HostAddrs::from_list(vec![ip("203.0.114.7")])),
             Arc::new(Arc::clone(&fake)),
             Arc::clone(&resolved),
-            Arc::new(move |lookup| log.lock().unwrap().push(lookup)),
+            Hooks {
+                on_lookup: Arc::new(move |lookup| log.lock().unwrap().push(lookup)),
+                screen: Arc::new(|name: &str| {
+                    name.contains("rp_screened").then(|| "screened".to_owned())
+                }),
+            },
         ));
         Running {
             udp: udp_addr,
@@ -666,6 +690,27 @@ mod tests {
             vec!["api.example.com"]
         );
         assert!(stub.resolved.names_of(ip("1.1.1.1")).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_name_carrying_a_secrets_placeholder_is_never_asked_about() {
+        let stub = start(
+            NetworkPolicy::public_internet(),
+            &[("rp_screened.example.com", &["93.184.215.14"])],
+        )
+        .await;
+        let response = ask(
+            stub.udp,
+            &query(9, "rp_screened.example.com.", RecordType::A),
+        )
+        .await;
+        assert_eq!(response.response_code, ResponseCode::NXDomain);
+        assert_eq!(
+            stub.fake.calls.load(Ordering::SeqCst),
+            0,
+            "the host was not asked"
+        );
+        assert_eq!(stub.lookups()[0].refused.as_deref(), Some("screened"));
     }
 
     #[tokio::test]

@@ -29,9 +29,12 @@
 //! Open, another architecture's system calls, a race on the address it passed) can reach past the
 //! relay: its namespace has no route anywhere. It works the same for a root and an unprivileged host.
 
+pub(crate) mod credentials;
 mod dns;
 mod notify;
 mod relay;
+mod report;
+pub(crate) mod secrets;
 pub(crate) mod setup;
 mod upstream;
 
@@ -41,9 +44,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 use crate::network::{HostAddrs, NetworkPolicy};
+
+pub(crate) use report::Counters;
+use report::Log;
+pub use report::{LogEntry, Mark, NetworkReport, Refusal};
 
 /// Log entries a run keeps; past them, connections and lookups are counted, not listed.
 const MAX_LOG_ENTRIES: usize = 10_000;
@@ -53,121 +58,6 @@ const MAX_REFUSED_LISTED: usize = 16;
 
 /// Connections one run may hold through the relay at once.
 pub(crate) const MAX_LIVE_CONNECTIONS: usize = 256;
-
-/// What a run did with the network, sized for its envelope.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetworkReport {
-    /// The policy's mode: `"allowlist"` or `"public"`.
-    pub mode: String,
-    /// Connections made through the relay.
-    pub connections: u64,
-    /// Bytes the code sent, over every connection.
-    pub bytes_out: u64,
-    /// Bytes the code received, over every connection.
-    pub bytes_in: u64,
-    /// Names looked up.
-    pub lookups: u64,
-    /// What was refused (the first few, each once).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub refused: Vec<Refusal>,
-    /// Refusals past those listed.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub refused_more: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-impl NetworkReport {
-    /// Whether the run used the network at all (a connection, a lookup or a refusal).
-    pub fn used(&self) -> bool {
-        self.connections > 0 || self.lookups > 0 || !self.refused.is_empty()
-    }
-}
-
-/// One refused connection or name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Refusal {
-    /// The name asked for, or the address when no name led to it.
-    pub host: String,
-    /// The port (none for a name lookup).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
-    /// Why, and what would allow it.
-    pub reason: String,
-}
-
-/// One line of a run's network log (kept with the run as an artifact, as JSON lines).
-#[derive(Debug, Clone, Serialize)]
-pub struct LogEntry {
-    /// Milliseconds since the run's network started.
-    pub at_ms: u64,
-    /// `"connect"`, `"udp"` or `"lookup"`.
-    pub kind: &'static str,
-    /// The name looked up, or the name that led to the address.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The address.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub addr: Option<IpAddr>,
-    /// The port.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub port: Option<u16>,
-    /// `"allowed"`, `"refused"` or `"failed"` (allowed, but the destination did not answer).
-    pub decision: &'static str,
-    /// The pattern that allowed it (none: the public internet).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
-    /// Why it was refused or failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Addresses a lookup answered.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub answers: Vec<IpAddr>,
-    /// Bytes the code sent on the connection.
-    pub bytes_out: u64,
-    /// Bytes the code received on it.
-    pub bytes_in: u64,
-    #[serde(skip)]
-    counters: Option<Arc<Counters>>,
-}
-
-/// A live connection's byte counts, updated as the relay copies.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub out: AtomicU64,
-    pub inn: AtomicU64,
-}
-
-impl LogEntry {
-    fn settled(&self) -> LogEntry {
-        let mut entry = self.clone();
-        if let Some(c) = &self.counters {
-            entry.bytes_out = c.out.load(Ordering::Relaxed);
-            entry.bytes_in = c.inn.load(Ordering::Relaxed);
-        }
-        entry.counters = None;
-        entry
-    }
-}
-
-/// Where a report starts: taken before a session's cell, its report then covers the cell only.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Mark {
-    entry: usize,
-    dropped: u64,
-}
-
-#[derive(Debug, Default)]
-struct Log {
-    entries: Vec<LogEntry>,
-    /// Entries past [`MAX_LOG_ENTRIES`], by kind and decision.
-    dropped: u64,
-    dropped_connections: u64,
-    dropped_lookups: u64,
-    dropped_refusals: u64,
-}
 
 /// What the notification handler, the relay and the resolver share for one run.
 pub(crate) struct Shared {
@@ -187,6 +77,8 @@ pub(crate) struct Shared {
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// A run's narrowing of the policy (its request's hosts): a connection must pass both.
     narrow: Mutex<Option<Arc<NetworkPolicy>>>,
+    /// The run's secrets (placeholders, its CA), when the policy has any.
+    pub secrets: Option<Arc<secrets::RunSecrets>>,
 }
 
 impl Shared {
@@ -419,83 +311,6 @@ impl Egress {
         Egress { shared, task }
     }
 
-    /// Where a report starts now.
-    pub fn mark(&self) -> Mark {
-        let log = self.shared.lock();
-        Mark {
-            entry: log.entries.len(),
-            dropped: log.dropped,
-        }
-    }
-
-    /// What the run did with the network since `mark` (`Mark::default()`: since it started).
-    pub fn report_since(&self, mark: Mark) -> NetworkReport {
-        let log = self.shared.lock();
-        let mut report = NetworkReport {
-            mode: self.shared.policy.mode().to_owned(),
-            ..NetworkReport::default()
-        };
-        for entry in log.entries.iter().skip(mark.entry) {
-            let entry = entry.settled();
-            match (entry.kind, entry.decision) {
-                (_, "refused") => {
-                    let refusal = Refusal {
-                        host: entry
-                            .name
-                            .clone()
-                            .or_else(|| entry.addr.map(|a| a.to_string()))
-                            .unwrap_or_default(),
-                        port: entry.port,
-                        reason: entry.reason.clone().unwrap_or_default(),
-                    };
-                    if report.refused.contains(&refusal) {
-                        continue;
-                    }
-                    if report.refused.len() < MAX_REFUSED_LISTED {
-                        report.refused.push(refusal);
-                    } else {
-                        report.refused_more += 1;
-                    }
-                }
-                ("lookup", _) => report.lookups += 1,
-                ("connect", "allowed") => {
-                    report.connections += 1;
-                    report.bytes_out += entry.bytes_out;
-                    report.bytes_in += entry.bytes_in;
-                }
-                _ => {}
-            }
-        }
-        if log.dropped > mark.dropped {
-            // Past the log's bound only counts are kept (and the bytes of those connections are lost).
-            report.connections += log.dropped_connections;
-            report.lookups += log.dropped_lookups;
-            report.refused_more += log.dropped_refusals;
-        }
-        report
-    }
-
-    /// The log since `mark` as JSON lines (each entry with its bytes so far).
-    pub fn log_since(&self, mark: Mark) -> Vec<u8> {
-        let log = self.shared.lock();
-        let mut out = Vec::new();
-        for entry in log.entries.iter().skip(mark.entry) {
-            if serde_json::to_writer(&mut out, &entry.settled()).is_ok() {
-                out.push(b'\n');
-            }
-        }
-        if log.dropped > mark.dropped {
-            let note = serde_json::json!({
-                "kind": "truncated",
-                "entries_not_listed": log.dropped - mark.dropped,
-            });
-            if serde_json::to_writer(&mut out, &note).is_ok() {
-                out.push(b'\n');
-            }
-        }
-        out
-    }
-
     /// Narrows the policy for what runs next (a run's or a cell's own hosts; `None`: the whole
     /// policy). It can only narrow: a connection must pass the policy too.
     pub fn narrow(&self, patterns: Option<Vec<crate::HostPattern>>) {
@@ -504,6 +319,7 @@ impl Egress {
                 public: false,
                 allow,
                 resolve: self.shared.policy.resolve.clone(),
+                ..NetworkPolicy::default()
             })
         });
         *self.shared.narrow.lock().unwrap_or_else(|p| p.into_inner()) = narrowed;
@@ -573,9 +389,22 @@ impl Shared {
         // Without the host's own addresses no address can be told apart from them: every
         // connection is then refused, with why, rather than one of them let through.
         let host = HostAddrs::current();
-        let host_unknown = host.as_ref().err().map(|e| {
+        let mut host_unknown = host.as_ref().err().map(|e| {
             format!("the host's own addresses cannot be read ({e}), so no connection is allowed")
         });
+        let secrets = if policy.secrets.is_empty() {
+            None
+        } else {
+            match secrets::RunSecrets::new(policy.secrets.clone(), &policy.upstream_cas) {
+                Ok(secrets) => Some(Arc::new(secrets)),
+                Err(e) => {
+                    host_unknown.get_or_insert(format!(
+                        "the run's secrets could not be prepared ({e}), so no connection is allowed"
+                    ));
+                    None
+                }
+            }
+        };
         Arc::new(Shared {
             host: Arc::new(host.unwrap_or_else(|_| HostAddrs::from_list(Vec::new()))),
             host_unknown,
@@ -588,6 +417,7 @@ impl Shared {
             live: AtomicU64::new(0),
             shutdown: tokio::sync::watch::channel(false).0,
             narrow: Mutex::new(None),
+            secrets,
             policy,
         })
     }
@@ -658,6 +488,7 @@ async fn serve_dns(udp: OwnedFd, tcp: OwnedFd, shared: Arc<Shared>) {
         return std::future::pending().await;
     };
     let log = Arc::clone(&shared);
+    let secrets = shared.secrets.clone();
     dns::serve(
         udp,
         tcp,
@@ -665,7 +496,16 @@ async fn serve_dns(udp: OwnedFd, tcp: OwnedFd, shared: Arc<Shared>) {
         Arc::clone(&shared.host),
         Arc::new(dns::HostResolver),
         Arc::clone(&shared.resolved),
-        Arc::new(move |lookup| log.lookup(lookup)),
+        dns::Hooks {
+            on_lookup: Arc::new(move |lookup| log.lookup(lookup)),
+            screen: Arc::new(move |name: &str| {
+                let secret = secrets.as_ref()?.placeholder_in(name.as_bytes())?;
+                Some(format!(
+                    "secret {secret}: its placeholder is in the name looked up; a lookup reaches \
+                 whoever serves the name, so it was not sent"
+                ))
+            }),
+        },
     )
     .await;
 }

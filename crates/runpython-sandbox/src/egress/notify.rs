@@ -258,6 +258,15 @@ async fn relay(
     };
     // SAFETY: F_GETFL on a descriptor we own.
     let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    // A connection to a secret's host is served by the host's HTTP proxy, which puts the value in.
+    // (Which name it is for is read from its first bytes: many names share an address.)
+    let intercept = shared.secrets.as_ref().and_then(|secrets| {
+        let names = shared.resolved.names_of(dest.ip());
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        secrets
+            .intercepts(&refs, dest.ip(), dest.port())
+            .then_some(names)
+    });
     let (counters, index) = shared.connected(name.clone(), dest, rule);
     let upstream = if nonblocking {
         let shared = Arc::clone(shared);
@@ -284,6 +293,8 @@ async fn relay(
             upstream,
             counters,
             index,
+            dest,
+            intercept,
         },
     );
     match connect(fd, relay_addr) {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::secrets::{Misuse, Scanner};
 use super::{Counters, Shared};
 
 /// Bytes buffered each way per connection.
@@ -36,6 +37,11 @@ pub(super) struct Pending {
     pub upstream: Upstreaming,
     pub counters: Arc<Counters>,
     pub index: usize,
+    /// The destination.
+    pub dest: SocketAddr,
+    /// The names the run resolved to the destination, when one is a secret's host: a connection
+    /// for that name goes through the host's proxy, which puts the secret's value in.
+    pub intercept: Option<Vec<String>>,
 }
 
 /// Arranged connections by the run's end of them.
@@ -109,6 +115,8 @@ async fn join(child: TcpStream, pending: Pending, shared: Arc<Shared>) {
         upstream,
         counters,
         index,
+        dest,
+        intercept,
     } = pending;
     let _ = child.set_nodelay(true);
     let upstream = match upstream {
@@ -129,17 +137,38 @@ async fn join(child: TcpStream, pending: Pending, shared: Arc<Shared>) {
             return;
         }
     };
+    let mut shutdown = shared.shutdown.subscribe();
+    let mut claimed = None;
+    if let (Some(names), Some(secrets)) = (intercept, shared.secrets.clone()) {
+        let (name, intercepted) = secrets.classify(&child, &names, dest.port()).await;
+        claimed = name;
+        if let (Some(host), true) = (claimed.clone(), intercepted) {
+            let misuse = shared.misuse_reporter(dest.ip());
+            tokio::select! {
+                _ = secrets.intercept(child, upstream, host, dest.port(), counters, misuse) => {}
+                _ = shutdown.wait_for(|stop| *stop) => {}
+            }
+            shared.leave_live();
+            return;
+        }
+    }
+    // Elsewhere a placeholder in what the code sends ends the connection before it passes (TLS
+    // hides its inside; plaintext does not).
     let mut child = Counted {
         inner: child,
         counters: Arc::clone(&counters),
         out: true,
+        scan: shared
+            .secrets
+            .as_ref()
+            .map(|s| (s.scanner(), dest, claimed, Arc::clone(&shared))),
     };
     let mut upstream = Counted {
         inner: upstream,
         counters,
         out: false,
+        scan: None,
     };
-    let mut shutdown = shared.shutdown.subscribe();
     tokio::select! {
         _ = tokio::io::copy_bidirectional_with_sizes(&mut child, &mut upstream, BUFFER, BUFFER) => {}
         _ = shutdown.wait_for(|stop| *stop) => {}
@@ -153,6 +182,8 @@ struct Counted {
     inner: TcpStream,
     counters: Arc<Counters>,
     out: bool,
+    /// What the code sends is scanned for its secrets' placeholders (the run's end only).
+    scan: Option<(Scanner, SocketAddr, Option<String>, Arc<Shared>)>,
 }
 
 impl AsyncRead for Counted {
@@ -164,6 +195,37 @@ impl AsyncRead for Counted {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = (buf.filled().len() - before) as u64;
+        if let (Some((scanner, dest, claimed, shared)), true) = (&mut self.scan, n > 0) {
+            if let Some(secret) = scanner.feed(&buf.filled()[before..]) {
+                // The name the connection claimed, else one the run resolved to the address.
+                let host = claimed.clone().unwrap_or_else(|| {
+                    shared
+                        .resolved
+                        .names_of(dest.ip())
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| dest.ip().to_string())
+                });
+                shared.misuse(
+                    dest.ip(),
+                    Misuse {
+                        secret,
+                        reason: format!(
+                            "its placeholder was sent to {host}:{}, which it is not for; the \
+                             connection was closed",
+                            dest.port()
+                        ),
+                        host,
+                        port: dest.port(),
+                    },
+                );
+                buf.set_filled(before);
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "a secret's placeholder sent where it may not go",
+                )));
+            }
+        }
         if n > 0 {
             let counter = if self.out {
                 &self.counters.out

@@ -40,10 +40,12 @@ use crate::error::Error;
 
 mod pattern;
 mod ranges;
+mod secret_hosts;
 
 pub use pattern::HostPattern;
 use pattern::{bare_name, is_below, normalize_name, Host};
 pub use ranges::{effective_ip, special_range};
+pub use secret_hosts::Secret;
 
 /// The flag that allows one host; refusals name it.
 const ALLOW_HOST_FLAG: &str = "--allow-host";
@@ -73,6 +75,14 @@ pub struct NetworkPolicy {
     /// Names answered with these addresses instead of asking the host's resolver. A pin only says
     /// what a name resolves to; it allows nothing by itself.
     pub resolve: Vec<(String, IpAddr)>,
+    /// Credentials the code may use but never read: the run sees a placeholder, and the host puts
+    /// the value into requests to the secret's hosts only ([`Secret`]). Never serialized.
+    #[serde(skip)]
+    pub secrets: Vec<Secret>,
+    /// PEM bundles trusted, besides the host's roots, for the TLS the host makes to a secret's
+    /// hosts (a private upstream, a test server). Never serialized.
+    #[serde(skip)]
+    pub upstream_cas: Vec<Vec<u8>>,
 }
 
 /// The answer to "may this happen?".

@@ -68,6 +68,22 @@ impl HostPattern {
         }
     }
 
+    /// Whether the pattern covers `host` (a name, or an address, bracketed or not) at `port`, as a
+    /// secret's hosts are matched against the name a request is for.
+    pub(crate) fn matches_host(&self, host: &str, port: u16) -> bool {
+        if !self.allows_port(Some(port)) {
+            return false;
+        }
+        let bare = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return matches!(&self.host, Host::Net(net) if net.contains(&effective_ip(ip)));
+        }
+        normalize_name(host).is_ok_and(|name| self.matches_name(&name))
+    }
+
     /// Whether the pattern allows `port`; `None` asks about some port.
     pub(super) fn allows_port(&self, port: Option<u16>) -> bool {
         match (self.port, port) {
