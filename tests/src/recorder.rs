@@ -89,6 +89,7 @@ impl Recorder {
         let log = Arc::clone(&seen);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
                 let log = Arc::clone(&log);
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
