@@ -49,7 +49,7 @@ fn check_definitions(defs: &[(&Value, &Value, &Value)]) {
     );
     assert!(
         description.contains(
-            "def run_python(code: str, dependencies: list[str] = None, inputs: dict = None)"
+            "def run_python(code: str, dependencies: list[str] = None, inputs: dict = None, files: list[dict] = None)"
         ),
         "{description}"
     );

@@ -35,6 +35,7 @@ mod mcp;
 mod network_flags;
 mod oauth;
 mod repl;
+mod run_flags;
 mod runs;
 mod sandbox_flags;
 mod serve;
@@ -125,12 +126,17 @@ struct RunArgs {
     json: bool,
     /// A global visible to the code, as NAME=JSON, or NAME=@ARTIFACT_ID to pass a stored artifact by
     /// reference (parsed as JSON or CSV where it can be) (repeatable).
-    #[arg(long = "input", value_name = "NAME=JSON", value_parser = parse_input)]
-    inputs: Vec<(String, Input)>,
+    #[arg(long = "input", value_name = "NAME=JSON", value_parser = run_flags::parse_input)]
+    inputs: Vec<(String, run_flags::Input)>,
     /// An environment variable for this run only, as NAME=VALUE (repeatable). Its value is masked
     /// wherever the run is kept, like --env-passthrough values.
-    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = parse_env)]
+    #[arg(long = "env", value_name = "NAME=VALUE", value_parser = run_flags::parse_env)]
     env: Vec<(String, String)>,
+    /// A host file put, read-only, in the run's working directory (repeatable): PATH (as its own
+    /// name) or PATH=NAME, read here before the run; @ARTIFACT_ID=NAME for a stored one (from
+    /// `runpython artifacts put`). Files over 64 MiB go through the store: put them first.
+    #[arg(long = "file", value_name = "PATH[=NAME]", value_parser = run_flags::parse_file)]
+    files: Vec<(String, run_flags::RunFile)>,
     /// Neither serve this run from the memo nor record it there.
     #[arg(long)]
     no_cache: bool,
@@ -147,6 +153,10 @@ struct EngineArgs {
     /// Characters kept per output stream (head and tail).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..))]
     max_output_chars: Option<u64>,
+    /// Bytes of files an MCP client may upload with one call (`files: [{name, content_base64}]`),
+    /// as 512K, 4M (default: none; files come by artifact id).
+    #[arg(long, value_name = "SIZE", value_parser = run_flags::parse_upload_size)]
+    max_upload_bytes: Option<u64>,
     /// Let this environment variable through to the code (repeatable).
     #[arg(long = "env-passthrough", value_name = "NAME")]
     env_passthrough: Vec<String>,
@@ -241,39 +251,6 @@ fn parse_timeout(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("{s}: {e}"))
 }
 
-#[derive(Debug, Clone)]
-enum Input {
-    Json(Value),
-    Artifact(String),
-}
-
-fn parse_input(s: &str) -> Result<(String, Input), String> {
-    let (name, json) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not NAME=JSON (for example --input n=42)"))?;
-    // The name itself is checked by the engine (one identifier check for every caller).
-    if let Some(id) = json.strip_prefix('@') {
-        if id.is_empty() {
-            return Err(format!("{name}=@ needs an artifact id after the @"));
-        }
-        return Ok((name.to_owned(), Input::Artifact(id.to_owned())));
-    }
-    let value = serde_json::from_str(json).map_err(|e| {
-        format!("the value of {name} is not JSON ({e}); quote strings, e.g. {name}='\"text\"'")
-    })?;
-    Ok((name.to_owned(), Input::Json(value)))
-}
-
-fn parse_env(s: &str) -> Result<(String, String), String> {
-    let (name, value) = s
-        .split_once('=')
-        .ok_or_else(|| format!("{s:?} is not NAME=VALUE (for example --env API_TOKEN=abc)"))?;
-    if name.is_empty() {
-        return Err(format!("{s:?} has no variable name before the ="));
-    }
-    Ok((name.to_owned(), value.to_owned()))
-}
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -342,8 +319,17 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     for (name, input) in args.inputs {
         request = match input {
-            Input::Json(value) => request.input(name, value),
-            Input::Artifact(id) => request.input_artifact(name, id),
+            run_flags::Input::Json(value) => request.input(name, value),
+            run_flags::Input::Artifact(id) => request.input_artifact(name, id),
+        };
+    }
+    for (name, file) in args.files {
+        request = match file {
+            run_flags::RunFile::Path(path) => {
+                let bytes = run_flags::read_run_file(&path)?;
+                request.file(name, bytes)
+            }
+            run_flags::RunFile::Artifact(id) => request.file_artifact(name, id),
         };
     }
 
@@ -430,6 +416,9 @@ impl EngineArgs {
         }
         if let Some(n) = self.max_output_chars {
             builder = builder.max_output_chars(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(n) = self.max_upload_bytes {
+            builder = builder.max_upload_bytes(usize::try_from(n).unwrap_or(usize::MAX));
         }
         for name in &self.env_passthrough {
             builder = builder.env_passthrough(name);

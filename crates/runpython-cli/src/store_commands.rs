@@ -22,6 +22,24 @@ pub(crate) enum ArtifactsCommand {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Store a host file as an artifact and print its id (for `run --file @ID=NAME`, `--input
+    /// NAME=@ID`, MCP's `files`). It is kept as a run of its own: 24 hours, or until deleted with
+    /// --persistent.
+    Put {
+        /// The file.
+        file: std::path::PathBuf,
+        /// Its name in the store (default: the file's own name).
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// Keep it until deleted instead of 24 hours.
+        #[arg(long)]
+        persistent: bool,
+        /// Print JSON (`{"id", "name", "bytes", "run_id"}`) instead of the id alone.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Write an artifact's bytes to stdout.
     Get {
         /// The artifact id (from the envelope or `artifacts list`).
@@ -135,6 +153,13 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
                 }
             }
         }
+        ArtifactsCommand::Put {
+            file,
+            name,
+            persistent,
+            json,
+            store,
+        } => put(&file, name, persistent, json, &store.open()?).await?,
         ArtifactsCommand::Get { id, store } => {
             let mut found = None;
             let mut last = None;
@@ -161,6 +186,68 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `artifacts put`: the file streamed into the store (never held whole), then a run record that
+/// keeps it (a blob no run lists is collected by `gc`).
+async fn put(
+    file: &std::path::Path,
+    name: Option<String>,
+    persistent: bool,
+    json: bool,
+    store: &Store,
+) -> anyhow::Result<()> {
+    let name = match name {
+        Some(name) => name,
+        None => file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .context("the path has no file name; pass --name NAME")?,
+    };
+    let opened = tokio::fs::File::open(file)
+        .await
+        .with_context(|| format!("cannot open {}", file.display()))?;
+    if !opened.metadata().await?.is_file() {
+        anyhow::bail!("{} is not a regular file", file.display());
+    }
+    let artifact = store
+        .put_artifact_stream(&name, opened)
+        .await
+        .with_context(|| format!("cannot store {}", file.display()))?;
+    let run_id = runpython_core::new_put_id();
+    let record = runpython_core::StoreRunRecord {
+        run_id: run_id.clone(),
+        created_at: std::time::SystemTime::now(),
+        tier: if persistent {
+            runpython_core::Tier::Persistent
+        } else {
+            runpython_core::Tier::default()
+        },
+        script: format!("# runpython artifacts put {name}\n"),
+        stdout: String::new(),
+        stderr: String::new(),
+        return_value_json: "null".into(),
+        deps: Vec::new(),
+        env_fingerprint: String::new(),
+        isolation_json: "null".into(),
+        files: Vec::new(),
+        skipped_files: Vec::new(),
+        skipped_counts: Default::default(),
+        stored: vec![artifact.clone()],
+    };
+    store
+        .put_run(record)
+        .await
+        .context("cannot record the stored file")?;
+    if json {
+        say!(
+            "{}",
+            serde_json::json!({"id": artifact.id, "name": name, "bytes": artifact.bytes, "run_id": run_id})
+        );
+    } else {
+        say!("{}", artifact.id);
+    }
+    Ok(())
 }
 
 pub(crate) async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {

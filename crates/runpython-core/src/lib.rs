@@ -57,7 +57,9 @@ pub use envelope::{
 pub use error::Error;
 #[cfg(feature = "mcp")]
 pub use mcp_tools::{McpServer, CALL_ID_META};
-pub use request::{parse_size, Event, Limits, RunRequest, RUN_PYTHON_TOOL};
+pub use request::{
+    parse_size, Event, FileSource, Limits, RunRequest, MAX_INLINE_FILE, RUN_PYTHON_TOOL,
+};
 pub use resume::{resumable_runs, ResumableRun, ResumableState};
 pub use runpython_sandbox::Error as SandboxError;
 pub use runpython_sandbox::{
@@ -80,5 +82,11 @@ pub use runpython_store::Error as StoreError;
 /// The store, its records and its backends (`object_store` re-exported for [`Store::with_backend`]).
 pub use runpython_store::{
     default_local_url, error_report, object_store, Artifact, ArtifactKind, CollectLimits, Listing,
-    Store, StoreOptions, Tier,
+    RunRecord as StoreRunRecord, Store, StoreOptions, Tier,
 };
+
+/// A new id for a run record that holds a file put in the store (`runpython artifacts put`): sortable
+/// and unique like a run's.
+pub fn new_put_id() -> String {
+    request::new_run_id()
+}

@@ -152,6 +152,53 @@ pub(crate) async fn fetch_input_artifacts(
     Ok(out)
 }
 
+/// The run's files for the runner's request: bytes as base64, a stored artifact's bytes when small,
+/// else its id and size (the runner copies it in slices). Another tenant's id reads as missing.
+pub(crate) async fn fetch_files(
+    store: Option<&Store>,
+    request: &RunRequest,
+) -> Result<serde_json::Map<String, Value>, Error> {
+    use base64::Engine;
+    let b64 = |bytes: &[u8]| Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
+    let mut out = serde_json::Map::new();
+    for (name, source) in &request.files {
+        let id = match source {
+            crate::FileSource::Bytes(bytes) | crate::FileSource::Upload(bytes) => {
+                out.insert(name.clone(), b64(bytes));
+                continue;
+            }
+            crate::FileSource::Artifact(id) => id,
+        };
+        let store = store.ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "file {name} is a stored artifact, and this engine has no store (store())"
+            ))
+        })?;
+        let missing = |e| match e {
+            runpython_store::Error::NotFound { .. } => {
+                crate::tenancy::audit_miss(store, runpython_store::Held::Artifact, id, "file");
+                Error::InvalidInput(format!(
+                    "file {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
+                    store.url()
+                ))
+            }
+            other => Error::Store(other),
+        };
+        let size = store.artifact_size(id).await.map_err(missing)?;
+        let value = if size <= INLINE_INPUT_ARTIFACT {
+            let (bytes, _) = store
+                .get_run_artifact_range(id, 0, None, INLINE_INPUT_ARTIFACT)
+                .await
+                .map_err(missing)?;
+            b64(&bytes)
+        } else {
+            serde_json::json!({"id": id, "bytes": size})
+        };
+        out.insert(name.clone(), value);
+    }
+    Ok(out)
+}
+
 /// What a memo key holds: everything that decides a run's envelope.
 pub(crate) struct MemoParts<'a> {
     pub request: &'a RunRequest,
@@ -207,6 +254,17 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
             .join("\u{0}"),
         // Artifacts are content-addressed: their ids stand for their bytes.
         format!("{:?}", request.input_artifacts),
+        request
+            .files
+            .iter()
+            .map(|(name, source)| match source {
+                crate::FileSource::Artifact(id) => format!("{name}=@{id}"),
+                crate::FileSource::Bytes(b) | crate::FileSource::Upload(b) => {
+                    format!("{name}={}", blake3::hash(b).to_hex())
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\u{0}"),
     ])
 }
 

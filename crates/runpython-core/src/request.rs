@@ -28,6 +28,9 @@ pub struct Limits {
     pub inline_return_bytes: usize,
     /// Largest envelope, in bytes of JSON (default 8 KiB), met by shrinking output and previews.
     pub envelope_budget: usize,
+    /// Bytes of files a client may upload with one call (MCP's `content_base64`; default 0: none,
+    /// files come by artifact id).
+    pub max_upload_bytes: usize,
 }
 
 impl Default for Limits {
@@ -39,6 +42,7 @@ impl Default for Limits {
             max_output_chars: 10_000,
             inline_return_bytes: 4096,
             envelope_budget: 8192,
+            max_upload_bytes: 0,
         }
     }
 }
@@ -97,7 +101,25 @@ pub struct RunRequest {
     /// Narrows the engine's network policy for this run: only these of what the engine allows (none:
     /// no network). It never widens it: a connection must pass both. `None`: the engine's policy.
     pub allow_hosts: Option<Vec<runpython_sandbox::HostPattern>>,
+    /// Files put in the run's working directory before the code runs, read-only, by name.
+    pub files: Vec<(String, FileSource)>,
 }
+
+/// Where a file put in a run comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileSource {
+    /// These bytes (up to [`MAX_INLINE_FILE`]).
+    Bytes(Vec<u8>),
+    /// A stored artifact of the engine's tenant, by id (any size: a large one is copied in slices).
+    Artifact(String),
+    /// Bytes a client sent (MCP's `content_base64`), bounded by the engine's
+    /// [`Limits::max_upload_bytes`].
+    Upload(Vec<u8>),
+}
+
+/// The largest file given as bytes ([`RunRequest::file`]); larger files go through the store
+/// ([`RunRequest::file_artifact`]).
+pub const MAX_INLINE_FILE: usize = 64 << 20;
 
 impl RunRequest {
     /// A request for `code` with no inputs.
@@ -114,7 +136,24 @@ impl RunRequest {
             repr: false,
             env: BTreeMap::new(),
             allow_hosts: None,
+            files: Vec::new(),
         }
+    }
+
+    /// Puts `bytes` in the run's working directory as the read-only file `name` (a plain file name:
+    /// no `/`). Up to [`MAX_INLINE_FILE`]; store larger files and use [`RunRequest::file_artifact`].
+    pub fn file(mut self, name: impl Into<String>, bytes: impl Into<Vec<u8>>) -> Self {
+        self.files
+            .push((name.into(), FileSource::Bytes(bytes.into())));
+        self
+    }
+
+    /// Puts the stored artifact `id` in the run's working directory as the read-only file `name`.
+    /// Needs an engine with a store; another tenant's id reads as a missing one.
+    pub fn file_artifact(mut self, name: impl Into<String>, id: impl Into<String>) -> Self {
+        self.files
+            .push((name.into(), FileSource::Artifact(id.into())));
+        self
     }
 
     /// Narrows the engine's network policy for this run to `patterns` (see
@@ -196,6 +235,20 @@ pub(crate) fn run_python_schema() -> Value {
                 "additionalProperties": true,
                 "description": "JSON values bound as globals before the code runs, by name.",
             },
+            "files": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "description": "The file's name in the run's working directory."},
+                        "artifact_id": {"type": "string", "description": "A stored artifact's id (from an earlier run, or `runpython artifacts put`)."},
+                        "content_base64": {"type": "string", "description": "The file's bytes, base64 (only where the server accepts uploads)."},
+                    },
+                    "required": ["name"],
+                    "additionalProperties": false,
+                },
+                "description": "Files put in the run's working directory, read-only, before the code runs.",
+            },
         },
         "required": ["code"],
         "additionalProperties": false,
@@ -240,7 +293,103 @@ pub(crate) fn run_request_from(input: &Map<String, Value>) -> Result<RunRequest,
             )))
         }
     }
+    match input.get("files") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(files)) => {
+            for file in files {
+                request = with_file(request, file)?;
+            }
+        }
+        Some(other) => {
+            return Err(Error::InvalidInput(format!(
+                "`files` must be an array of {{name, artifact_id}}, not {other}"
+            )))
+        }
+    }
     Ok(request)
+}
+
+/// One `{name, artifact_id}` or `{name, content_base64}` of `run_python`'s `files`.
+fn with_file(request: RunRequest, file: &Value) -> Result<RunRequest, Error> {
+    use base64::Engine;
+    let name = file.get("name").and_then(Value::as_str).ok_or_else(|| {
+        Error::InvalidInput(format!("each of `files` needs a `name`, a string: {file}"))
+    })?;
+    match (
+        file.get("artifact_id").and_then(Value::as_str),
+        file.get("content_base64").and_then(Value::as_str),
+    ) {
+        (Some(id), None) => Ok(request.file_artifact(name, id)),
+        (None, Some(content)) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(content.trim())
+                .map_err(|e| {
+                    Error::InvalidInput(format!(
+                        "file {name}: `content_base64` is not base64 ({e})"
+                    ))
+                })?;
+            let mut request = request;
+            request
+                .files
+                .push((name.to_owned(), FileSource::Upload(bytes)));
+            Ok(request)
+        }
+        _ => Err(Error::InvalidInput(format!(
+            "file {name}: give exactly one of `artifact_id` and `content_base64`"
+        ))),
+    }
+}
+
+/// Whether the files can be put in the run: plain names, each once, within the sizes.
+pub(crate) fn check_files(request: &RunRequest, max_upload_bytes: usize) -> Result<(), Error> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut uploaded = 0usize;
+    let mut any_upload = false;
+    for (name, source) in &request.files {
+        let plain = !name.is_empty()
+            && name != "."
+            && name != ".."
+            && !name.contains(['/', '\0'])
+            && name.len() <= 255;
+        if !plain {
+            return Err(Error::InvalidInput(format!(
+                "file name {name:?} must be a plain file name (no `/`, not `.` or `..`, at most 255 bytes)"
+            )));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(Error::InvalidInput(format!(
+                "file {name} is given twice; give each name once"
+            )));
+        }
+        let mut uploads = false;
+        if let FileSource::Bytes(bytes) | FileSource::Upload(bytes) = source {
+            if bytes.len() > MAX_INLINE_FILE {
+                return Err(Error::InvalidInput(format!(
+                    "file {name} is {} bytes, over the {MAX_INLINE_FILE} bytes a request carries; \
+                     store it (`runpython artifacts put`) and pass its id",
+                    bytes.len()
+                )));
+            }
+        }
+        if let FileSource::Upload(bytes) = source {
+            uploads = true;
+            uploaded += bytes.len();
+        }
+        any_upload |= uploads;
+    }
+    if any_upload && uploaded > max_upload_bytes {
+        return Err(Error::InvalidInput(if max_upload_bytes == 0 {
+            "this server does not accept file uploads (`content_base64`); store the file and pass \
+             its `artifact_id`"
+                .to_owned()
+        } else {
+            format!(
+                "the uploaded files are {uploaded} bytes, over this server's {max_upload_bytes}; \
+                 store larger files and pass their `artifact_id`"
+            )
+        }));
+    }
+    Ok(())
 }
 
 /// Whether `name` can be a Python global the code refers to.

@@ -7,6 +7,7 @@ bytecode is cached) and writes one JSON request on stdin, on one line:
      "trust_bundle": null | {"path": str, "pem": str},
      "code_dir": str | null, "site_dir": str | null,
      "input_artifacts": {name: base64 | {"id": str, "bytes": int}}, "artifact_helpers": bool,
+     "files": {name: base64 | {"id": str, "bytes": int}},
      "bridge": null | {"path": str, "token": str, "tools": [...], "max_frame": int}}
 
 The result goes back as one JSON object on file descriptor 3, a pipe that only the host reads, so nothing the
@@ -853,7 +854,40 @@ def _network_messages(spec):
     socket.socket.connect = checked_connect
 
 
+def _write_files(request):
+    """The request's files, written read-only into the working directory (a session's stay for its
+    later cells; a name given again replaces the file)."""
+    files = request.get("files")
+    if not files:
+        return
+    import binascii
+
+    for name, given in files.items():
+        if isinstance(given, dict):
+            spec = request["bridge"]
+
+            def call(tool, **kwargs):
+                tools = sys.modules.get("runpython_tools") or _install_bridge(spec, {})
+                return tools.call(tool, **kwargs)
+
+            data = _read_slices(call, given["id"])
+        else:
+            data = binascii.a2b_base64(given)
+        try:
+            posix.unlink(name)
+        except OSError:
+            pass
+        fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_CLOEXEC, 0o444)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[posix.write(fd, view):]
+        finally:
+            posix.close(fd)
+
+
 def _bind_inputs(request, namespace):
+    _write_files(request)
     for name, value in (request.get("inputs") or {}).items():
         namespace[name] = value
     if request.get("input_artifacts"):

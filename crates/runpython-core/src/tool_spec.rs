@@ -377,6 +377,7 @@ fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Err
             "code",
             "dependencies",
             "inputs",
+            "files",
             "timeout",
             "session_id",
             "reset",

@@ -277,7 +277,8 @@ impl PyRunPython {
     /// is the envelope's status, never an exception. The GIL is released while the run goes on;
     /// `async def` tools run on a private event loop thread.
     #[pyo3(signature = (
-        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None
+        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None,
+        files = None
     ))]
     #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn run(
@@ -289,8 +290,17 @@ impl PyRunPython {
         input_artifacts: Option<&Bound<'_, PyAny>>,
         memo: bool,
         env: Option<&Bound<'_, PyAny>>,
+        files: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyEnvelope> {
-        let request = run_request(code, inputs, dependencies, input_artifacts, memo, env)?;
+        let request = run_request(
+            code,
+            inputs,
+            dependencies,
+            input_artifacts,
+            memo,
+            env,
+            files,
+        )?;
         let context = RunContext::private(py)?;
         let engine = self.engine.clone();
         block_on(py, context.scope(async move { engine.run(request).await }))?
@@ -301,7 +311,8 @@ impl PyRunPython {
     /// `run` for asyncio: awaits the envelope without holding a thread; `async def` tools run on the
     /// caller's event loop. Cancelling the awaiting task stops the run.
     #[pyo3(signature = (
-        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None
+        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None,
+        files = None
     ))]
     #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn arun<'py>(
@@ -313,8 +324,17 @@ impl PyRunPython {
         input_artifacts: Option<&Bound<'py, PyAny>>,
         memo: bool,
         env: Option<&Bound<'py, PyAny>>,
+        files: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let request = run_request(code, inputs, dependencies, input_artifacts, memo, env)?;
+        let request = run_request(
+            code,
+            inputs,
+            dependencies,
+            input_artifacts,
+            memo,
+            env,
+            files,
+        )?;
         let engine = self.engine.clone();
         deferred(py, move |py| {
             let context = RunContext::here(py, None)?;
@@ -331,7 +351,8 @@ impl PyRunPython {
     /// Starts `code` and returns a handle: iterate it (`for` or `async for`) for events, `wait()` or
     /// `await` it for the envelope, `cancel()` it to stop the run.
     #[pyo3(signature = (
-        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None
+        code, *, inputs = None, dependencies = None, input_artifacts = None, memo = true, env = None,
+        files = None
     ))]
     #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn start(
@@ -343,8 +364,17 @@ impl PyRunPython {
         input_artifacts: Option<&Bound<'_, PyAny>>,
         memo: bool,
         env: Option<&Bound<'_, PyAny>>,
+        files: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRunHandle> {
-        let request = run_request(code, inputs, dependencies, input_artifacts, memo, env)?;
+        let request = run_request(
+            code,
+            inputs,
+            dependencies,
+            input_artifacts,
+            memo,
+            env,
+            files,
+        )?;
         let (events, tool_events) = tokio::sync::mpsc::unbounded_channel();
         let context = RunContext::here(py, Some(events))?;
         let _entered = runtime().enter();
@@ -543,6 +573,7 @@ fn run_request(
     input_artifacts: Option<&Bound<'_, PyAny>>,
     memo: bool,
     env: Option<&Bound<'_, PyAny>>,
+    files: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<RunRequest> {
     let request = request(
         code,
@@ -551,6 +582,7 @@ fn run_request(
             dependencies,
             input_artifacts,
             env,
+            files,
         },
     )?;
     Ok(if memo { request } else { request.no_memo() })

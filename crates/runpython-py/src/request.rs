@@ -14,6 +14,7 @@ pub(crate) struct RequestArgs<'a, 'py> {
     pub dependencies: Option<&'a Bound<'py, PyAny>>,
     pub input_artifacts: Option<&'a Bound<'py, PyAny>>,
     pub env: Option<&'a Bound<'py, PyAny>>,
+    pub files: Option<&'a Bound<'py, PyAny>>,
 }
 
 /// A request from `run`'s arguments. Inputs must be JSON values (dict, list, str, int, float, bool,
@@ -102,6 +103,42 @@ pub(crate) fn request(code: &Bound<'_, PyAny>, args: RequestArgs<'_, '_>) -> PyR
             })?;
             request = request.env(name, value);
         }
+    }
+    if let Some(files) = args.files.filter(|v| !v.is_none()) {
+        request = with_files(request, files)?;
+    }
+    Ok(request)
+}
+
+/// `files={"name": bytes | Path}`: bytes as they are, a path read here (the caller's file, before
+/// the run).
+fn with_files(mut request: RunRequest, files: &Bound<'_, PyAny>) -> PyResult<RunRequest> {
+    let files = mapping(files).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "files must be a dict of str names to bytes or a path, got {}",
+            type_name(files)
+        ))
+    })?;
+    for (name, given) in files.iter() {
+        let name: String = name.extract().map_err(|_| {
+            PyTypeError::new_err(format!("file names must be str, got {}", short_repr(&name)))
+        })?;
+        let bytes: Vec<u8> = if let Ok(bytes) = given.cast::<pyo3::types::PyBytes>() {
+            bytes.as_bytes().to_vec()
+        } else if let Ok(path) = given.extract::<std::path::PathBuf>() {
+            std::fs::read(&path).map_err(|e| {
+                invalid(format!(
+                    "files[{name:?}]: cannot read {} ({e})",
+                    path.display()
+                ))
+            })?
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "files[{name:?}] must be bytes or a path (str or pathlib.Path), got {}",
+                type_name(&given)
+            )));
+        };
+        request = request.file(name, bytes);
     }
     Ok(request)
 }

@@ -60,7 +60,8 @@ impl PySession {
     /// (variables, imports, functions) carries over from the cells before. `repr=True` also returns
     /// the value as a REPL prints it (`return_repr`).
     #[pyo3(signature = (
-        code, *, inputs = None, dependencies = None, input_artifacts = None, env = None, repr = false
+        code, *, inputs = None, dependencies = None, input_artifacts = None, env = None, repr = false,
+        files = None
     ))]
     #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn run(
@@ -72,12 +73,14 @@ impl PySession {
         input_artifacts: Option<&Bound<'_, PyAny>>,
         env: Option<&Bound<'_, PyAny>>,
         repr: bool,
+        files: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyEnvelope> {
         let args = RequestArgs {
             inputs,
             dependencies,
             input_artifacts,
             env,
+            files,
         };
         let request = self.cell(code, args, repr)?;
         let context = RunContext::private(py)?;
@@ -90,7 +93,8 @@ impl PySession {
     /// `run` for asyncio: `async def` tools run on the caller's event loop; cancelling the awaiting
     /// task stops the cell.
     #[pyo3(signature = (
-        code, *, inputs = None, dependencies = None, input_artifacts = None, env = None, repr = false
+        code, *, inputs = None, dependencies = None, input_artifacts = None, env = None, repr = false,
+        files = None
     ))]
     #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn arun<'py>(
@@ -102,12 +106,14 @@ impl PySession {
         input_artifacts: Option<&Bound<'py, PyAny>>,
         env: Option<&Bound<'py, PyAny>>,
         repr: bool,
+        files: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let args = RequestArgs {
             inputs,
             dependencies,
             input_artifacts,
             env,
+            files,
         };
         let request = self.cell(code, args, repr)?;
         let session = Session::clone(&self.inner);
@@ -125,7 +131,8 @@ impl PySession {
 
     /// Starts a cell and returns its handle (events, `wait()` / `await`, `cancel()`).
     #[pyo3(signature = (
-        code, *, inputs = None, dependencies = None, input_artifacts = None, env = None, repr = false
+        code, *, inputs = None, dependencies = None, input_artifacts = None, env = None, repr = false,
+        files = None
     ))]
     #[allow(clippy::too_many_arguments)] // one parameter per Python keyword argument
     fn start(
@@ -137,12 +144,14 @@ impl PySession {
         input_artifacts: Option<&Bound<'_, PyAny>>,
         env: Option<&Bound<'_, PyAny>>,
         repr: bool,
+        files: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyRunHandle> {
         let args = RequestArgs {
             inputs,
             dependencies,
             input_artifacts,
             env,
+            files,
         };
         let request = self.cell(code, args, repr)?;
         let (events, tool_events) = tokio::sync::mpsc::unbounded_channel();

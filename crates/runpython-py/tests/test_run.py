@@ -270,3 +270,28 @@ def test_secrets_reach_their_hosts_as_values_and_the_code_as_placeholders():
     assert value not in str(raised.value)
     with pytest.raises(ConfigError, match="hosts"):
         RunPython(network="public", secrets={"API_KEY": {"value": value}})
+
+
+def test_files_reach_the_run_read_only_and_a_session_keeps_them(tmp_path):
+    csv = tmp_path / "people.csv"
+    csv.write_bytes(b"name,age\nada,36\nalan,41\n")
+    rp = RunPython(pool=False)
+    code = (
+        "import csv, os\n"
+        "rows = list(csv.DictReader(open('people.csv')))\n"
+        "try:\n"
+        "    open('people.csv', 'a').write('x')\n"
+        "    writable = True\n"
+        "except OSError:\n"
+        "    writable = False\n"
+        "[[r['name'] for r in rows], open('raw.bin', 'rb').read().hex(), writable]\n"
+    )
+    e = rp.run(code, files={"people.csv": csv, "raw.bin": b"\x00\xff"})
+    assert e.return_value == [["ada", "alan"], "00ff", False], e
+    s = rp.session()
+    s.run("1", files={"people.csv": str(csv)})
+    assert s.run("open('people.csv').read().splitlines()[1]").return_value == "ada,36"
+    with pytest.raises(InvalidInputError, match="plain file name"):
+        rp.run("1", files={"../escape": b"x"})
+    with pytest.raises(TypeError, match="bytes or a path"):
+        rp.run("1", files={"x": 1})

@@ -243,6 +243,7 @@ impl RunPython {
             None => tools,
         };
         let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
+        let files = crate::persist::fetch_files(self.store(), request).await?;
         // A resumed run journals like the run it continues, so a host that stops during it leaves
         // it resumable again.
         let durable = match &self.inner.keep {
@@ -294,6 +295,7 @@ impl RunPython {
             "env": runner_env,
             "trust_bundle": trust_bundle,
             "input_artifacts": input_artifacts,
+            "files": files,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
             "inline_return_bytes": limits.inline_return_bytes,

@@ -65,6 +65,12 @@ impl RunPythonBuilder {
         self.limits.inline_return_bytes = n;
         self
     }
+    /// Bytes of files a client may upload with one call (MCP's `content_base64`); default 0: files
+    /// come by artifact id only.
+    pub fn max_upload_bytes(mut self, n: usize) -> Self {
+        self.limits.max_upload_bytes = n;
+        self
+    }
     /// Largest envelope, in bytes of JSON.
     pub fn envelope_budget(mut self, n: usize) -> Self {
         self.limits.envelope_budget = n;

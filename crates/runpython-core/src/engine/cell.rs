@@ -94,6 +94,7 @@ impl RunPython {
             _ => tools,
         };
         let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
+        let files = crate::persist::fetch_files(self.store(), request).await?;
         let request_json = serde_json::to_vec(&serde_json::json!({
             "type": "cell",
             "code_dir": code_dir()?,
@@ -102,6 +103,7 @@ impl RunPython {
             "env": runner_env,
             "trust_bundle": trust_bundle,
             "input_artifacts": input_artifacts,
+            "files": files,
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
             "inline_return_bytes": limits.inline_return_bytes,

@@ -14,7 +14,7 @@ use crate::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
 use crate::error::Error;
 use crate::outcome::{apply_ending, apply_tool_limit};
 use crate::persist::{self, Keeping, MemoParts};
-use crate::request::{check_env, check_input_names, new_run_id, Event, RunRequest};
+use crate::request::{check_env, check_files, check_input_names, new_run_id, Event, RunRequest};
 
 pub(crate) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -140,6 +140,7 @@ impl RunPython {
         }
         check_input_names(&request)?;
         check_env(&request)?;
+        check_files(&request, limits.max_upload_bytes)?;
         let code_chars = request.code.chars().count();
         if code_chars > limits.max_code_chars {
             let mut envelope = Envelope::failed(

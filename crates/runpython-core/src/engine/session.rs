@@ -15,7 +15,7 @@ use crate::child::code_dir;
 use crate::envelope::{Envelope, ErrorInfo, Status};
 use crate::error::Error;
 use crate::outcome::Ending;
-use crate::request::{check_env, check_input_names, new_run_id, Event, RunRequest};
+use crate::request::{check_env, check_files, check_input_names, new_run_id, Event, RunRequest};
 use crate::session::{check_session_id, new_session_id, CellRecord, Entry, Live, SessionRecord};
 
 /// A session: state kept across calls in one long-lived sandboxed interpreter. Cells run in one
@@ -155,6 +155,7 @@ impl RunPython {
         check_session_id(id)?;
         check_input_names(&request)?;
         check_env(&request)?; // before the cell reaches the live interpreter, which it would end
+        check_files(&request, self.inner.limits.max_upload_bytes)?;
         let entry = self.inner.sessions.entry(self.inner.tenant.as_deref(), id);
         let mut e = entry.lock().await;
         e.last_used = Instant::now();

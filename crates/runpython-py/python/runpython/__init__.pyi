@@ -314,12 +314,14 @@ class RunPython:
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
         env: Mapping[str, str] | None = None,
+        files: Mapping[str, bytes | str | os.PathLike[str]] | None = None,
     ) -> Envelope:
         """Runs `code` to its end with the GIL released and returns the envelope; what the code does
         (raise, time out, exit) is its status, never an exception. `async def` tools run on a private
         event loop thread (this call blocks the caller's loop, if any); plain ones on worker threads.
         `env` sets environment variables for this run only (str to str; masked wherever the run is
-        kept, never stored)."""
+        kept, never stored). `files` puts files in the run's working directory, read-only: bytes, or
+        a path on this side read before the run."""
 
     def arun(
         self,
@@ -330,6 +332,7 @@ class RunPython:
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
         env: Mapping[str, str] | None = None,
+        files: Mapping[str, bytes | str | os.PathLike[str]] | None = None,
     ) -> Coroutine[Any, Any, Envelope]:
         """`run` for asyncio: a coroutine that holds no thread while it waits; `async def` tools run on
         the caller's event loop. Cancelling the awaiting task stops the run and kills its processes."""
@@ -343,6 +346,7 @@ class RunPython:
         input_artifacts: Mapping[str, str] | None = None,
         memo: bool = True,
         env: Mapping[str, str] | None = None,
+        files: Mapping[str, bytes | str | os.PathLike[str]] | None = None,
     ) -> RunHandle:
         """Starts `code`: iterate the handle (`for` / `async for`) for stdout, stderr, dependency and
         tool-call events, `wait()` or `await` it for the envelope, `cancel()` it to stop the run."""
@@ -398,6 +402,7 @@ class Session:
         input_artifacts: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         repr: bool = False,
+        files: Mapping[str, bytes | str | os.PathLike[str]] | None = None,
     ) -> Envelope:
         """Runs a cell to its end; its envelope has `session_id`, `cell` and `restored`. `repr=True`
         also returns the value as a REPL prints it (`return_repr`)."""
@@ -411,6 +416,7 @@ class Session:
         input_artifacts: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         repr: bool = False,
+        files: Mapping[str, bytes | str | os.PathLike[str]] | None = None,
     ) -> Coroutine[Any, Any, Envelope]: ...
     def start(
         self,
@@ -421,6 +427,7 @@ class Session:
         input_artifacts: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         repr: bool = False,
+        files: Mapping[str, bytes | str | os.PathLike[str]] | None = None,
     ) -> RunHandle: ...
     def reset(self) -> None:
         """Forgets the state (the interpreter is killed, the record removed); the next cell is cell 1."""

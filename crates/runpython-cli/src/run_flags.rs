@@ -1,0 +1,98 @@
+//! What `run` hands the code besides its source: `--input` (globals), `--env` (variables), `--file`
+//! (host files put in the run), and `--max-upload-bytes` (files MCP clients send).
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use serde_json::Value;
+
+/// `--max-upload-bytes`: a size as `512K`, or `0`.
+pub(crate) fn parse_upload_size(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    runpython_core::parse_size(s)
+}
+
+/// Where `--file` takes a file from.
+#[derive(Debug, Clone)]
+pub(crate) enum RunFile {
+    Path(PathBuf),
+    Artifact(String),
+}
+
+/// `PATH`, `PATH=NAME` or `@ID=NAME`.
+pub(crate) fn parse_file(s: &str) -> Result<(String, RunFile), String> {
+    if let Some(rest) = s.strip_prefix('@') {
+        let (id, name) = rest.split_once('=').ok_or_else(|| {
+            format!("{s:?}: a stored file needs its name in the run, as @ARTIFACT_ID=NAME")
+        })?;
+        return Ok((name.to_owned(), RunFile::Artifact(id.to_owned())));
+    }
+    let (path, name) = match s.rsplit_once('=') {
+        Some((path, name)) if !name.is_empty() && !name.contains('/') => {
+            (PathBuf::from(path), name.to_owned())
+        }
+        _ => {
+            let path = PathBuf::from(s);
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| format!("{s:?} has no file name; give one as PATH=NAME"))?;
+            (path, name)
+        }
+    };
+    Ok((name, RunFile::Path(path)))
+}
+
+/// A `--file`'s bytes, read by the host before the run (never a path the code names).
+pub(crate) fn read_run_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).with_context(|| format!("--file {}", path.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!("--file {}: not a regular file", path.display());
+    }
+    if meta.len() > runpython_core::MAX_INLINE_FILE as u64 {
+        anyhow::bail!(
+            "--file {}: {} bytes, over the {} a run takes directly; store it with `runpython \
+             artifacts put {}` and pass --file @ID=NAME",
+            path.display(),
+            meta.len(),
+            runpython_core::MAX_INLINE_FILE,
+            path.display()
+        );
+    }
+    std::fs::read(path).with_context(|| format!("--file {}", path.display()))
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Input {
+    Json(Value),
+    Artifact(String),
+}
+
+pub(crate) fn parse_input(s: &str) -> Result<(String, Input), String> {
+    let (name, json) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=JSON (for example --input n=42)"))?;
+    // The name itself is checked by the engine (one identifier check for every caller).
+    if let Some(id) = json.strip_prefix('@') {
+        if id.is_empty() {
+            return Err(format!("{name}=@ needs an artifact id after the @"));
+        }
+        return Ok((name.to_owned(), Input::Artifact(id.to_owned())));
+    }
+    let value = serde_json::from_str(json).map_err(|e| {
+        format!("the value of {name} is not JSON ({e}); quote strings, e.g. {name}='\"text\"'")
+    })?;
+    Ok((name.to_owned(), Input::Json(value)))
+}
+
+pub(crate) fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=VALUE (for example --env API_TOKEN=abc)"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?} has no variable name before the ="));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
