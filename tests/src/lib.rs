@@ -2,6 +2,7 @@
 //! (`src/bin/runpython-bench.rs`, driven by `cargo xtask bench`). This library holds their shared helpers.
 
 pub mod deps_bench;
+pub mod display_bench;
 pub mod egress_bench;
 pub mod mcp_bench;
 pub mod py_bench;

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::request::{Event, RunRequest};
 
 /// runpython's own modules, importable in the child: never dependencies.
-const OWN_MODULES: &[&str] = &["runpython_runner", "runpython_tools"];
+const OWN_MODULES: &[&str] = &["runpython_runner", "runpython_tools", "runpython_display"];
 
 /// The builder's dependency settings.
 #[derive(Debug)]

@@ -81,6 +81,14 @@ pub struct Envelope {
     /// The store's error when `kept` is false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_error: Option<String>,
+    /// What the code displayed, in order (`display(obj)`, the last expression's rich forms,
+    /// matplotlib's figures); absent when nothing was. Each entry is `{"formats": {MIME: ...}}`: text
+    /// forms (`text/plain`, `text/markdown`, `text/html`, `text/latex`, `application/json`) inline
+    /// and cut to fit; binary ones (`image/png`, `image/jpeg`, `image/svg+xml`,
+    /// `application/pdf`) as `{"file", "bytes", "width", "height", "artifact_id"}`, the file in the
+    /// run's working directory and, in a kept run, the artifact holding it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<Value>,
     /// What the run's environment holds (distributions, versions, who asked for each) when it was
     /// installed for this run, or what was refused; absent otherwise (a run of an environment prepared
     /// before, a run that needs only the standard library).
@@ -262,6 +270,7 @@ impl Envelope {
             return_repr: None,
             kept: true,
             store_error: None,
+            displays: Vec::new(),
             dependencies: None,
             network: None,
         }

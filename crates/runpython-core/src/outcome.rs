@@ -182,6 +182,8 @@ fn apply_result(
         return_preview: Option<Value>,
         #[serde(default)]
         return_repr: Option<String>,
+        #[serde(default)]
+        displays: Vec<Value>,
     }
     let parsed = serde_json::from_slice::<RunnerResult>(bytes).map(|mut result| {
         // Integers stay as written (any size); floats as the host writes them.
@@ -191,6 +193,9 @@ fn apply_result(
         }
         result
     });
+    if let Ok(result) = &parsed {
+        envelope.displays = result.displays.clone();
+    }
     match parsed {
         Ok(result) if result.status == "success" => {
             envelope.return_value = result.return_value;

@@ -268,6 +268,30 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
     ])
 }
 
+/// Each display's files get the id of the artifact that holds them.
+fn link_displays(envelope: &mut Envelope) {
+    let ids: std::collections::HashMap<&str, &str> = envelope
+        .artifacts
+        .iter()
+        .map(|a| (a.name.as_str(), a.id.as_str()))
+        .collect();
+    let mut linked = std::mem::take(&mut envelope.displays);
+    for display in &mut linked {
+        let Some(formats) = display.get_mut("formats").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for format in formats.values_mut() {
+            let Some(file) = format.get("file").and_then(Value::as_str) else {
+                continue;
+            };
+            if let Some(id) = ids.get(file) {
+                format["artifact_id"] = Value::String((*id).to_owned());
+            }
+        }
+    }
+    envelope.displays = linked;
+}
+
 /// Redacts and stores the run; the envelope's `artifacts` then lists what was kept.
 pub(crate) async fn keep_run(
     keep: &Keeping,
@@ -324,5 +348,6 @@ pub(crate) async fn keep_run(
     };
     let manifest = keep.store.put_run(record).await?;
     envelope.artifacts = manifest.artifacts;
+    link_displays(envelope);
     Ok(())
 }

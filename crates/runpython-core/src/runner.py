@@ -676,16 +676,206 @@ def _artifact_helpers(namespace, spec, saved_dir):
         namespace[helper.__name__] = helper
 
 
-def _save_open_figures():
-    """Figures the code drew but did not close become PNG files in the run directory (and so artifacts)."""
+# Displays: what `display(obj)` showed, the last expression's rich forms and matplotlib's figures, for
+# the envelope's `displays`. Text forms stay inline within these bounds; binary ones become files in
+# the working directory (and so artifacts of a kept run), named by the entry.
+_DISPLAYS = []
+DISPLAY_TEXT = {"text/plain": 500, "text/markdown": 1500, "text/html": 1500, "text/latex": 1000, "application/json": 1500}
+DISPLAY_FILES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "application/pdf": "pdf"}
+DISPLAY_TEXT_TOTAL = 4000  # inline text over every display of a run or cell
+MAX_DISPLAYS = 50
+_REPR_METHODS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+    ("_repr_pdf_", "application/pdf"),
+)
+
+
+def _mime_bundle(obj):
+    """The object's formats by MIME type, as IPython asks for them: `_repr_mimebundle_`, then each
+    `_repr_*_` method, matplotlib figures as PNG, and `repr` as text/plain."""
+    data = {}
+    if isinstance(obj, type):
+        return {"text/plain": repr(obj)}
+    method = getattr(obj, "_repr_mimebundle_", None)
+    if callable(method):
+        try:
+            got = method(include=None, exclude=None)
+        except TypeError:
+            got = method()
+        if isinstance(got, tuple):
+            got = got[0]
+        if isinstance(got, dict):
+            data.update(got)
+    for name, mime in _REPR_METHODS:
+        if mime in data:
+            continue
+        method = getattr(obj, name, None)
+        if callable(method):
+            got = method()
+            if isinstance(got, tuple):
+                got = got[0]
+            if got is not None:
+                data[mime] = got
+    module = type(obj).__module__ or ""
+    if "image/png" not in data and module.startswith("matplotlib") and hasattr(obj, "savefig"):
+        import io
+
+        buffer = io.BytesIO()
+        obj.savefig(buffer, format="png")
+        data["image/png"] = buffer.getvalue()
+    if "text/plain" not in data:
+        data["text/plain"] = repr(obj)
+    return data
+
+
+def _display_cut(text, limit):
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return text[:head] + "\n[... %d characters cut ...]\n" % (len(text) - limit) + text[len(text) - (limit - head):]
+
+
+def _png_size(data):
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return None
+
+
+def _display_file(stem, ext, payload):
+    name = "%s.%s" % (stem, ext)
+    n = 1
+    while True:
+        try:
+            fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_CLOEXEC, 0o644)
+            break
+        except FileExistsError:
+            n += 1
+            name = "%s_%d.%s" % (stem, n, ext)
+    try:
+        view = memoryview(payload).cast("B")
+        while view:
+            view = view[posix.write(fd, view):]
+    finally:
+        posix.close(fd)
+    return name
+
+
+def _add_display(obj, stem=None):
+    """One entry of `displays` for `obj` (nothing when it has no form beyond its repr and is not
+    shown explicitly)."""
+    if len(_DISPLAYS) >= MAX_DISPLAYS:
+        return
+    import binascii
+
+    bundle = _mime_bundle(obj)
+    used = sum(len(v) for d in _DISPLAYS for v in d["formats"].values() if isinstance(v, str))
+    formats = {}
+    for mime, value in bundle.items():
+        if mime in DISPLAY_FILES:
+            if isinstance(value, str):
+                value = value.encode("utf-8") if mime == "image/svg+xml" else binascii.a2b_base64(value)
+            if not isinstance(value, (bytes, bytearray)):
+                continue
+            file = _display_file(stem or "display_%d" % (len(_DISPLAYS) + 1), DISPLAY_FILES[mime], value)
+            entry = {"file": file, "bytes": len(value)}
+            size = _png_size(value) if mime == "image/png" else None
+            if size:
+                entry["width"], entry["height"] = size
+            formats[mime] = entry
+        elif mime in DISPLAY_TEXT:
+            text = value if isinstance(value, str) else json_dumps(value)
+            room = max(0, min(DISPLAY_TEXT[mime], DISPLAY_TEXT_TOTAL - used))
+            if room < 40 and mime != "text/plain":
+                continue
+            text = _display_cut(text, max(room, 40))
+            used += len(text)
+            formats[mime] = text
+    _DISPLAYS.append({"formats": formats})
+
+
+def display(*objs, **kwargs):
+    """Shows each object in the run's envelope (`displays`), as IPython's display() does: its richest
+    forms (html, markdown, images, ...) and its text."""
+    for obj in objs:
+        _add_display(obj)
+
+
+def _rich(value):
+    """Whether the last expression's value has forms beyond its repr (then it is displayed too)."""
+    if isinstance(value, type):
+        return False
+    if any(callable(getattr(value, name, None)) for name, _ in _REPR_METHODS) or callable(
+        getattr(value, "_repr_mimebundle_", None)
+    ):
+        return True
+    return (type(value).__module__ or "").startswith("matplotlib") and hasattr(value, "savefig")
+
+
+class _PyplotHook:
+    """Patches `matplotlib.pyplot.show` when the code imports pyplot: it displays the open figures
+    and closes them, as a notebook's inline backend does."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            module.show = _pyplot_show
+            loader.exec_module = original
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _pyplot_show(*args, **kwargs):
+    _show_open_figures()
+
+
+def _show_open_figures():
+    """Every open figure displayed (as figure_N.png), in order, then closed."""
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None:
         return
     for number in plt.get_fignums():
         try:
-            plt.figure(number).savefig("figure_%d.png" % number)
+            _add_display(plt.figure(number), stem="figure_%d" % number)
         except Exception:
             pass  # a figure that cannot be drawn is the code's problem, not the run's
+    plt.close("all")
+
+
+def _install_display():
+    import builtins
+
+    builtins.display = display
+    module = type(sys)("runpython_display")
+    module.display = display
+    sys.modules["runpython_display"] = module
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:  # imported ahead (a template's warm imports)
+        plt.show = _pyplot_show
+    else:
+        sys.meta_path.insert(0, _PyplotHook())
+
+
+def _save_open_figures():
+    """Figures the code drew but did not close are displayed, and so become PNG files in the run
+    directory (and artifacts)."""
+    _show_open_figures()
 
 
 def _finish_like_exit(namespace):
@@ -928,6 +1118,11 @@ def _run(request, namespace, loop=None):
         body_code, last_code = _compile(source, bridge)
         has_value, value = _execute(body_code, last_code, namespace, loop)
         if has_value and value is not None:
+            try:
+                if _rich(value):
+                    _add_display(value)
+            except Exception:
+                pass  # a value that cannot show itself is still returned
             status, result, summary = _report_value(value, limit, inline_limit)
             if status == "success":
                 shown = None
@@ -946,6 +1141,15 @@ def _run(request, namespace, loop=None):
 
 
 def _result_text(status, result, summary):
+    text = _result_core(status, result, summary)
+    if not _DISPLAYS:
+        return text
+    displays = json_dumps(_DISPLAYS)
+    del _DISPLAYS[:]
+    return text[:-1] + ',"displays":' + displays + "}"
+
+
+def _result_core(status, result, summary):
     if status == "success" and result is not None:
         type_name, encoded, summary, shown = result
         text = '{"status":"success","return_type":%s,"return_preview":%s,"return_value":%s' % (
@@ -1016,6 +1220,7 @@ def _one_shot():
     sys.stdout.reconfigure(line_buffering=True)
     _add_sites([request.get("site_dir")], [])
     namespace = _new_main_module()
+    _install_display()
     _bind_inputs(request, namespace)
     status, result, summary = _run(request, namespace)
 
@@ -1187,6 +1392,7 @@ def _session_main():
     session = _Session()
     sys.stdout.reconfigure(line_buffering=True)
     namespace = _new_main_module()
+    _install_display()
     sites = []
     while True:
         try:

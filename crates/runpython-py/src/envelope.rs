@@ -143,6 +143,12 @@ impl PyEnvelope {
             .map(|v| serialize_to_py(py, v))
             .transpose()
     }
+    /// What the code displayed (`display(obj)`, rich last values, matplotlib figures), in order:
+    /// each `{"formats": {mime: text or {"file", "bytes", "width", "height", "artifact_id"}}}`.
+    #[getter]
+    fn displays(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        serialize_to_py(py, &self.inner.displays)
+    }
     /// The session a cell ran in; `None` for a run of its own.
     #[getter]
     fn session_id(&self) -> Option<&str> {

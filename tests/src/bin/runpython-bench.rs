@@ -594,6 +594,10 @@ summarize(data)",
     runpython_tests::egress_bench::egress_figures(&mut m)
         .await
         .map_err(|e| e.to_string())?;
+    // Displays: a run showing one small matplotlib figure against one that only makes it.
+    runpython_tests::display_bench::display_figures(&mut m)
+        .await
+        .map_err(|e| e.to_string())?;
     // Secrets: an HTTPS request with the value put in by the host, against one passed through.
     runpython_tests::egress_bench::secret_figures(&mut m)
         .await

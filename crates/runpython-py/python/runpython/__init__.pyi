@@ -135,6 +135,10 @@ class Envelope:
     def dependencies(self) -> dict[str, Any] | None:
         """What the run's environment holds (`installed`) or what an install refused (`refused`)."""
     @property
+    def displays(self) -> list[dict[str, Any]]:
+        """What the code displayed (`display(obj)`, rich last values, matplotlib figures), in order:
+        each `{"formats": {mime: text, or {"file", "bytes", "width", "height", "artifact_id"}}}`."""
+    @property
     def network(self) -> dict[str, Any] | None:
         """With a network policy, when the run used the network: `mode`, `connections`, `bytes_out`,
         `bytes_in`, `lookups`, and the first `refused` (host, port, reason)."""
