@@ -157,6 +157,10 @@ struct EngineArgs {
     /// as 512K, 4M (default: none; files come by artifact id).
     #[arg(long, value_name = "SIZE", value_parser = run_flags::parse_upload_size)]
     max_upload_bytes: Option<u64>,
+    /// Bytes of a call's display images (charts) MCP returns as `image` content, besides their
+    /// links, as 256K (the default), 1M, or 0 for none.
+    #[arg(long, value_name = "SIZE", value_parser = run_flags::parse_upload_size)]
+    max_image_bytes: Option<u64>,
     /// Let this environment variable through to the code (repeatable).
     #[arg(long = "env-passthrough", value_name = "NAME")]
     env_passthrough: Vec<String>,
@@ -419,6 +423,9 @@ impl EngineArgs {
         }
         if let Some(n) = self.max_upload_bytes {
             builder = builder.max_upload_bytes(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+        if let Some(n) = self.max_image_bytes {
+            builder = builder.max_image_bytes(usize::try_from(n).unwrap_or(usize::MAX));
         }
         for name in &self.env_passthrough {
             builder = builder.env_passthrough(name);

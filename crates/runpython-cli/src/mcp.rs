@@ -27,7 +27,7 @@ use rmcp::model::{
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ServerHandler, ServiceExt};
 use runpython_core::{
-    DepsProgress, Error, Event, RunPython, ToolFormat, RESUME_TOOL, RUN_PYTHON_TOOL,
+    DepsProgress, DisplayImage, Error, Event, RunPython, ToolFormat, RESUME_TOOL, RUN_PYTHON_TOOL,
 };
 use serde_json::{json, Map, Value};
 
@@ -344,7 +344,10 @@ impl Server {
             if name == RUN_PYTHON_TOOL {
                 Self::run_python(&engine, &args, context).await
             } else {
-                engine.handle_tool_call(name, &args).await
+                engine
+                    .handle_tool_call(name, &args)
+                    .await
+                    .map(|value| (value, Vec::new()))
             }
         };
         // Dropping `work` drops the run's future (or its handle), which kills the run's processes.
@@ -355,7 +358,7 @@ impl Server {
             }
         };
         Ok(match outcome {
-            Ok(value) => success(value, runs_code),
+            Ok((value, images)) => success(value, runs_code, &images),
             Err(e) => failure(e.code(), &runpython_core::error_report(&e)),
         })
     }
@@ -365,11 +368,16 @@ impl Server {
         python: &RunPython,
         args: &Value,
         context: &RequestContext<RoleServer>,
-    ) -> Result<Value, Error> {
+    ) -> Result<(Value, Vec<DisplayImage>), Error> {
         let request = python.run_python_request(args)?;
+        let with_images = |envelope: runpython_core::Envelope| {
+            let images = envelope.images.clone();
+            serde_json::to_value(&envelope)
+                .map(|value| (value, images))
+                .map_err(|e| Error::Internal(e.to_string()))
+        };
         let Some(token) = context.meta.get_progress_token() else {
-            let envelope = python.run(request).await?;
-            return serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()));
+            return with_images(python.run(request).await?);
         };
         let mut handle = python.start(request);
         let mut progress = 0u32;
@@ -401,8 +409,7 @@ impl Server {
             // A client that stopped listening does not stop the run.
             let _ = context.peer.notify_progress(param).await;
         }
-        let envelope = handle.wait().await?;
-        serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()))
+        with_images(handle.wait().await?)
     }
 }
 
@@ -419,10 +426,13 @@ fn deps_message(step: &DepsProgress) -> Option<String> {
     })
 }
 
-/// A served call: the value as structured content and as JSON text; an envelope's artifacts as
-/// resource links.
-fn success(value: Value, envelope: bool) -> CallToolResult {
+/// A served call: the value as structured content and as JSON text; an envelope's display images
+/// as `image` content (what a client shows a vision model) and its artifacts as resource links.
+fn success(value: Value, envelope: bool, images: &[DisplayImage]) -> CallToolResult {
     let mut content = vec![json!({"type": "text", "text": value.to_string()})];
+    for image in images {
+        content.push(json!({"type": "image", "data": image.data, "mimeType": image.mime}));
+    }
     if envelope {
         for artifact in value["artifacts"].as_array().into_iter().flatten() {
             if let Ok(artifact) = serde_json::from_value(artifact.clone()) {

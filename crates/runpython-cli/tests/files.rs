@@ -1,6 +1,7 @@
 //! Files in through the CLI and MCP: `artifacts put` stores a host file and prints its id, `run
 //! --file` puts a host file or a stored one in the run (pandas reads the CSV), MCP's `files` takes
-//! stored ids, and uploads only where the operator allows them, within their bound.
+//! stored ids, and uploads only where the operator allows them, within their bound; and data out:
+//! an MCP call that plots gets its chart as an `image` content block.
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
@@ -164,4 +165,45 @@ fn mcp_takes_stored_files_by_id_and_uploads_only_where_allowed() {
         over.to_string().contains("over this server's 4096"),
         "{over}"
     );
+}
+
+#[test]
+fn an_mcp_call_that_plots_gets_the_chart_as_an_image_block() {
+    use base64::Engine as _;
+    let code = "import matplotlib.pyplot as plt\nplt.figure(figsize=(3, 2), dpi=100)\nplt.plot([1, 3, 2])\nplt.title('sales')\nplt.show()";
+    let reply = mcp_call(&["--no-store"], json!({"code": code}));
+    let content = reply["result"]["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let image = content
+        .iter()
+        .find(|c| c["type"] == "image")
+        .unwrap_or_else(|| panic!("no image block: {reply}"));
+    assert_eq!(image["mimeType"], "image/png");
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(image["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let (w, h) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert_eq!((w, h), (300, 200));
+    // The envelope itself carries the display by reference, never the image's bytes.
+    let structured = reply["result"]["structuredContent"].to_string();
+    assert!(
+        !structured.contains(image["data"].as_str().unwrap()),
+        "{structured}"
+    );
+    assert_eq!(
+        reply["result"]["structuredContent"]["displays"][0]["formats"]["image/png"]["width"],
+        300
+    );
+    // With no image budget, the chart is not sent inline.
+    let reply = mcp_call(
+        &["--no-store", "--max-image-bytes", "0"],
+        json!({"code": code}),
+    );
+    assert!(!reply.to_string().contains("\"type\":\"image\""), "{reply}");
 }

@@ -21,6 +21,17 @@ pub enum Status {
     Suspended,
 }
 
+/// One display image, inline: what an MCP `image` content block carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisplayImage {
+    /// Its display's index in [`Envelope::displays`].
+    pub display: usize,
+    /// `image/png` or `image/jpeg`.
+    pub mime: String,
+    /// The bytes, base64.
+    pub data: String,
+}
+
 /// The compact JSON result of one run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
@@ -89,6 +100,10 @@ pub struct Envelope {
     /// run's working directory and, in a kept run, the artifact holding it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub displays: Vec<Value>,
+    /// The display images handed back inline (within [`crate::Limits::max_image_bytes`]), for
+    /// clients that show images: never part of the JSON envelope.
+    #[serde(skip)]
+    pub images: Vec<DisplayImage>,
     /// What the run's environment holds (distributions, versions, who asked for each) when it was
     /// installed for this run, or what was refused; absent otherwise (a run of an environment prepared
     /// before, a run that needs only the standard library).
@@ -271,6 +286,7 @@ impl Envelope {
             kept: true,
             store_error: None,
             displays: Vec::new(),
+            images: Vec::new(),
             dependencies: None,
             network: None,
         }

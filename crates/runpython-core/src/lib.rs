@@ -51,8 +51,9 @@ pub use command_tool::{CommandTool, CALL_ID_ENV};
 pub use doctor::Doctor;
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
 pub use envelope::{
-    BridgeReport, Dependencies, Dependency, Envelope, ErrorInfo, Isolation, LimitReport,
-    ListTruncation, RefusedDependency, RlimitReport, Status, StreamTruncation, Truncated,
+    BridgeReport, Dependencies, Dependency, DisplayImage, Envelope, ErrorInfo, Isolation,
+    LimitReport, ListTruncation, RefusedDependency, RlimitReport, Status, StreamTruncation,
+    Truncated,
 };
 pub use error::Error;
 #[cfg(feature = "mcp")]

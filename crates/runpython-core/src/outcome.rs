@@ -195,6 +195,7 @@ fn apply_result(
     });
     if let Ok(result) = &parsed {
         envelope.displays = result.displays.clone();
+        envelope.images = take_images(&mut envelope.displays);
     }
     match parsed {
         Ok(result) if result.status == "success" => {
@@ -230,6 +231,28 @@ pub(crate) fn human_duration(d: Duration) -> String {
     } else {
         format!("{secs} s")
     }
+}
+
+/// The inline image data of the runner's displays, taken out of them (the JSON envelope carries
+/// the file and the artifact; the data is for clients that show images).
+fn take_images(displays: &mut [Value]) -> Vec<crate::envelope::DisplayImage> {
+    let mut images = Vec::new();
+    for (index, display) in displays.iter_mut().enumerate() {
+        let Some(formats) = display.get_mut("formats").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for (mime, format) in formats.iter_mut() {
+            let data = format.as_object_mut().and_then(|f| f.remove("data"));
+            if let Some(Value::String(data)) = data {
+                images.push(crate::envelope::DisplayImage {
+                    display: index,
+                    mime: mime.clone(),
+                    data,
+                });
+            }
+        }
+    }
+    images
 }
 
 #[cfg(test)]

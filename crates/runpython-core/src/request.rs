@@ -31,6 +31,10 @@ pub struct Limits {
     /// Bytes of files a client may upload with one call (MCP's `content_base64`; default 0: none,
     /// files come by artifact id).
     pub max_upload_bytes: usize,
+    /// Bytes of display images (PNG, JPEG) one run hands back inline, besides their files, for
+    /// clients that show images (MCP's `image` content; default 256 KiB). Past it, images are
+    /// linked only.
+    pub max_image_bytes: usize,
 }
 
 impl Default for Limits {
@@ -43,6 +47,7 @@ impl Default for Limits {
             inline_return_bytes: 4096,
             envelope_budget: 8192,
             max_upload_bytes: 0,
+            max_image_bytes: 256 << 10,
         }
     }
 }

@@ -680,6 +680,7 @@ def _artifact_helpers(namespace, spec, saved_dir):
 # the envelope's `displays`. Text forms stay inline within these bounds; binary ones become files in
 # the working directory (and so artifacts of a kept run), named by the entry.
 _DISPLAYS = []
+_IMAGES = {"budget": 0, "used": 0}  # bytes of images handed back inline, per run or cell
 DISPLAY_TEXT = {"text/plain": 500, "text/markdown": 1500, "text/html": 1500, "text/latex": 1000, "application/json": 1500}
 DISPLAY_FILES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "application/pdf": "pdf"}
 DISPLAY_TEXT_TOTAL = 4000  # inline text over every display of a run or cell
@@ -784,6 +785,9 @@ def _add_display(obj, stem=None):
                 continue
             file = _display_file(stem or "display_%d" % (len(_DISPLAYS) + 1), DISPLAY_FILES[mime], value)
             entry = {"file": file, "bytes": len(value)}
+            if mime in ("image/png", "image/jpeg") and _IMAGES["used"] + len(value) <= _IMAGES["budget"]:
+                _IMAGES["used"] += len(value)
+                entry["data"] = binascii.b2a_base64(value, newline=False).decode("ascii")
             size = _png_size(value) if mime == "image/png" else None
             if size:
                 entry["width"], entry["height"] = size
@@ -1077,6 +1081,7 @@ def _write_files(request):
 
 
 def _bind_inputs(request, namespace):
+    _IMAGES["budget"], _IMAGES["used"] = int(request.get("image_budget") or 0), 0
     _write_files(request)
     for name, value in (request.get("inputs") or {}).items():
         namespace[name] = value

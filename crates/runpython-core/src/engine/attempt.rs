@@ -299,6 +299,7 @@ impl RunPython {
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
             "inline_return_bytes": limits.inline_return_bytes,
+            "image_budget": limits.max_image_bytes,
             "site_dir": site_dir,
             "saved_dir": saved_dir,
             "bridge": bridge_spec,

@@ -71,6 +71,12 @@ impl RunPythonBuilder {
         self.limits.max_upload_bytes = n;
         self
     }
+    /// Bytes of display images one run hands back inline for clients that show them (MCP `image`
+    /// content; default 256 KiB; 0: none). See [`crate::Envelope::images`].
+    pub fn max_image_bytes(mut self, n: usize) -> Self {
+        self.limits.max_image_bytes = n;
+        self
+    }
     /// Largest envelope, in bytes of JSON.
     pub fn envelope_budget(mut self, n: usize) -> Self {
         self.limits.envelope_budget = n;

@@ -107,6 +107,7 @@ impl RunPython {
             "artifact_helpers": self.inner.keep.is_some(),
             "max_return_bytes": limits.max_return_bytes,
             "inline_return_bytes": limits.inline_return_bytes,
+            "image_budget": limits.max_image_bytes,
             "site_dirs": site_dirs,
             "saved_dir": live.saved_dir,
             "repr": request.repr,
