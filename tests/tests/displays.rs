@@ -128,3 +128,57 @@ async fn matplotlib_figures_become_image_displays_kept_as_artifacts() {
         .unwrap()
         .contains("Figure"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_matplotlib_figure_carries_its_chart_as_data() {
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let code = r#"
+import matplotlib.pyplot as plt
+plt.figure(); plt.plot([1, 2, 3], [10, 20, 15], label="sales"); plt.title("Sales"); plt.xlabel("month"); plt.ylabel("EUR"); plt.legend(); plt.show()
+plt.figure(); plt.bar(["a", "b", "c"], [3, 5, 2]); plt.title("Counts"); plt.show()
+plt.figure(); plt.scatter([1, 2], [4, 8]); plt.show()
+plt.figure(); plt.pie([1, 3], labels=["x", "y"]); plt.show()
+fig, (a, b) = plt.subplots(1, 2); a.plot(range(100), [i * i for i in range(100)]); b.bar([1, 2], [1, 2]); plt.show()
+"#;
+    let e = python.run(code).await.unwrap();
+    ok(&e);
+    let chart = |i: usize| &e.displays[i]["chart"];
+    assert_eq!(e.displays.len(), 5, "{:?}", e.displays);
+    let line = chart(0);
+    assert_eq!(line["type"], "line", "{line}");
+    assert_eq!(
+        (&line["title"], &line["x_label"], &line["y_label"]),
+        (&json!("Sales"), &json!("month"), &json!("EUR"))
+    );
+    assert_eq!(line["elements"][0]["label"], "sales");
+    assert_eq!(line["elements"][0]["points"], json!([[1, 10], [2, 20], [3, 15]]));
+    let bar = chart(1);
+    assert_eq!(bar["type"], "bar", "{bar}");
+    let bars: Vec<(Value, Value)> = bar["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["label"].clone(), b["value"].clone()))
+        .collect();
+    assert_eq!(
+        bars,
+        [(json!("a"), json!(3)), (json!("b"), json!(5)), (json!("c"), json!(2))]
+    );
+    assert_eq!(chart(2)["type"], "scatter", "{}", chart(2));
+    assert_eq!(chart(2)["elements"][0]["points"], json!([[1, 4], [2, 8]]));
+    let pie = chart(3);
+    assert_eq!(pie["type"], "pie", "{pie}");
+    assert_eq!(pie["elements"][1]["fraction"], 0.75);
+    assert_eq!(pie["elements"][1]["label"], "y");
+    let two = chart(4);
+    assert_eq!(two["type"], "composite", "{two}");
+    assert_eq!(two["axes"][0]["type"], "line");
+    let long = &two["axes"][0]["elements"][0];
+    assert_eq!(long["count"], 100, "{long}");
+    assert_eq!((&long["min"], &long["max"]), (&json!(0), &json!(9801)));
+    assert_eq!(two["axes"][1]["type"], "bar");
+    assert!(serde_json::to_vec(&e).unwrap().len() <= 8192);
+}

@@ -767,6 +767,97 @@ def _display_file(stem, ext, payload):
     return name
 
 
+CHART_POINTS = 20  # points listed per series; past them, a summary
+
+
+def _num(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if f != f or f in (float("inf"), float("-inf")):
+        return None
+    return int(f) if f.is_integer() and abs(f) < 2**53 else round(f, 6)
+
+
+def _series(xs, ys):
+    """Points of a series, all of them when few, else a summary a model can read."""
+    pts = [[_num(x), _num(y)] for x, y in zip(xs, ys)]
+    if len(pts) <= CHART_POINTS:
+        return {"points": pts}
+    values = [p[1] for p in pts if isinstance(p[1], (int, float))]
+    out = {"count": len(pts), "first": pts[0], "last": pts[-1]}
+    if values:
+        out["min"], out["max"] = min(values), max(values)
+    step = max(1, len(pts) // 10)
+    out["sample"] = pts[::step][:10]
+    return out
+
+
+def _axes_chart(ax):
+    """One axes as data: its kind, title, labels, scales and elements."""
+    from matplotlib.container import BarContainer
+    from matplotlib.collections import PathCollection
+    from matplotlib.patches import Wedge
+
+    elements, kinds = [], []
+    wedges = [p for p in ax.patches if isinstance(p, Wedge)]
+    if wedges:
+        kinds.append("pie")
+        total = sum(abs(w.theta2 - w.theta1) for w in wedges) or 1.0
+        labels = [t.get_text() for t in ax.texts]
+        for i, w in enumerate(wedges):
+            elements.append({"type": "slice", "label": w.get_label() if not w.get_label().startswith("_") else (labels[i] if i < len(labels) else None), "fraction": round(abs(w.theta2 - w.theta1) / total, 4)})
+    ticks = {round(float(t), 6): l.get_text() for t, l in zip(ax.get_xticks(), ax.get_xticklabels())}
+    for container in ax.containers:
+        if isinstance(container, BarContainer):
+            kinds.append("bar")
+            group = container.get_label()
+            for patch in container.patches:
+                x = round(patch.get_x() + patch.get_width() / 2, 6)
+                elements.append({"type": "bar", "label": ticks.get(x) or _num(x), "group": None if str(group).startswith("_") else group, "value": _num(patch.get_height())})
+    for collection in ax.collections:
+        if isinstance(collection, PathCollection):
+            kinds.append("scatter")
+            offsets = collection.get_offsets()
+            label = collection.get_label()
+            item = {"type": "scatter", "label": None if str(label).startswith("_") else label}
+            item.update(_series([o[0] for o in offsets], [o[1] for o in offsets]))
+            elements.append(item)
+    for line in ax.get_lines():
+        label = line.get_label()
+        xs, ys = line.get_xdata(), line.get_ydata()
+        if len(xs) < 2 and not wedges:
+            continue
+        kinds.append("line")
+        item = {"type": "line", "label": None if str(label).startswith("_") else label}
+        item.update(_series(list(xs), list(ys)))
+        elements.append(item)
+    kind = kinds[0] if len(set(kinds)) == 1 else ("composite" if kinds else "empty")
+    return {
+        "type": kind,
+        "title": ax.get_title() or None,
+        "x_label": ax.get_xlabel() or None,
+        "y_label": ax.get_ylabel() or None,
+        "x_scale": ax.get_xscale(),
+        "y_scale": ax.get_yscale(),
+        "elements": elements[:50],
+        "elements_total": len(elements),
+    }
+
+
+def _chart(fig):
+    """A matplotlib figure as data: one axes' chart, or a composite of several."""
+    axes = [_axes_chart(ax) for ax in fig.get_axes()]
+    title = fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else None
+    if len(axes) == 1:
+        chart = axes[0]
+        if title and not chart["title"]:
+            chart["title"] = title
+        return chart
+    return {"type": "composite", "title": title, "axes": axes[:8]}
+
+
 def _add_display(obj, stem=None):
     """One entry of `displays` for `obj` (nothing when it has no form beyond its repr and is not
     shown explicitly)."""
@@ -800,7 +891,13 @@ def _add_display(obj, stem=None):
             text = _display_cut(text, max(room, 40))
             used += len(text)
             formats[mime] = text
-    _DISPLAYS.append({"formats": formats})
+    entry = {"formats": formats}
+    if (type(obj).__module__ or "").startswith("matplotlib") and hasattr(obj, "get_axes"):
+        try:
+            entry["chart"] = _chart(obj)
+        except Exception:
+            pass  # a figure this cannot read is still shown
+    _DISPLAYS.append(entry)
 
 
 def display(*objs, **kwargs):
