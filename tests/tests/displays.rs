@@ -154,7 +154,10 @@ fig, (a, b) = plt.subplots(1, 2); a.plot(range(100), [i * i for i in range(100)]
         (&json!("Sales"), &json!("month"), &json!("EUR"))
     );
     assert_eq!(line["elements"][0]["label"], "sales");
-    assert_eq!(line["elements"][0]["points"], json!([[1, 10], [2, 20], [3, 15]]));
+    assert_eq!(
+        line["elements"][0]["points"],
+        json!([[1, 10], [2, 20], [3, 15]])
+    );
     let bar = chart(1);
     assert_eq!(bar["type"], "bar", "{bar}");
     let bars: Vec<(Value, Value)> = bar["elements"]
@@ -165,7 +168,11 @@ fig, (a, b) = plt.subplots(1, 2); a.plot(range(100), [i * i for i in range(100)]
         .collect();
     assert_eq!(
         bars,
-        [(json!("a"), json!(3)), (json!("b"), json!(5)), (json!("c"), json!(2))]
+        [
+            (json!("a"), json!(3)),
+            (json!("b"), json!(5)),
+            (json!("c"), json!(2))
+        ]
     );
     assert_eq!(chart(2)["type"], "scatter", "{}", chart(2));
     assert_eq!(chart(2)["elements"][0]["points"], json!([[1, 4], [2, 8]]));
@@ -181,4 +188,47 @@ fig, (a, b) = plt.subplots(1, 2); a.plot(range(100), [i * i for i in range(100)]
     assert_eq!((&long["min"], &long["max"]), (&json!(0), &json!(9801)));
     assert_eq!(two["axes"][1]["type"], "bar");
     assert!(serde_json::to_vec(&e).unwrap().len() <= 8192);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_result_content_shows_the_model_its_chart_in_each_api() {
+    use runpython_core::ToolFormat;
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let args = json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"});
+    for format in [ToolFormat::Anthropic, ToolFormat::OpenAi, ToolFormat::Mcp] {
+        let content = python
+            .handle_tool_call_content("run_python", &args, format)
+            .await
+            .unwrap();
+        let blocks = content.as_array().unwrap();
+        assert_eq!(blocks.len(), 2, "{format:?}: {content}");
+        let envelope: Value = serde_json::from_str(blocks[0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(envelope["status"], "success");
+        let image = &blocks[1];
+        let data = match format {
+            ToolFormat::Anthropic => {
+                assert_eq!(image["type"], "image");
+                assert_eq!(image["source"]["media_type"], "image/png");
+                image["source"]["data"].as_str().unwrap().to_owned()
+            }
+            ToolFormat::OpenAi => {
+                assert_eq!(
+                    (&blocks[0]["type"], &image["type"]),
+                    (&json!("input_text"), &json!("input_image"))
+                );
+                let url = image["image_url"].as_str().unwrap();
+                url.strip_prefix("data:image/png;base64,")
+                    .unwrap()
+                    .to_owned()
+            }
+            _ => {
+                assert_eq!(image["mimeType"], "image/png");
+                image["data"].as_str().unwrap().to_owned()
+            }
+        };
+        assert!(data.starts_with("iVBORw0KGgo"), "a PNG: {}", &data[..20]);
+    }
 }

@@ -301,6 +301,47 @@ impl RunPython {
         }
     }
 
+    /// [`RunPython::handle_tool_call`] as tool-result content in `format`: the result's JSON as
+    /// text, then each display image `run_python` handed back (within
+    /// [`crate::Limits::max_image_bytes`]) as that API's image block, so an agent loop shows the
+    /// model its charts with no code of its own. Anthropic: `tool_result` content (`text`, `image`
+    /// with a base64 `source`); OpenAI: Responses API `function_call_output` output (`input_text`,
+    /// `input_image` with a data URL); MCP: `text` and `image` (`data`, `mimeType`).
+    pub async fn handle_tool_call_content(
+        &self,
+        name: &str,
+        input: &Value,
+        format: ToolFormat,
+    ) -> Result<Value, Error> {
+        let (value, images) = if name == RUN_PYTHON_TOOL {
+            let request = self.run_python_request(input)?;
+            let envelope = self.run(request).await?;
+            let images = envelope.images.clone();
+            let value =
+                serde_json::to_value(&envelope).map_err(|e| Error::Internal(e.to_string()))?;
+            (value, images)
+        } else {
+            (self.handle_tool_call(name, input).await?, Vec::new())
+        };
+        let text = value.to_string();
+        let mut content = vec![match format {
+            ToolFormat::OpenAi => json!({"type": "input_text", "text": text}),
+            _ => json!({"type": "text", "text": text}),
+        }];
+        for image in images {
+            content.push(match format {
+                ToolFormat::Anthropic => json!({"type": "image", "source": {
+                    "type": "base64", "media_type": image.mime, "data": image.data}}),
+                ToolFormat::OpenAi => json!({"type": "input_image",
+                    "image_url": format!("data:{};base64,{}", image.mime, image.data)}),
+                ToolFormat::Mcp => {
+                    json!({"type": "image", "data": image.data, "mimeType": image.mime})
+                }
+            });
+        }
+        Ok(Value::Array(content))
+    }
+
     /// Answers a model's call of one of [`RunPython::tool_definitions`]: `run_python` gives the
     /// envelope (whatever its status: that is the outcome), `get_run_artifact` a slice of the artifact.
     /// `resume` continues a suspended run with `decisions` (suspension id → decision). `Err` is for calls
