@@ -53,8 +53,8 @@ async fn objects_show_their_formats_and_a_trivial_run_shows_nothing() {
     assert_eq!(d[1]["formats"]["application/json"], r#"{"k":[1,2]}"#);
     assert_eq!(d[1]["formats"]["text/plain"], "Bundle!");
     assert_eq!(d[2]["formats"], json!({"text/plain": "42"}));
-    // The last expression, rich, is displayed too, besides its value.
-    assert_eq!(d[3]["formats"]["text/html"], "<b>bold</b>");
+    // The last expression, rich, is displayed too, besides its value: what the value lacks only.
+    assert_eq!(d[3]["formats"], json!({"text/html": "<b>bold</b>"}));
     let trivial = python.run("x = 1\nx + 1").await.unwrap();
     assert!(trivial.displays.is_empty());
     assert!(!serde_json::to_string(&trivial)
@@ -231,4 +231,28 @@ async fn tool_result_content_shows_the_model_its_chart_in_each_api() {
         };
         assert!(data.starts_with("iVBORw0KGgo"), "a PNG: {}", &data[..20]);
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_returned_dataframe_costs_no_display_its_preview_already_says_it() {
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let e = python
+        .run("import pandas as pd\npd.DataFrame({'a': range(100), 'b': ['x'] * 100})")
+        .await
+        .unwrap();
+    ok(&e);
+    assert!(e.displays.is_empty(), "{:?}", e.displays);
+    // Shown on purpose, it is displayed (its table's HTML cut to fit).
+    let e = python
+        .run("import pandas as pd\ndisplay(pd.DataFrame({'a': range(100)}))")
+        .await
+        .unwrap();
+    ok(&e);
+    assert!(e.displays[0]["formats"]["text/html"]
+        .as_str()
+        .unwrap()
+        .contains("<table"));
 }

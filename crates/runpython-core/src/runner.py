@@ -858,14 +858,27 @@ def _chart(fig):
     return {"type": "composite", "title": title, "axes": axes[:8]}
 
 
-def _add_display(obj, stem=None):
-    """One entry of `displays` for `obj` (nothing when it has no form beyond its repr and is not
-    shown explicitly)."""
+# The last expression's value is already in the envelope (its value or preview): its automatic display
+# adds only what that lacks, an HTML form as long as this at most (a DataFrame's table markup would
+# cost a model kilobytes for what the preview says), and no text/plain.
+LAST_VALUE_HTML = 500
+
+
+def _add_display(obj, stem=None, last_value=False):
+    """One entry of `displays` for `obj`; for the last expression's value (`last_value`), only the
+    forms its return value lacks, and nothing when none remains."""
     if len(_DISPLAYS) >= MAX_DISPLAYS:
         return
     import binascii
 
     bundle = _mime_bundle(obj)
+    if last_value:
+        bundle.pop("text/plain", None)
+        html = bundle.get("text/html")
+        if isinstance(html, str) and len(html) > LAST_VALUE_HTML:
+            del bundle["text/html"]
+        if not bundle:
+            return
     used = sum(len(v) for d in _DISPLAYS for v in d["formats"].values() if isinstance(v, str))
     formats = {}
     for mime, value in bundle.items():
@@ -1222,7 +1235,7 @@ def _run(request, namespace, loop=None):
         if has_value and value is not None:
             try:
                 if _rich(value):
-                    _add_display(value)
+                    _add_display(value, last_value=True)
             except Exception:
                 pass  # a value that cannot show itself is still returned
             status, result, summary = _report_value(value, limit, inline_limit)
