@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -285,7 +287,6 @@ fn a_secret_goes_to_its_host_over_https_and_the_code_holds_a_placeholder() {
 
 #[test]
 fn mcp_takes_the_operators_secrets_and_the_model_gets_placeholders() {
-    use std::io::Write;
     if !enforced() {
         return;
     }
@@ -295,56 +296,28 @@ fn mcp_takes_the_operators_secrets_and_the_model_gets_placeholders() {
     let ca_file = dir.path().join("ca.pem");
     let value = "sk-mcp-9d1c44e0b7a25f68c3e1d0a9b8f7e6d5";
     let allow = format!("api.test:{}", tls.port);
-    let mut child = Command::new(BIN)
-        .args(["mcp", "--no-store", "--resolve", "api.test=127.0.0.1"])
-        .args([
-            "--allow-host",
-            &allow,
-            "--secret",
-            "API_KEY=RUNPYTHON_TEST_KEY:api.test",
-        ])
-        .args(["--upstream-ca", ca_file.to_str().unwrap()])
-        .env("RUNPYTHON_TEST_KEY", value)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     let code = format!(
         "import os, urllib.request\n\
          r = urllib.request.Request('https://api.test:{}/via-mcp', headers={{'Authorization': 'Bearer ' + os.environ['API_KEY']}})\n\
          [os.environ['API_KEY'][:3], urllib.request.urlopen(r, timeout=20).read().decode()]",
         tls.port
     );
-    let messages = [
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}}),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "run_python", "arguments": {"code": code}}}),
-    ];
-    let mut stdin = child.stdin.take().unwrap();
-    for m in &messages {
-        writeln!(stdin, "{m}").unwrap();
-    }
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    let mut reply = Value::Null;
-    for _ in 0..10 {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-        if v["id"] == 2 {
-            assert!(!line.contains(value), "{line}");
-            reply = v;
-            break;
-        }
-    }
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
+    let (reply, line) = common::mcp_call(
+        &[
+            "--no-store",
+            "--resolve",
+            "api.test=127.0.0.1",
+            "--allow-host",
+            &allow,
+            "--secret",
+            "API_KEY=RUNPYTHON_TEST_KEY:api.test",
+            "--upstream-ca",
+            ca_file.to_str().unwrap(),
+        ],
+        &[("RUNPYTHON_TEST_KEY", value)],
+        json!({"code": code}),
+    );
+    assert!(!line.contains(value), "{line}");
     let text = reply.to_string();
     assert!(
         text.contains("hello over tls") && text.contains("rp_"),

@@ -7,9 +7,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-
 use common::{envelope, runpython, text};
 use serde_json::{json, Value};
 
@@ -86,44 +83,9 @@ fn a_csv_put_in_the_store_or_passed_as_a_file_is_read_by_pandas() {
     );
 }
 
-/// `tools/call run_python` with `arguments`, over `runpython mcp ARGS`' stdio.
+/// `tools/call run_python` with `arguments`, over `runpython mcp ARGS`' stdio: the reply.
 fn mcp_call(args: &[&str], arguments: Value) -> Value {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_runpython"))
-        .arg("mcp")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    for m in [
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}}),
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "run_python", "arguments": arguments}}),
-    ] {
-        writeln!(stdin, "{m}").unwrap();
-    }
-    let mut reader = BufReader::new(child.stdout.take().unwrap());
-    let mut reply = Value::Null;
-    for _ in 0..10 {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
-        if v["id"] == 2 {
-            reply = v;
-            break;
-        }
-    }
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
-    reply
+    common::mcp_call(args, &[], arguments).0
 }
 
 #[test]

@@ -107,13 +107,47 @@ pub(crate) fn redact_envelope(mut envelope: Envelope, redactor: &Redactor) -> En
 /// through the bridge in slices, so the host never holds a whole large artifact.
 const INLINE_INPUT_ARTIFACT: u64 = 1 << 20;
 
-/// Each input artifact for the runner's request: its bytes as base64 when small, else its id and size
-/// (the runner reads it in slices).
+/// Bytes as the runner's request carries them.
+fn base64_value(bytes: &[u8]) -> Value {
+    use base64::Engine;
+    Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// A stored artifact for the runner's request: its bytes as base64 when small, else its id and size
+/// (the runner reads it in slices). `what` names it in the error of a missing id (another tenant's
+/// included), which is audited as an `access`.
+async fn artifact_for_runner(
+    store: &Store,
+    id: &str,
+    what: &str,
+    access: &'static str,
+) -> Result<Value, Error> {
+    let missing = |e| match e {
+        runpython_store::Error::NotFound { .. } => {
+            crate::tenancy::audit_miss(store, runpython_store::Held::Artifact, id, access);
+            Error::InvalidInput(format!(
+                "{what}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
+                store.url()
+            ))
+        }
+        other => Error::Store(other),
+    };
+    let size = store.artifact_size(id).await.map_err(missing)?;
+    if size > INLINE_INPUT_ARTIFACT {
+        return Ok(serde_json::json!({"id": id, "bytes": size}));
+    }
+    let (bytes, _) = store
+        .get_run_artifact_range(id, 0, None, INLINE_INPUT_ARTIFACT)
+        .await
+        .map_err(missing)?;
+    Ok(base64_value(&bytes))
+}
+
+/// Each input artifact for the runner's request (see [`artifact_for_runner`]).
 pub(crate) async fn fetch_input_artifacts(
     store: Option<&Store>,
     request: &RunRequest,
 ) -> Result<serde_json::Map<String, Value>, Error> {
-    use base64::Engine;
     let mut out = serde_json::Map::new();
     if request.input_artifacts.is_empty() {
         return Ok(out);
@@ -122,77 +156,33 @@ pub(crate) async fn fetch_input_artifacts(
         Error::InvalidInput("artifact inputs need an engine with a store (store())".into())
     })?;
     for (name, id) in &request.input_artifacts {
-        let missing = |e| match e {
-            runpython_store::Error::NotFound { .. } => {
-                crate::tenancy::audit_miss(
-                    store,
-                    runpython_store::Held::Artifact,
-                    id,
-                    "input artifact",
-                );
-                Error::InvalidInput(format!(
-                "input {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
-                store.url()
-            ))
-            }
-            other => Error::Store(other),
-        };
-        let size = store.artifact_size(id).await.map_err(missing)?;
-        let value = if size <= INLINE_INPUT_ARTIFACT {
-            let (bytes, _) = store
-                .get_run_artifact_range(id, 0, None, INLINE_INPUT_ARTIFACT)
-                .await
-                .map_err(missing)?;
-            Value::String(base64::engine::general_purpose::STANDARD.encode(&bytes))
-        } else {
-            serde_json::json!({"id": id, "bytes": size})
-        };
+        let value =
+            artifact_for_runner(store, id, &format!("input {name}"), "input artifact").await?;
         out.insert(name.clone(), value);
     }
     Ok(out)
 }
 
-/// The run's files for the runner's request: bytes as base64, a stored artifact's bytes when small,
-/// else its id and size (the runner copies it in slices). Another tenant's id reads as missing.
+/// The run's files for the runner's request: bytes as base64, a stored artifact as
+/// [`artifact_for_runner`] gives it. Another tenant's id reads as missing.
 pub(crate) async fn fetch_files(
     store: Option<&Store>,
     request: &RunRequest,
 ) -> Result<serde_json::Map<String, Value>, Error> {
-    use base64::Engine;
-    let b64 = |bytes: &[u8]| Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
     let mut out = serde_json::Map::new();
     for (name, source) in &request.files {
-        let id = match source {
+        let value = match source {
             crate::FileSource::Bytes(bytes) | crate::FileSource::Upload(bytes) => {
-                out.insert(name.clone(), b64(bytes));
-                continue;
+                base64_value(bytes)
             }
-            crate::FileSource::Artifact(id) => id,
-        };
-        let store = store.ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "file {name} is a stored artifact, and this engine has no store (store())"
-            ))
-        })?;
-        let missing = |e| match e {
-            runpython_store::Error::NotFound { .. } => {
-                crate::tenancy::audit_miss(store, runpython_store::Held::Artifact, id, "file");
-                Error::InvalidInput(format!(
-                    "file {name}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
-                    store.url()
-                ))
+            crate::FileSource::Artifact(id) => {
+                let store = store.ok_or_else(|| {
+                    Error::InvalidInput(format!(
+                        "file {name} is a stored artifact, and this engine has no store (store())"
+                    ))
+                })?;
+                artifact_for_runner(store, id, &format!("file {name}"), "file").await?
             }
-            other => Error::Store(other),
-        };
-        let size = store.artifact_size(id).await.map_err(missing)?;
-        let value = if size <= INLINE_INPUT_ARTIFACT {
-            let (bytes, _) = store
-                .get_run_artifact_range(id, 0, None, INLINE_INPUT_ARTIFACT)
-                .await
-                .map_err(missing)?;
-            b64(&bytes)
-        } else {
-            serde_json::json!({"id": id, "bytes": size})
         };
         out.insert(name.clone(), value);
     }
