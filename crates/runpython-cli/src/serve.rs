@@ -213,6 +213,13 @@ fn unauthorized(state: &AppState, host: Option<&str>, why: &str, presented: bool
             .headers_mut()
             .insert(header::WWW_AUTHENTICATE, value);
     }
+    // The connection ends with the refusal, and says so: a client must not send its next request on
+    // a connection that has made no authenticated one (it counts against the unauthenticated cap,
+    // and one reused as the server let it go was a race the client lost, "disconnected without a
+    // response").
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
