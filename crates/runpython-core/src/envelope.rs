@@ -22,7 +22,7 @@ pub enum Status {
 }
 
 /// One display image, inline: what an MCP `image` content block carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DisplayImage {
     /// Its display's index in [`Envelope::displays`].
     pub display: usize,

@@ -477,6 +477,54 @@ impl PyRunPython {
         to_py(py, &value)
     }
 
+    /// Like `handle_tool_call`, as tool-result content in the provider's shape (`"anthropic"`,
+    /// `"openai"` or `"mcp"`): a list of blocks, the result as text first, then each image the run
+    /// displayed (within the engine's `max_image_bytes`) as an image block, so a model sees its charts.
+    #[pyo3(signature = (name, arguments = None, format = "anthropic"))]
+    fn handle_tool_call_content(
+        &self,
+        py: Python<'_>,
+        name: String,
+        arguments: Option<&Bound<'_, PyAny>>,
+        format: &str,
+    ) -> PyResult<Py<PyAny>> {
+        let format = ToolFormat::from_str(format).map_err(py_err)?;
+        let input = tool_arguments(arguments)?;
+        let context = RunContext::private(py)?;
+        let engine = self.engine.clone();
+        let value = block_on(
+            py,
+            context
+                .scope(async move { engine.handle_tool_call_content(&name, &input, format).await }),
+        )?
+        .map_err(py_err)?;
+        to_py(py, &value)
+    }
+
+    /// `handle_tool_call_content` for asyncio.
+    #[pyo3(signature = (name, arguments = None, format = "anthropic"))]
+    fn ahandle_tool_call_content<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        arguments: Option<&Bound<'py, PyAny>>,
+        format: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let format = ToolFormat::from_str(format).map_err(py_err)?;
+        let input = tool_arguments(arguments)?;
+        let engine = self.engine.clone();
+        deferred(py, move |py| {
+            let context = RunContext::here(py, None)?;
+            future_into_py(py, async move {
+                let value = context
+                    .scope(engine.handle_tool_call_content(&name, &input, format))
+                    .await
+                    .map_err(py_err)?;
+                Python::attach(|py| to_py(py, &value))
+            })
+        })
+    }
+
     /// `handle_tool_call` for asyncio.
     #[pyo3(signature = (name, arguments = None))]
     fn ahandle_tool_call<'py>(

@@ -149,6 +149,13 @@ impl PyEnvelope {
     fn displays(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         serialize_to_py(py, &self.inner.displays)
     }
+    /// The images the code displayed that fit the engine's `max_image_bytes`, inline: each
+    /// `{"display": index into displays, "mime": "image/png", "data": base64}`. Never part of
+    /// `to_dict`/`to_json` (the JSON envelope links them by artifact id instead).
+    #[getter]
+    fn images(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        serialize_to_py(py, &self.inner.images)
+    }
     /// The session a cell ran in; `None` for a run of its own.
     #[getter]
     fn session_id(&self) -> Option<&str> {

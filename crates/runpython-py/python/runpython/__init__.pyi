@@ -98,6 +98,11 @@ class Artifact:
     def to_dict(self) -> dict[str, Any]: ...
 
 @final
+class _Image(TypedDict):
+    display: int
+    mime: str
+    data: str
+
 class Envelope:
     """What a run returned (envelope v1)."""
 
@@ -138,6 +143,10 @@ class Envelope:
     def displays(self) -> list[dict[str, Any]]:
         """What the code displayed (`display(obj)`, rich last values, matplotlib figures), in order:
         each `{"formats": {mime: text, or {"file", "bytes", "width", "height", "artifact_id"}}}`."""
+    @property
+    def images(self) -> list[_Image]:
+        """The displayed images that fit the engine's `max_image_bytes`, inline (base64); never in
+        `to_dict`/`to_json`, which link them by artifact id."""
     @property
     def network(self) -> dict[str, Any] | None:
         """With a network policy, when the run used the network: `mode`, `connections`, `bytes_out`,
@@ -376,6 +385,21 @@ class RunPython:
     def ahandle_tool_call(
         self, name: str, arguments: Mapping[str, _Json] | str | None = None
     ) -> Coroutine[Any, Any, _Json]: ...
+    def handle_tool_call_content(
+        self,
+        name: str,
+        arguments: Mapping[str, _Json] | str | None = None,
+        format: Literal["anthropic", "openai", "mcp"] = "anthropic",
+    ) -> list[dict[str, Any]]:
+        """`handle_tool_call` as tool-result content blocks in the provider's shape: the result as
+        text, then each displayed image (within `max_image_bytes`) as an image block."""
+
+    def ahandle_tool_call_content(
+        self,
+        name: str,
+        arguments: Mapping[str, _Json] | str | None = None,
+        format: Literal["anthropic", "openai", "mcp"] = "anthropic",
+    ) -> Coroutine[Any, Any, list[dict[str, Any]]]: ...
     def get_run_artifact(self, id: str) -> bytes: ...
     def tenant(self, name: str, *, max_stored_bytes: int | None = None) -> RunPython:
         """This engine for tenant `name`: its runs, artifacts, checkpoints, sessions and memo entries
