@@ -295,3 +295,27 @@ async fn large_results_are_kept_beside_the_journal_and_replayed_from_there() {
     );
     assert_eq!(f.pay_calls.load(Ordering::SeqCst), 1, "pay ran once");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_run_sees_its_files_and_exact_values_again() {
+    // Both were missing from the checkpoint: a resumed run had no files, and its tagged inputs came
+    // back as plain dicts.
+    let f = fixture();
+    let code =
+        "data = open('in.csv').read()\nok = request_approval('go?')\n(data, type(x).__name__, ok)";
+    let request = runpython_core::RunRequest::new(code)
+        .file("in.csv", b"a,b\n1,2\n".to_vec())
+        .input("x", json!({"$rp": "tuple", "v": [1, 2]}))
+        .typed();
+    let e = f.python.run(request).await.unwrap();
+    let resumed = f
+        .python
+        .resume(&e.run_id, decision(&suspension_id(&e), json!("yes")))
+        .await
+        .unwrap();
+    assert_eq!(resumed.status, Status::Success, "{:?}", resumed.error);
+    assert_eq!(
+        resumed.return_typed,
+        Some(json!({"$rp": "tuple", "v": ["a,b\n1,2\n", "tuple", "yes"]}))
+    );
+}

@@ -247,3 +247,46 @@ async fn the_isolation_report_is_kept_whole_but_left_out_of_the_json_envelope_wh
     let kept: Value = serde_json::from_str(&manifest.isolation_json).unwrap();
     assert_eq!(kept, serde_json::to_value(&isolation).unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_typed_request_gets_the_exact_value_beside_the_json_and_keeps_it_in_the_memo() {
+    let (_dir, store) = file_store();
+    let python = builder()
+        .store(store)
+        .memoize(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let code = "import datetime\n(1, datetime.date(2024, 1, 2), b'x')";
+    let typed = python.run(RunRequest::new(code).typed()).await.unwrap();
+    assert_eq!(typed.status, Status::Success, "{:?}", typed.error);
+    // The JSON envelope keeps its JSON forms (a tuple as a list, ISO dates, base64 bytes); the
+    // exact value rides beside it.
+    assert_eq!(typed.return_value, json!([1, "2024-01-02", "eA=="]));
+    let exact = json!({"$rp": "tuple", "v": [1, {"$rp": "date", "v": "2024-01-02"}, {"$rp": "bytes", "v": "eA=="}]});
+    assert_eq!(typed.return_typed, Some(exact.clone()));
+    let hit = python.run(RunRequest::new(code).typed()).await.unwrap();
+    assert!(hit.cached);
+    assert_eq!(hit.return_typed, Some(exact));
+    // A plain request of the same code is another memo entry, and has no typed copy.
+    let plain = python.run(code).await.unwrap();
+    assert!(!plain.cached && plain.return_typed.is_none());
+    assert!(!serde_json::to_string(&plain)
+        .unwrap()
+        .contains("return_typed"));
+    // Plain JSON values need no copy even when asked.
+    let json_only = python
+        .run(RunRequest::new("[1, {'a': 'b'}]").typed())
+        .await
+        .unwrap();
+    assert!(json_only.return_typed.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dates_and_bytes_have_a_json_form() {
+    let e = run("import datetime\n[datetime.datetime(2024, 1, 2, 3, 4, 5), datetime.time(6, 7), bytearray(b'ab')]").await;
+    assert_eq!(
+        e.return_value,
+        json!(["2024-01-02T03:04:05", "06:07:00", "YWI="])
+    );
+    assert_eq!(run("b'\\x00'").await.return_value, json!("AA=="));
+}

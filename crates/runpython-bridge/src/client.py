@@ -141,10 +141,15 @@ class _Bridge:
             if waits:
                 self.waiting += 1
             try:
+                if name in _typed:
+                    args = [_values.encode(a)[0] for a in args]
+                    kwargs = {k: _values.encode(v)[0] for k, v in kwargs.items()}
                 self._send({"type": "call", "id": call_id, "tool": name, "args": list(args), "kwargs": kwargs})
             except BaseException as exc:
                 if waits:
                     self.waiting -= 1
+                if name in _typed and isinstance(exc, (TypeError, ValueError)):
+                    raise type(exc)("an argument of tool %r cannot cross to the host: %s" % (name, exc)) from None
                 if isinstance(exc, TypeError):
                     raise TypeError("arguments of tool %r must be JSON values: %s" % (name, exc)) from None
                 raise
@@ -236,10 +241,16 @@ class _Bridge:
 def _unwrap(name, message):
     if "error" in message:
         raise _error_for(name, message["error"])
+    if name in _typed:
+        return _values.decode(message.get("result"), stand_ins=True)
     return message.get("result")
 
 
 _bridge = None
+# The tagged codec, and the tools whose arguments and results go through it (a host's Python callables:
+# a tuple stays a tuple, a datetime a datetime); other tools take and give plain JSON.
+_values = None
+_typed = set()
 
 
 def call(tool, /, **kwargs):
@@ -279,9 +290,10 @@ def _aio(function, task=False):
 _flavours = {}
 
 
-def install(spec, namespace, loads, dumps):
-    """Defines the tool functions in `namespace`; `loads`/`dumps` are the runner's strict JSON codec."""
-    global _bridge
+def install(spec, namespace, loads, dumps, values=None):
+    """Defines the tool functions in `namespace`; `loads`/`dumps` are the runner's strict JSON codec,
+    `values` its tagged codec (runpython_values) for tools that take and give exact values."""
+    global _bridge, _values
     fd = spec.get("fd")
     if fd is not None:
         import posix
@@ -292,6 +304,9 @@ def install(spec, namespace, loads, dumps):
             pass  # not open: the first call says so
     _bridge = _Bridge(spec.get("path"), fd, spec["token"], int(spec.get("max_frame", 16 << 20)), loads, dumps)
     registry = {}
+    _values = values
+    _typed.clear()
+    _typed.update(t["name"] for t in spec["tools"] if t.get("typed") and values is not None)
     for tool in spec["tools"]:
         if tool.get("hidden"):
             continue  # the host's plumbing, reached through the runner's helpers

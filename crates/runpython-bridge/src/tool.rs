@@ -108,6 +108,13 @@ pub trait Tool: Send + Sync {
     fn is_hidden(&self) -> bool {
         false
     }
+    /// True for a tool whose arguments and result are runpython's tagged JSON (exact Python values:
+    /// tuples, sets, dates, bytes, dataclasses...; see `runpython_core::VALUES_PY`), as a host's
+    /// Python callables take and give them. The child encodes this tool's arguments and decodes its
+    /// result with that codec; other tools get and give plain JSON. Default: false.
+    fn typed_values(&self) -> bool {
+        false
+    }
     /// True for a tool that runs other runs (a nested `run_python`): under a [`crate::CallBudget`]
     /// its call holds no slot of the tree's concurrent calls (the runs it starts take theirs for their
     /// own calls). Default: false.
@@ -334,10 +341,11 @@ impl ToolSet {
                 .map(Value::to_string)
                 .unwrap_or_default();
             text.push_str(&format!(
-                "{}\u{0}{}\u{0}{schema}\u{0}{}\u{1}",
+                "{}\u{0}{}\u{0}{schema}\u{0}{}\u{0}{}\u{1}",
                 tool.name(),
                 tool.description(),
-                tool.is_pure()
+                tool.is_pure(),
+                tool.typed_values()
             ));
         }
         text
@@ -354,6 +362,7 @@ impl ToolSet {
                         "description": t.description(),
                         "params": t.input_schema().map(params_of),
                         "hidden": t.is_hidden(),
+                        "typed": t.typed_values(),
                     })
                 })
                 .collect(),

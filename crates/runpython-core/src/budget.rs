@@ -62,6 +62,7 @@ pub(crate) fn fit(
     if size(envelope) > budget && !envelope.return_value.is_null() {
         envelope.return_preview = Some(shrink(&json_preview(&envelope.return_value), 3, 40, 0));
         envelope.return_value = Value::Null;
+        envelope.return_typed = None;
         relist(envelope, &mut withheld, |kind| {
             kind == ArtifactKind::ReturnValue
         });

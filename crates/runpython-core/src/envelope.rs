@@ -84,6 +84,11 @@ pub struct Envelope {
     /// The value as Python shows it, when the request asked for it (a REPL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_repr: Option<String>,
+    /// For a [`crate::RunRequest::typed`] request, the value exactly, as runpython's tagged JSON
+    /// ([`crate::VALUES_PY`]), when that differs from `return_value` (a tuple, a set, a datetime,
+    /// bytes, a dataclass...); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_typed: Option<Value>,
     /// `false` when the store failed to keep the run after the code ran (its record, checkpoint or
     /// memo entry): the envelope is still the code's outcome, `store_error` says what failed, and
     /// nothing of the run may be in the store. Absent (true) otherwise, runs not kept at all included.
@@ -283,6 +288,7 @@ impl Envelope {
             cell: None,
             restored: false,
             return_repr: None,
+            return_typed: None,
             kept: true,
             store_error: None,
             displays: Vec::new(),

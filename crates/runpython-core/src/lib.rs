@@ -67,6 +67,12 @@ pub use runpython_sandbox::{
     HostPattern, KernelReport, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
 };
 pub use session::SessionConfig;
+
+/// runpython's tagged JSON codec (Python source, standard library only): exact Python values
+/// (tuples, sets, dates with their zones, bytes, Decimal, dataclasses...) as JSON, both ways. The
+/// child uses it for [`RunRequest::typed`] requests; the Python package builds it into itself for the
+/// host's side, so both ends share one encoding.
+pub const VALUES_PY: &str = child::code_dir::VALUES_PY;
 pub use tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,
 };

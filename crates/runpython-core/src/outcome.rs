@@ -101,6 +101,7 @@ pub(crate) fn apply_ending(
 pub(crate) fn apply_tool_limit(envelope: &mut Envelope, max_calls: u32, tree: Option<u32>) {
     envelope.status = Status::Error;
     envelope.return_value = Value::Null;
+    envelope.return_typed = None;
     envelope.return_type = None;
     let message = match tree {
         Some(max) => format!(
@@ -183,6 +184,8 @@ fn apply_result(
         #[serde(default)]
         return_repr: Option<String>,
         #[serde(default)]
+        return_typed: Option<Value>,
+        #[serde(default)]
         displays: Vec<Value>,
     }
     let parsed = serde_json::from_slice::<RunnerResult>(bytes).map(|mut result| {
@@ -190,6 +193,9 @@ fn apply_result(
         runpython_bridge::canonical_floats(&mut result.return_value);
         if let Some(preview) = &mut result.return_preview {
             runpython_bridge::canonical_floats(preview);
+        }
+        if let Some(typed) = &mut result.return_typed {
+            runpython_bridge::canonical_floats(typed);
         }
         result
     });
@@ -203,6 +209,7 @@ fn apply_result(
             envelope.return_type = result.return_type;
             envelope.return_preview = result.return_preview;
             envelope.return_repr = result.return_repr;
+            envelope.return_typed = result.return_typed;
         }
         Ok(result) => {
             envelope.return_preview = result.return_preview;

@@ -94,6 +94,9 @@ pub(crate) fn redact_envelope(mut envelope: Envelope, redactor: &Redactor) -> En
     envelope.stdout = redactor.redact(&envelope.stdout).into_owned();
     envelope.stderr = redactor.redact(&envelope.stderr).into_owned();
     envelope.return_value = redactor.redact_json(&envelope.return_value);
+    if let Some(typed) = &envelope.return_typed {
+        envelope.return_typed = Some(redactor.redact_json(typed));
+    }
     if let Some(error) = &mut envelope.error {
         error.message = redactor.redact(&error.message).into_owned();
         if let Some(tb) = &error.traceback {
@@ -216,6 +219,8 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
         // What the dependencies are resolved from: a pure function of these and the code.
         parts.deps.clone(),
         canonical_json(&Value::Object(request.inputs.clone())),
+        // Tagged inputs, and an envelope with `return_typed`: not the same run as a plain one.
+        format!("typed={}", request.typed),
         format!(
             "{}|{:?}",
             parts.interpreter.executable.display(),

@@ -99,6 +99,10 @@ pub struct RunRequest {
     pub reset_session: bool,
     /// Also return the value as Python shows it (`return_repr`: what a REPL prints).
     pub repr: bool,
+    /// Exact values, for programs: [`RunRequest::inputs`] are runpython's tagged JSON
+    /// ([`crate::VALUES_PY`]), decoded into the real objects in the run, and the envelope carries
+    /// [`crate::Envelope::return_typed`] beside its JSON `return_value`. The Python package sets it.
+    pub typed: bool,
     /// Environment variables for this run only, on top of the engine's (e2b's `envs`). Like
     /// passed-through variables, their values are masked wherever the run is kept (stored output,
     /// values, memo entries) and are never written to the store: a resumed run does not get them.
@@ -139,6 +143,7 @@ impl RunRequest {
             session: None,
             reset_session: false,
             repr: false,
+            typed: false,
             env: BTreeMap::new(),
             allow_hosts: None,
             files: Vec::new(),
@@ -208,6 +213,13 @@ impl RunRequest {
     /// Binds `name` to `value` as a global.
     pub fn input(mut self, name: impl Into<String>, value: Value) -> Self {
         self.inputs.insert(name.into(), value);
+        self
+    }
+
+    /// Exact values: inputs are tagged JSON and the envelope carries `return_typed` (see
+    /// [`RunRequest::typed`]).
+    pub fn typed(mut self) -> Self {
+        self.typed = true;
         self
     }
 }

@@ -1,7 +1,7 @@
 //! Human in the loop: approval tools, checkpoints of resumable runs, and resume by deterministic replay.
 //!
 //! A run that may suspend keeps a checkpoint in the store: what it was asked to run (code, inputs,
-//! dependencies) and its call journal. A suspension kills the child and leaves the checkpoint
+//! dependencies, files) and its call journal. A suspension kills the child and leaves the checkpoint
 //! `Suspended`; [`crate::RunPython::resume`] re-runs the code from the top under the same run id, and the bridge
 //! answers every call the journal has as `Applied` from the journal (side effects do not fire twice),
 //! gives the suspended call the person's decision, and runs live from there.
@@ -64,7 +64,7 @@ enum RunState {
     Finished,
 }
 
-/// What a resumed run needs, at rest.
+/// What a resumed run needs, at rest: the first record's shape (still read).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct CheckpointV1 {
     code: String,
@@ -77,12 +77,38 @@ struct CheckpointV1 {
     state: RunState,
 }
 
+/// What a resumed run needs, at rest: the request as [`CheckpointV1`] had it, and whether its values
+/// are exact ([`RunRequest::typed`]) and the files put in it, so a resumed run sees what the first
+/// attempt saw.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Checkpoint {
+    code: String,
+    /// JSON text of the inputs object (postcard cannot carry `serde_json::Value`).
+    inputs: String,
+    input_artifacts: Vec<(String, String)>,
+    dependencies: Vec<String>,
+    /// The bridge's own versioned journal record.
+    journal: Vec<u8>,
+    state: RunState,
+    typed: bool,
+    files: Vec<(String, CheckpointFile)>,
+}
+
+/// A file put in the run, at rest: its bytes (at most [`crate::MAX_INLINE_FILE`]), or the stored
+/// artifact it came from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum CheckpointFile {
+    Bytes(Vec<u8>),
+    Artifact(String),
+}
+
 #[derive(Serialize, Deserialize)]
 enum CheckpointRecord {
     V1(CheckpointV1),
+    V2(Checkpoint),
 }
 
-impl CheckpointV1 {
+impl Checkpoint {
     fn new(request: &RunRequest, journal: &Journal, state: RunState) -> Result<Self, Error> {
         Ok(Self {
             code: request.code.clone(),
@@ -91,6 +117,20 @@ impl CheckpointV1 {
             dependencies: request.dependencies.clone(),
             journal: journal.encode()?,
             state,
+            typed: request.typed,
+            files: request
+                .files
+                .iter()
+                .map(|(name, source)| {
+                    let file = match source {
+                        crate::FileSource::Bytes(b) | crate::FileSource::Upload(b) => {
+                            CheckpointFile::Bytes(b.clone())
+                        }
+                        crate::FileSource::Artifact(id) => CheckpointFile::Artifact(id.clone()),
+                    };
+                    (name.clone(), file)
+                })
+                .collect(),
         })
     }
 
@@ -98,7 +138,7 @@ impl CheckpointV1 {
         let mut out = MAGIC.to_vec();
         out.push(VERSION_2);
         out.extend(
-            postcard::to_allocvec(&CheckpointRecord::V1(self.clone()))
+            postcard::to_allocvec(&CheckpointRecord::V2(self.clone()))
                 .map_err(|e| Error::Internal(format!("cannot encode a checkpoint: {e}")))?,
         );
         Ok(out)
@@ -117,7 +157,17 @@ impl CheckpointV1 {
             )));
         }
         match postcard::from_bytes(&bytes[5..]) {
-            Ok(CheckpointRecord::V1(record)) => Ok(record),
+            Ok(CheckpointRecord::V2(record)) => Ok(record),
+            Ok(CheckpointRecord::V1(v1)) => Ok(Self {
+                code: v1.code,
+                inputs: v1.inputs,
+                input_artifacts: v1.input_artifacts,
+                dependencies: v1.dependencies,
+                journal: v1.journal,
+                state: v1.state,
+                typed: false,
+                files: Vec::new(),
+            }),
             Err(e) => Err(bad(format!("is corrupt ({e})"))),
         }
     }
@@ -129,6 +179,19 @@ impl CheckpointV1 {
         request.inputs = inputs;
         request.input_artifacts = self.input_artifacts.clone();
         request.dependencies = self.dependencies.clone();
+        request.typed = self.typed;
+        request.files = self
+            .files
+            .iter()
+            .map(|(name, file)| {
+                let source = match file {
+                    // Bytes a client uploaded were bounded when they came; resuming re-sends them.
+                    CheckpointFile::Bytes(b) => crate::FileSource::Bytes(b.clone()),
+                    CheckpointFile::Artifact(id) => crate::FileSource::Artifact(id.clone()),
+                };
+                (name.clone(), source)
+            })
+            .collect();
         Ok(request)
     }
 }
@@ -202,7 +265,7 @@ async fn put_checkpoint(
     journal: &Journal,
     state: RunState,
 ) -> Result<(), Error> {
-    let bytes = CheckpointV1::new(request, journal, state)?.encode()?;
+    let bytes = Checkpoint::new(request, journal, state)?.encode()?;
     store.put_checkpoint(run_id, bytes).await?;
     Ok(())
 }
@@ -302,7 +365,7 @@ pub(crate) async fn load_for_resume(
             store.url()
         ))
     })?;
-    let checkpoint = CheckpointV1::decode(run_id, &bytes)?;
+    let checkpoint = Checkpoint::decode(run_id, &bytes)?;
     let journal = journal_of(store, run_id, &checkpoint).await?;
     // `Running` means its host died mid-run: resuming it is how it finishes.
     if checkpoint.state == RunState::Finished {
@@ -337,7 +400,7 @@ pub(crate) async fn load_for_resume(
 async fn journal_of(
     store: &Store,
     run_id: &str,
-    checkpoint: &CheckpointV1,
+    checkpoint: &Checkpoint,
 ) -> Result<Journal, Error> {
     let mut journal = Journal::decode(&checkpoint.journal)?;
     for name in store.list_checkpoint_parts(run_id, "e-").await? {
@@ -397,7 +460,7 @@ pub async fn resumable_runs(store: &Store) -> Result<Listing<ResumableRun>, Erro
         unreadable: Vec::new(),
     };
     for checkpoint in store.list_checkpoints().await? {
-        let state = match CheckpointV1::decode(&checkpoint.run_id, &checkpoint.bytes) {
+        let state = match Checkpoint::decode(&checkpoint.run_id, &checkpoint.bytes) {
             Ok(record) => record.state,
             Err(_) => {
                 listing.unreadable.push(checkpoint.run_id);
@@ -424,7 +487,7 @@ pub(crate) async fn pending_suspensions(store: &Store, run_id: &str) -> Result<V
     let Some(bytes) = store.get_checkpoint(run_id).await? else {
         return Ok(Vec::new());
     };
-    match CheckpointV1::decode(run_id, &bytes)?.state {
+    match Checkpoint::decode(run_id, &bytes)?.state {
         RunState::Suspended(pending) => Ok(pending),
         RunState::Running => Ok(Vec::new()),
         RunState::Finished => Err(Error::InvalidInput(format!(

@@ -94,10 +94,11 @@ def _refuse(value):
     raise TypeError("%s is not JSON serializable" % type(value).__name__)
 
 
-def json_dumps(value):
+def json_dumps(value, default=_refuse):
     """Compact JSON, non-ASCII kept, NaN refused, cycles refused (fresh markers on every call). Integers
-    of any size are written exactly; lone surrogates become U+FFFD, so the text always encodes as UTF-8."""
-    encoder = _json.make_encoder({}, _refuse, _json.encode_basestring, None, ":", ",", False, False, False)
+    of any size are written exactly; lone surrogates become U+FFFD, so the text always encodes as UTF-8.
+    `default` converts what JSON has no form for (by default: refused)."""
+    encoder = _json.make_encoder({}, default, _json.encode_basestring, None, ":", ",", False, False, False)
     try:
         text = "".join(encoder(value, 0))
     except ValueError:
@@ -262,11 +263,29 @@ def _json_or_repr(value, limit):
             return tabular
     except Exception:
         pass  # a library's own serialisation failed: fall back to repr
+    try:
+        _check_json_keys(value, 0)
+        return json_dumps(value, _iso_or_base64)
+    except (TypeError, ValueError, RecursionError):
+        pass
     shown = _repr(value)
     # repr of a huge object can be huge too; encoding a slice first keeps memory bounded.
     if len(shown) > limit:
         shown = shown[: limit + 1]
     return json_dumps(shown)
+
+
+def _iso_or_base64(value):
+    """The JSON form of dates and times (ISO 8601 text) and of bytes (base64 text); `return_type` and
+    the exact value (for requests that ask for it) say what they were."""
+    if isinstance(value, (bytes, bytearray)):
+        import binascii
+
+        return binascii.b2a_base64(value, newline=False).decode("ascii")
+    dt = sys.modules.get("datetime")
+    if dt is not None and isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    return _refuse(value)
 
 
 class Unshowable(Exception):
@@ -571,7 +590,8 @@ def _install_bridge(spec, namespace):
                 sys.path.remove(_code_dir)
 
     tools = sys.modules["runpython_tools"]
-    tools.install(spec, namespace, json_loads, json_dumps)
+    typed = spec is not None and any(t.get("typed") for t in spec["tools"])
+    tools.install(spec, namespace, json_loads, json_dumps, _values() if typed else None)
     return tools
 
 
@@ -1017,20 +1037,47 @@ def _finish_like_exit(namespace):
         pass
 
 
-def _report_value(value, limit, inline_limit):
+def _report_value(value, limit, inline_limit, typed=False):
     """(status, result, preview) for the code's value: its JSON, with a preview when it is over the
     inline limit (the full value is kept aside), or `ReturnValueTooLarge` (with the preview) over the
-    limit. A value with no JSON whose repr() raises has no value, and its preview says why."""
+    limit. A value with no JSON whose repr() raises has no value, and its preview says why. `typed`:
+    also its exact form (tagged JSON, `return_typed`) when that differs from the JSON."""
     name = type(value).__name__
+    exact = None
+    if typed:
+        values = _values()
+        try:
+            tagged, has_tags = values.encode(value)
+            if has_tags:
+                exact = json_dumps(tagged)
+        except values.TooDeep as exc:
+            return "error", {"type": "ReturnValueTooDeep", "message": "the last expression's value %s; "
+                             "return a flatter value" % str(exc)[len("the value "):], "traceback": None}, None
+        except (values.Unencodable, TypeError, ValueError, RecursionError):
+            exact = None  # no exact form (a DataFrame, an object): the JSON form is all there is
     try:
         encoded = _json_or_repr(value, limit)
     except Unshowable as exc:
-        return "success", (name, "null", {"type": name, "repr_error": str(exc)}), None
-    size = len(encoded.encode("utf-8"))
+        return "success", (name, "null", {"type": name, "repr_error": str(exc)}, None), None
+    size = max(len(encoded.encode("utf-8")), len(exact.encode("utf-8")) if exact else 0)
     summary = _safe_preview(value) if size > inline_limit else None
     if size > limit:
         return "error", _too_large(size, limit), summary
-    return "success", (name, encoded, summary), summary
+    return "success", (name, encoded, summary, exact), summary
+
+
+def _values():
+    """runpython's tagged JSON codec (runpython_values, beside this module)."""
+    module = sys.modules.get("runpython_values")
+    if module is None:
+        if _code_dir is not None:
+            sys.path.insert(0, _code_dir)
+        try:
+            import runpython_values as module
+        finally:
+            if _code_dir is not None and _code_dir in sys.path:
+                sys.path.remove(_code_dir)
+    return module
 
 
 def _safe_preview(value):
@@ -1193,7 +1240,10 @@ def _write_files(request):
 def _bind_inputs(request, namespace):
     _IMAGES["budget"], _IMAGES["used"] = int(request.get("image_budget") or 0), 0
     _write_files(request)
-    for name, value in (request.get("inputs") or {}).items():
+    inputs = request.get("inputs") or {}
+    if request.get("typed") and inputs:
+        inputs = _values().decode(inputs, stand_ins=True)  # the host's exact values
+    for name, value in inputs.items():
         namespace[name] = value
     if request.get("input_artifacts"):
         import binascii
@@ -1238,7 +1288,7 @@ def _run(request, namespace, loop=None):
                     _add_display(value, last_value=True)
             except Exception:
                 pass  # a value that cannot show itself is still returned
-            status, result, summary = _report_value(value, limit, inline_limit)
+            status, result, summary = _report_value(value, limit, inline_limit, bool(request.get("typed")))
             if status == "success":
                 shown = None
                 if request.get("repr"):  # what a REPL prints, as well as the value
@@ -1266,12 +1316,14 @@ def _result_text(status, result, summary):
 
 def _result_core(status, result, summary):
     if status == "success" and result is not None:
-        type_name, encoded, summary, shown = result
+        type_name, encoded, summary, exact, shown = result
         text = '{"status":"success","return_type":%s,"return_preview":%s,"return_value":%s' % (
             json_dumps(type_name),
             json_dumps(summary),
             encoded,
         )
+        if exact is not None:
+            text += ',"return_typed":%s' % exact
         if shown is not None:
             text += ',"return_repr":%s' % json_dumps(shown)
         return text + "}"

@@ -33,6 +33,18 @@ impl From<Envelope> for PyEnvelope {
     }
 }
 
+impl PyEnvelope {
+    /// The JSON envelope as a model sees it: the exact value rides beside it for Python only.
+    fn contract(&self) -> std::borrow::Cow<'_, Envelope> {
+        if self.inner.return_typed.is_none() {
+            return std::borrow::Cow::Borrowed(&self.inner);
+        }
+        let mut envelope = self.inner.clone();
+        envelope.return_typed = None;
+        std::borrow::Cow::Owned(envelope)
+    }
+}
+
 #[pymethods]
 impl PyEnvelope {
     /// `"success"`, `"error"`, `"timeout"` or `"suspended"`.
@@ -50,8 +62,23 @@ impl PyEnvelope {
     fn ok(&self) -> bool {
         self.inner.is_success()
     }
+    /// The value exactly (a tuple, a set, a datetime with its zone, bytes, a Decimal, a dataclass
+    /// when its class is loaded here...), decoded from the tagged form the run sent; the JSON form
+    /// when that is all there is (a DataFrame's table, a repr).
     #[getter]
     fn return_value(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.inner.return_typed {
+            // A malformed tagged value could only come from a tampered child: the JSON form stands.
+            Some(typed) => {
+                crate::values::decode(py, typed).or_else(|_| to_py(py, &self.inner.return_value))
+            }
+            None => to_py(py, &self.inner.return_value),
+        }
+    }
+    /// The value as the JSON envelope shows it to a model (`return_value` of `to_dict`): dates as
+    /// ISO text, bytes as base64, tuples as lists, other values that are not JSON as their repr.
+    #[getter]
+    fn return_json(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         to_py(py, &self.inner.return_value)
     }
     #[getter]
@@ -191,12 +218,12 @@ impl PyEnvelope {
     /// `return_repr`, `kept` and `store_error` only where the contract has them: a session's cell, a
     /// restored session, a value asked for as its repr, a store that failed).
     fn to_dict(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        serialize_to_py(py, &self.inner)
+        serialize_to_py(py, &self.contract())
     }
     /// The envelope as JSON text (the v1 contract), indented when `indent` is given.
     #[pyo3(signature = (indent=None))]
     fn to_json(&self, indent: Option<usize>) -> PyResult<String> {
-        json_text(&self.inner, indent)
+        json_text(&self.contract(), indent)
     }
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         other

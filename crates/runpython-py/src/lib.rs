@@ -36,6 +36,7 @@ mod runtime;
 mod session;
 mod settings;
 mod tools;
+mod values;
 
 use pyo3::prelude::*;
 

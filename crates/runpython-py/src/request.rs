@@ -5,7 +5,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use runpython_core::RunRequest;
 
-use crate::convert::{dict, mapping, short_repr, strings, to_json, type_name};
+use crate::convert::{dict, mapping, short_repr, strings, type_name};
 use crate::errors::invalid;
 
 /// The request-shaping keyword arguments, as Python passed them (absent and `None` alike mean "none").
@@ -17,8 +17,9 @@ pub(crate) struct RequestArgs<'a, 'py> {
     pub files: Option<&'a Bound<'py, PyAny>>,
 }
 
-/// A request from `run`'s arguments. Inputs must be JSON values (dict, list, str, int, float, bool,
-/// None); names are checked by the engine. `env` must map str to str: anything else is a `TypeError`
+/// A request from `run`'s arguments. Inputs are exact Python values (JSON's, and what runpython's
+/// tagged JSON carries: tuples, sets, bytes, dates, Decimal, dataclasses...); names are checked by
+/// the engine. `env` must map str to str: anything else is a `TypeError`
 /// naming the key, since an environment holds only text and a silent `str()` would hide the mistake.
 pub(crate) fn request(code: &Bound<'_, PyAny>, args: RequestArgs<'_, '_>) -> PyResult<RunRequest> {
     let py = code.py();
@@ -43,16 +44,20 @@ pub(crate) fn request(code: &Bound<'_, PyAny>, args: RequestArgs<'_, '_>) -> PyR
                     short_repr(&name)
                 ))
             })?;
-            let json = to_json(&value).map_err(|e| {
+            let json = crate::values::encode(&value, None).map_err(|e| {
                 invalid(format!(
-                    "input {name:?} is a {} that is not a JSON value ({e}); pass dicts, lists, str, \
-                     int, float, bool or None",
-                    type_name(&value)
+                    "input {name:?} is a {} that cannot cross into the run ({}); pass JSON values, \
+                     tuples, sets, bytes, dates and times, Decimal, UUID, paths, dataclasses or \
+                     NamedTuples",
+                    type_name(&value),
+                    e.value(py)
                 ))
             })?;
             request = request.input(name, json);
         }
     }
+    // Exact values both ways: the inputs above are tagged, and the value comes back tagged too.
+    request.typed = true;
     // The argument checks speak of configuration; here the request is at fault.
     let as_invalid = |e: PyErr| invalid(e.value(py).to_string());
     if let Some(deps) = args.dependencies.filter(|v| !v.is_none()) {

@@ -25,7 +25,7 @@ use runpython_core::{Tool, ToolArgs, ToolError};
 use serde_json::{json, Map, Value};
 use tokio::sync::oneshot;
 
-use crate::convert::{to_json, to_py, type_name};
+use crate::convert::{to_json, type_name};
 use crate::errors::config;
 use crate::handle::EventData;
 use crate::runtime::{private_loop, tools_module, RunContext};
@@ -103,6 +103,9 @@ impl Tool for PyTool {
     fn is_pure(&self) -> bool {
         self.pure
     }
+    fn typed_values(&self) -> bool {
+        true // a Python callable takes and gives Python values: exactly, through the tagged codec
+    }
     fn call(&self, args: ToolArgs) -> CallFuture {
         // Read now: `call` runs inside the run's task, where the caller's context is in scope.
         let context = RunContext::current();
@@ -173,7 +176,7 @@ async fn call_sync(
         Python::try_attach(|py| {
             let run = || -> PyResult<Bound<'_, PyAny>> {
                 let (event_loop, ctx) = loop_and_context(py, context.as_ref())?;
-                let kwargs = to_py(py, &Value::Object(kwargs))?;
+                let kwargs = crate::values::decode(py, &Value::Object(kwargs))?;
                 invoker
                     .bind(py)
                     .call_method1("call", (kwargs, event_loop, ctx, call_id))
@@ -205,7 +208,7 @@ async fn call_async(
         Python::try_attach(|py| {
             let run = || -> PyResult<Py<PyAny>> {
                 let (event_loop, ctx) = loop_and_context(py, context.as_ref())?;
-                let kwargs = to_py(py, &Value::Object(kwargs))?;
+                let kwargs = crate::values::decode(py, &Value::Object(kwargs))?;
                 let done = Py::new(
                     py,
                     Completer {
@@ -287,21 +290,19 @@ impl Completer {
     }
 }
 
-/// The callable's return value as JSON: directly when it is JSON already, else through the invoker's
-/// `jsonable` (pydantic models, dataclasses, enums, sets and tuples, dates, ...).
+/// The callable's return value as tagged JSON (exact: a tuple stays a tuple, a datetime a datetime),
+/// with the invoker's `jsonable` for what the codec has no form for (pydantic models, enums, ...).
 fn result_to_json(invoker: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> CallResult {
-    if let Ok(json) = to_json(value) {
-        return Ok(json);
-    }
     let py = value.py();
-    let converted = invoker
-        .call_method1("jsonable", (value,))
+    let jsonable = invoker
+        .getattr("jsonable")
         .map_err(|e| tool_error(py, &e))?;
-    to_json(&converted).map_err(|e| {
+    crate::values::encode(value, Some(&jsonable)).map_err(|e| {
+        let why = e.value(py).to_string();
         ToolError::new(
             "TypeError",
             format!(
-                "the tool returned a {} that is not JSON: {e}",
+                "the tool returned a {} that cannot cross into the run: {why}",
                 type_name(value)
             ),
         )

@@ -108,9 +108,10 @@ def test_runs_can_be_forked_from_a_template_and_say_so() -> None:
 
 
 def test_bad_requests_raise_invalid_input_error(rp: RunPython) -> None:
-    with pytest.raises(InvalidInputError, match='input "x" is a object that is not a JSON value'):
+    with pytest.raises(InvalidInputError, match='input "x" is a object that cannot cross into the run'):
         rp.run("x", inputs={"x": object()})
-    assert rp.run("sorted(x)", inputs={"x": {2, 1}}).return_value == [1, 2]  # sets and tuples: lists
+    assert rp.run("sorted(x)", inputs={"x": {2, 1}}).return_value == [1, 2]
+    assert rp.run("type(x).__name__", inputs={"x": {2, 1}}).return_value == "set"  # exact values
     with pytest.raises(InvalidInputError, match="not-an-identifier"):
         rp.run("1", inputs={"not-an-identifier": 1})
     with pytest.raises(InvalidInputError, match="code must be a str"):

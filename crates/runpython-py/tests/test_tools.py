@@ -62,7 +62,7 @@ def typed(
         "note": note,
         "color": color,  # an Enum: made JSON by value
         "pair": [list(pair), type(pair).__name__],
-        "where": where,  # a dataclass: made JSON field by field
+        "where": where,  # a dataclass: crosses as itself (a stand-in in the run)
         "box": box,
     }
 
@@ -171,12 +171,12 @@ def test_arguments_are_converted_to_their_hinted_types(rp: RunPython) -> None:
         "note": "n",
         "color": "blue",
         "pair": [[2, "b"], "tuple"],
-        "where": {"x": 1.5, "y": 0.0},
+        "where": Point(1.5, 0.0),  # back on the host, the run's stand-in is the host's class again
         "box": {"width": 3, "label": "l"},
     }
     e = rp.run("typed(1, 2.5, [], {})")  # defaults, including ones that are not JSON
     assert e.ok, e.error
-    assert e.return_value["where"] == {"x": 0, "y": 0} and e.return_value["color"] == "red"
+    assert e.return_value["where"] == Point(0, 0) and e.return_value["color"] == "red"
 
 
 @pytest.mark.parametrize(

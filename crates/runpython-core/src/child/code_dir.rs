@@ -14,13 +14,18 @@ pub(crate) const RUNNER_PY: &str = include_str!("../runner.py");
 /// The template that runs are forked from (`template.py`), imported by the runner in template mode.
 pub(crate) const TEMPLATE_PY: &str = include_str!("../template.py");
 
+/// runpython's tagged JSON (`values.py`): exact Python values across the boundary, imported by the
+/// runner and the bridge client when a request asks for exact types. The Python package builds the
+/// same file into itself for the host's side.
+pub(crate) const VALUES_PY: &str = include_str!("../values.py");
+
 /// Bootstrap passed with `-c`: imports the runner from the code directory (argv[1]), so Python caches its
 /// bytecode there instead of compiling it on every run.
 pub(crate) const BOOTSTRAP: &str =
     "import sys;sys.path.insert(0,sys.argv[1]);import runpython_runner";
 
 /// The directory holding runpython's Python modules (`runpython_runner.py`, `runpython_tools.py`,
-/// `runpython_template.py`), written
+/// `runpython_template.py`, `runpython_values.py`), written
 /// once per content version under the user's cache directory (or the temp directory), atomically.
 pub(crate) fn code_dir() -> Result<&'static Path, Error> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -93,10 +98,11 @@ pub(crate) fn code_version() -> &'static str {
 }
 
 /// The modules of the code directory, by file name.
-const MODULES: [(&str, &str); 3] = [
+const MODULES: [(&str, &str); 4] = [
     ("runpython_runner.py", RUNNER_PY),
     ("runpython_tools.py", runpython_bridge::CLIENT_PY),
     ("runpython_template.py", TEMPLATE_PY),
+    ("runpython_values.py", VALUES_PY),
 ];
 
 fn write_code_dir() -> std::io::Result<PathBuf> {

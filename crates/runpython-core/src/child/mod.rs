@@ -2,7 +2,7 @@
 //! scrubbed environment, the runner waiting for its request on stdin), capturing its output, and the
 //! pool of interpreters started ahead of their runs.
 
-mod code_dir;
+pub(crate) mod code_dir;
 mod env;
 mod forked;
 mod output;

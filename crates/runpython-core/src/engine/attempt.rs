@@ -292,6 +292,7 @@ impl RunPython {
             "code_dir": code_dir,
             "code": &request.code,
             "inputs": &request.inputs,
+            "typed": request.typed,
             "env": runner_env,
             "trust_bundle": trust_bundle,
             "input_artifacts": input_artifacts,

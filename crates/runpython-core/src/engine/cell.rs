@@ -111,6 +111,7 @@ impl RunPython {
             "site_dirs": site_dirs,
             "saved_dir": live.saved_dir,
             "repr": request.repr,
+            "typed": request.typed,
             "bridge": Value::Null,
         }))
         .map_err(|e| Error::Internal(e.to_string()))?;
@@ -296,6 +297,7 @@ impl RunPython {
         }
         if envelope.return_preview.is_some() {
             envelope.return_value = Value::Null;
+            envelope.return_typed = None;
         }
         crate::budget::fit(
             &mut envelope,

@@ -365,6 +365,7 @@ impl RunPython {
         if envelope.return_preview.is_some() {
             // The full value went to the store (when there is one); the envelope carries the preview.
             envelope.return_value = Value::Null;
+            envelope.return_typed = None;
         }
         crate::budget::fit(
             &mut envelope,

@@ -89,6 +89,9 @@ impl Tool for Announced {
     fn is_hidden(&self) -> bool {
         self.tool.is_hidden()
     }
+    fn typed_values(&self) -> bool {
+        self.tool.typed_values()
+    }
     fn runs_nested(&self) -> bool {
         self.tool.runs_nested()
     }

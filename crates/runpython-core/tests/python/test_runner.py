@@ -6,10 +6,12 @@ Each test drives the runner as its docstring says, `python3 runner.py 3>result <
 interpreter (`-I -S`, as the host starts it), the request on stdin, the result read from descriptor 3.
 """
 
+import atexit
 import base64
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,11 @@ def parse_int(text):
 
 
 RUNNER_PY = pathlib.Path(__file__).resolve().parents[2] / "src" / "runner.py"
+# runpython's other child modules, as the host writes them into the code directory.
+CODE_DIR = tempfile.mkdtemp(prefix="runpython-code-")
+atexit.register(shutil.rmtree, CODE_DIR, True)
+for _name, _module in [("values.py", "runpython_values.py")]:
+    pathlib.Path(CODE_DIR, _module).write_bytes((RUNNER_PY.parent / _name).read_bytes())
 # Bound on one run, so a runner that hangs fails its test instead of the suite.
 DEADLINE = 60
 
@@ -50,7 +57,7 @@ class Ran:
 
 def run(code, **request):
     """Runs `code` through the runner with `request`'s other fields; the parsed result and the streams."""
-    request = dict({"code": code, "inputs": {}, "code_dir": None, "site_dir": None, "bridge": None}, **request)
+    request = dict({"code": code, "inputs": {}, "code_dir": CODE_DIR, "site_dir": None, "bridge": None}, **request)
     with tempfile.TemporaryFile() as result:
         fd = result.fileno()
         # The shell puts the result file at descriptor 3, whatever number it has here.
@@ -100,7 +107,10 @@ class Values(unittest.TestCase):
             "{1, 2}": ("set", "{1, 2}"),
             "{1: 'a'}": ("dict", "{1: 'a'}"),
             "float('nan')": ("float", "nan"),
-            "b'\\x00ab'": ("bytes", "b'\\x00ab'"),
+            "b'\\x00ab'": ("bytes", "AGFi"),  # bytes and dates have a JSON form: base64, ISO 8601
+            "import datetime\ndatetime.datetime(2024, 1, 2, 3, 4)": ("datetime", "2024-01-02T03:04:00"),
+            "import datetime\n[datetime.date(2024, 1, 2), bytearray(b'a')]": ("list", ["2024-01-02", "YQ=="]),
+            "import datetime\n[datetime.date(2024, 1, 2), {1}]": ("list", "[datetime.date(2024, 1, 2), {1}]"),
             "(1, (2, 3))": ("tuple", [1, [2, 3]]),
             "class Point:\n    def __repr__(self):\n        return 'Point(1, 2)'\nPoint()": ("Point", "Point(1, 2)"),
         }
@@ -108,6 +118,26 @@ class Values(unittest.TestCase):
             with self.subTest(code=code):
                 result = run(code).result
                 self.assertEqual((result["return_type"], result["return_value"]), (type_name, value))
+
+    def test_a_typed_request_gets_the_exact_value_beside_the_json(self):
+        ran = run("(1, {2}, b'x')", typed=True).result
+        self.assertEqual(ran["return_value"], "(1, {2}, b'x')")
+        self.assertEqual(ran["return_typed"], {"$rp": "tuple", "v": [
+            1, {"$rp": "set", "v": [2]}, {"$rp": "bytes", "v": "eA=="}]})
+        self.assertNotIn("return_typed", run("[1, 'a']", typed=True).result)  # plain JSON: no copy
+        self.assertNotIn("return_typed", run("(1, 2)").result)  # not asked for
+
+    def test_a_typed_request_decodes_its_inputs(self):
+        tagged = {"$rp": "tuple", "v": [1, {"$rp": "date", "v": "2024-01-02"}]}
+        ran = run("type(x).__name__, type(x[1]).__name__", inputs={"x": tagged}, typed=True).result
+        self.assertEqual(ran["return_value"], ["tuple", "date"])
+        # Not typed: the same JSON is just a dict.
+        self.assertEqual(run("type(x).__name__", inputs={"x": tagged}).result["return_value"], "dict")
+
+    def test_a_typed_value_too_deep_is_an_error_that_says_so(self):
+        ran = run("v = 0\nfor _ in range(300):\n    v = (v,)\nv", typed=True).result
+        self.assertEqual(ran["status"], "error")
+        self.assertEqual(ran["error"]["type"], "ReturnValueTooDeep")
 
     def test_a_broken_repr_gives_no_value_and_a_preview_saying_why(self):
         ran = run("class Bad:\n    def __repr__(self):\n        raise RuntimeError('no')\nBad()")

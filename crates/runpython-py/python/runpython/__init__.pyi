@@ -111,7 +111,13 @@ class Envelope:
     @property
     def ok(self) -> bool: ...
     @property
-    def return_value(self) -> _Json: ...
+    def return_value(self) -> Any:
+        """The value exactly: tuples, sets, frozensets, bytes, dates and times with their zones,
+        timedelta, Decimal, UUID, complex, paths, dataclasses and NamedTuples (their own class when it
+        is loaded here, else a dict with "__class__"), dicts with any keys; else the JSON form."""
+    @property
+    def return_json(self) -> _Json:
+        """The value as the JSON envelope shows it to a model (ISO dates, base64 bytes, lists)."""
     @property
     def return_type(self) -> str | None: ...
     @property

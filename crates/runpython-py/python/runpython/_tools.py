@@ -419,7 +419,7 @@ def _converter(hint: Any, defs: dict[str, Any]) -> tuple[dict[str, Any], Convert
     if origin in (set, frozenset, collections.abc.Set, collections.abc.MutableSet):
         schema, convert = _list_of(args[0] if args else Any, defs)
         schema["uniqueItems"] = True
-        return schema, lambda v, where: _as_set(convert(v, where), where)
+        return schema, lambda v, where: _as_set(convert(list(v) if isinstance(v, (set, frozenset)) else v, where), where)
     if origin in _MAPPINGS:
         return _dict_of(args, defs)
     pydantic = _pydantic()
@@ -465,13 +465,15 @@ def _check_str(value: Any, where: str) -> Any:
 
 
 def _check_list(value: Any, where: str) -> Any:
+    if isinstance(value, tuple):  # exact values: the code passed a tuple where a list is hinted
+        return list(value)
     if not isinstance(value, list):
         raise _mismatch(where, "a list", value)
     return value
 
 
 def _make_tuple(value: Any, where: str) -> Any:
-    return tuple(_check_list(value, where))
+    return value if type(value) is tuple else tuple(_check_list(value, where))
 
 
 def _as_set(items: Any, where: str) -> Any:
@@ -482,6 +484,8 @@ def _as_set(items: Any, where: str) -> Any:
 
 
 def _make_set(value: Any, where: str) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return value
     return _as_set(_check_list(value, where), where)
 
 
