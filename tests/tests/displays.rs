@@ -256,3 +256,95 @@ async fn a_returned_dataframe_costs_no_display_its_preview_already_says_it() {
         .unwrap()
         .contains("<table"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn histograms_and_box_plots_carry_their_bins_and_statistics() {
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let code = r#"
+import matplotlib.pyplot as plt
+plt.figure(); plt.hist([1, 2, 2, 3, 3, 3, 4], bins=[1, 2, 3, 4, 5]); plt.title("Spread"); plt.show()
+plt.figure(); plt.boxplot([[1, 2, 3, 4, 5, 100], [10, 11, 12]], tick_labels=["a", "b"]); plt.show()
+"#;
+    let e = python.run(code).await.unwrap();
+    ok(&e);
+    assert_eq!(e.displays.len(), 2, "{:?}", e.displays);
+    let hist = &e.displays[0]["chart"];
+    assert_eq!(hist["type"], "histogram", "{hist}");
+    assert_eq!(hist["title"], "Spread");
+    let bins: Vec<(Value, Value, Value)> = hist["elements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["start"].clone(), b["end"].clone(), b["count"].clone()))
+        .collect();
+    assert_eq!(
+        bins,
+        [
+            (json!(1), json!(2), json!(1)),
+            (json!(2), json!(3), json!(2)),
+            (json!(3), json!(4), json!(3)),
+            (json!(4), json!(5), json!(1)),
+        ]
+    );
+    let boxes = &e.displays[1]["chart"];
+    assert_eq!(boxes["type"], "box", "{boxes}");
+    let first = &boxes["elements"][0];
+    assert_eq!(first["label"], "a");
+    assert_eq!(
+        (&first["median"], &first["q1"], &first["q3"]),
+        (&json!(3.5), &json!(2.25), &json!(4.75))
+    );
+    assert_eq!(first["outliers"], json!([100]));
+    assert_eq!(boxes["elements"][1]["median"], 11);
+    // The boxes' drawn lines are not reported again as line series.
+    assert_eq!(boxes["elements"].as_array().unwrap().len(), 2, "{boxes}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dataframes_plotly_and_altair_show_their_own_forms() {
+    let (_dir, python) = kept();
+    let code = r#"
+import pandas as pd
+import plotly.graph_objects as go
+import altair as alt
+df = pd.DataFrame({"city": ["Oslo", "Rome", "Lima"], "temp": [3, 18, 22]})
+display(df)
+fig = go.Figure(go.Bar(x=df.city, y=df.temp), layout={"title": {"text": "Temperatures"}})
+display(fig)
+display(alt.Chart(df).mark_bar().encode(x="city", y="temp"))
+"#;
+    let e = python.run(code).await.unwrap();
+    ok(&e);
+    assert_eq!(e.displays.len(), 3, "{:?}", e.displays);
+    let table = e.displays[0]["formats"]["text/markdown"].as_str().unwrap();
+    assert!(table.starts_with("|  | city | temp |"), "{table}");
+    assert!(table.contains("| 1 | Rome | 18 |"), "{table}");
+    assert!(e.displays[0]["formats"]["text/html"]
+        .as_str()
+        .unwrap()
+        .contains("<table"));
+    // plotly: the figure's JSON as an artifact, and what it shows as text.
+    let plotly = &e.displays[1]["formats"];
+    let spec = &plotly["application/vnd.plotly.v1+json"];
+    let id = spec["artifact_id"].as_str().unwrap();
+    let bytes = python.get_run_artifact(id).await.unwrap();
+    let figure: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(figure["data"][0]["type"], "bar");
+    assert_eq!(figure["layout"]["title"]["text"], "Temperatures");
+    assert!(plotly["text/plain"]
+        .as_str()
+        .unwrap()
+        .contains("'Temperatures': 1 trace(s) (bar)"));
+    // altair: the Vega-Lite spec as an artifact.
+    let vega = &e.displays[2]["formats"]["application/vnd.vegalite.v5+json"];
+    let bytes = python
+        .get_run_artifact(vega["artifact_id"].as_str().unwrap())
+        .await
+        .unwrap();
+    let spec: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(spec["mark"]["type"], "bar", "{spec}");
+    assert!(serde_json::to_vec(&e).unwrap().len() <= 8192);
+}

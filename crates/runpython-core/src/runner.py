@@ -702,7 +702,11 @@ def _artifact_helpers(namespace, spec, saved_dir):
 _DISPLAYS = []
 _IMAGES = {"budget": 0, "used": 0}  # bytes of images handed back inline, per run or cell
 DISPLAY_TEXT = {"text/plain": 500, "text/markdown": 1500, "text/html": 1500, "text/latex": 1000, "application/json": 1500}
-DISPLAY_FILES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "application/pdf": "pdf"}
+DISPLAY_FILES = {"image/png": "png", "image/jpeg": "jpg", "image/svg+xml": "svg", "application/pdf": "pdf",
+                 "application/vnd.plotly.v1+json": "plotly.json", "application/vnd.vegalite.v5+json": "vl.json",
+                 "application/vnd.vegalite.v4+json": "vl.json"}
+# File forms that are JSON: written as their UTF-8 text (a dict is encoded first).
+_JSON_FILES = ("application/vnd.plotly.v1+json", "application/vnd.vegalite.v5+json", "application/vnd.vegalite.v4+json")
 DISPLAY_TEXT_TOTAL = 4000  # inline text over every display of a run or cell
 MAX_DISPLAYS = 50
 _REPR_METHODS = (
@@ -723,6 +727,16 @@ def _mime_bundle(obj):
     data = {}
     if isinstance(obj, type):
         return {"text/plain": repr(obj)}
+    module = type(obj).__module__ or ""
+    if module.startswith("plotly") and hasattr(obj, "to_json"):
+        return _plotly_bundle(obj)
+    if module.startswith("altair") and hasattr(obj, "to_dict"):
+        try:
+            data[_VEGA_LITE] = obj.to_dict()
+        except Exception:
+            pass  # a chart altair cannot validate: its repr stands
+        data["text/plain"] = repr(obj)
+        return data
     method = getattr(obj, "_repr_mimebundle_", None)
     if callable(method):
         try:
@@ -744,6 +758,11 @@ def _mime_bundle(obj):
             if got is not None:
                 data[mime] = got
     module = type(obj).__module__ or ""
+    if module.startswith("pandas") and "text/markdown" not in data:
+        try:
+            data["text/markdown"] = _markdown_table(obj)
+        except Exception:
+            pass  # not a table after all: its other forms stand
     if "image/png" not in data and module.startswith("matplotlib") and hasattr(obj, "savefig"):
         import io
 
@@ -753,6 +772,50 @@ def _mime_bundle(obj):
     if "text/plain" not in data:
         data["text/plain"] = repr(obj)
     return data
+
+
+_PLOTLY = "application/vnd.plotly.v1+json"
+_VEGA_LITE = "application/vnd.vegalite.v5+json"
+MARKDOWN_ROWS = 10
+MARKDOWN_COLUMNS = 12
+
+
+def _plotly_bundle(fig):
+    """A plotly figure: its JSON (data and layout) as a file, a PNG when kaleido can draw one, and
+    what it shows as text; never plotly's renderers, which may open a browser."""
+    data = {_PLOTLY: fig.to_json().encode("utf-8")}
+    try:
+        data["image/png"] = fig.to_image(format="png")
+    except Exception:
+        pass  # no kaleido (or no browser for it): the figure's JSON says what it shows
+    try:
+        layout = fig.layout
+        title = layout.title.text if layout.title is not None else None
+        kinds = sorted({getattr(trace, "type", "?") for trace in fig.data})
+        data["text/plain"] = "plotly Figure%s: %d trace(s) (%s)" % (
+            " %r" % title if title else "", len(fig.data), ", ".join(kinds))
+    except Exception:
+        data["text/plain"] = repr(fig)[:500]
+    return data
+
+
+def _markdown_table(table):
+    """A pandas DataFrame or Series as a Markdown table: its first rows and columns, then its shape."""
+    frame = table.to_frame() if hasattr(table, "to_frame") and not hasattr(table, "columns") else table
+    rows, cols = frame.shape
+    shown = frame.iloc[:MARKDOWN_ROWS, :MARKDOWN_COLUMNS]
+
+    def cell(v):
+        return str(v).replace("|", "\\|").replace("\n", " ")[:40]
+
+    lines = ["| %s |" % " | ".join([cell(frame.index.name or "")] + [cell(c) for c in shown.columns])]
+    lines.append("|" + "---|" * (len(shown.columns) + 1))
+    for index, row in zip(shown.index, shown.itertuples(index=False)):
+        lines.append("| %s |" % " | ".join([cell(index)] + [cell(v) for v in row]))
+    if rows > MARKDOWN_ROWS or cols > MARKDOWN_COLUMNS:
+        lines.append("")
+        lines.append("%d rows × %d columns" % (rows, cols))
+    return "\n".join(lines)
 
 
 def _display_cut(text, limit):
@@ -829,7 +892,31 @@ def _axes_chart(ax):
         for i, w in enumerate(wedges):
             elements.append({"type": "slice", "label": w.get_label() if not w.get_label().startswith("_") else (labels[i] if i < len(labels) else None), "fraction": round(abs(w.theta2 - w.theta1) / total, 4)})
     ticks = {round(float(t), 6): l.get_text() for t, l in zip(ax.get_xticks(), ax.get_xticklabels())}
+    histograms = ax.__dict__.get("_runpython_hist", set())
+    for stats in ax.__dict__.get("_runpython_boxes", []):
+        kinds.append("box")
+        item = {"type": "box", "label": stats.get("label")}
+        for key, name in (("whislo", "min"), ("q1", "q1"), ("med", "median"), ("q3", "q3"), ("whishi", "max"), ("mean", "mean")):
+            if key in stats:
+                item[name] = _num(stats[key])
+        fliers = list(stats.get("fliers", []))
+        item["outliers"] = [_num(f) for f in fliers[:CHART_POINTS]]
+        if len(fliers) > CHART_POINTS:
+            item["outliers_total"] = len(fliers)
+        if item["label"] is None:
+            item.pop("label")
+        elements.append(item)
+    boxed = ax.__dict__.get("_runpython_box_artists", set())
     for container in ax.containers:
+        if isinstance(container, BarContainer) and id(container) in histograms:
+            kinds.append("histogram")
+            group = container.get_label()
+            for patch in container.patches:
+                start = patch.get_x()
+                elements.append({"type": "bin", "group": None if str(group).startswith("_") else group,
+                                 "start": _num(start), "end": _num(start + patch.get_width()),
+                                 "count": _num(patch.get_height())})
+            continue
         if isinstance(container, BarContainer):
             kinds.append("bar")
             group = container.get_label()
@@ -845,6 +932,8 @@ def _axes_chart(ax):
             item.update(_series([o[0] for o in offsets], [o[1] for o in offsets]))
             elements.append(item)
     for line in ax.get_lines():
+        if id(line) in boxed:
+            continue  # a box plot's whiskers, caps and medians: its statistics say them
         label = line.get_label()
         xs, ys = line.get_xdata(), line.get_ydata()
         if len(xs) < 2 and not wedges:
@@ -894,6 +983,8 @@ def _add_display(obj, stem=None, last_value=False):
     bundle = _mime_bundle(obj)
     if last_value:
         bundle.pop("text/plain", None)
+        if (type(obj).__module__ or "").startswith("pandas"):
+            bundle.pop("text/markdown", None)  # the value's preview already shows the table
         html = bundle.get("text/html")
         if isinstance(html, str) and len(html) > LAST_VALUE_HTML:
             del bundle["text/html"]
@@ -903,8 +994,11 @@ def _add_display(obj, stem=None, last_value=False):
     formats = {}
     for mime, value in bundle.items():
         if mime in DISPLAY_FILES:
+            if mime in _JSON_FILES and not isinstance(value, (bytes, bytearray, str)):
+                value = json_dumps(value, _iso_or_base64)
             if isinstance(value, str):
-                value = value.encode("utf-8") if mime == "image/svg+xml" else binascii.a2b_base64(value)
+                text_form = mime == "image/svg+xml" or mime in _JSON_FILES
+                value = value.encode("utf-8") if text_form else binascii.a2b_base64(value)
             if not isinstance(value, (bytes, bytearray)):
                 continue
             file = _display_file(stem or "display_%d" % (len(_DISPLAYS) + 1), DISPLAY_FILES[mime], value)
@@ -969,6 +1063,7 @@ class _PyplotHook:
         def exec_module(module):
             original(module)
             module.show = _pyplot_show
+            _record_chart_calls()
             loader.exec_module = original
 
         loader.exec_module = exec_module
@@ -977,6 +1072,34 @@ class _PyplotHook:
 
 def _pyplot_show(*args, **kwargs):
     _show_open_figures()
+
+
+def _record_chart_calls():
+    """Wraps `Axes.hist` and `Axes.bxp` (behind `boxplot`) so a chart knows its histograms' bars
+    and its boxes' statistics exactly, instead of guessing them from the drawn shapes."""
+    axes = sys.modules.get("matplotlib.axes")
+    cls = getattr(axes, "Axes", None)
+    if cls is None or getattr(cls, "_runpython_wrapped", False):
+        return
+    hist, bxp = cls.hist, cls.bxp
+
+    def recording_hist(self, *args, **kwargs):
+        result = hist(self, *args, **kwargs)
+        patches = result[2]
+        containers = patches if isinstance(patches, list) else [patches]
+        self.__dict__.setdefault("_runpython_hist", set()).update(id(c) for c in containers)
+        return result
+
+    def recording_bxp(self, bxpstats, *args, **kwargs):
+        artists = bxp(self, bxpstats, *args, **kwargs)
+        boxes = self.__dict__.setdefault("_runpython_boxes", [])
+        boxes.extend(dict(stats) for stats in bxpstats)
+        drawn = self.__dict__.setdefault("_runpython_box_artists", set())
+        for group in artists.values():
+            drawn.update(id(a) for a in group)
+        return artists
+
+    cls.hist, cls.bxp, cls._runpython_wrapped = recording_hist, recording_bxp, True
 
 
 def _show_open_figures():
@@ -1002,6 +1125,7 @@ def _install_display():
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:  # imported ahead (a template's warm imports)
         plt.show = _pyplot_show
+        _record_chart_calls()
     else:
         sys.meta_path.insert(0, _PyplotHook())
 

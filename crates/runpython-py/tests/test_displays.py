@@ -94,3 +94,21 @@ def test_the_async_form_gives_the_same_blocks(rp: RunPython) -> None:
 def test_an_unknown_format_is_refused(rp: RunPython) -> None:
     with pytest.raises(Exception, match="unknown tool format"):
         rp.handle_tool_call_content("run_python", {"code": "1"}, format="gemini")
+
+
+def test_a_matplotlib_chart_comes_as_data_and_as_an_image(rp: RunPython) -> None:
+    # matplotlib comes from the index through runpython's own dependency path (detected from the import).
+    slow = RunPython(timeout=300)
+    e = slow.run(
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure(figsize=(3, 2), dpi=100)\n"
+        "plt.plot([1, 2, 3], [4, 1, 9], label='rain'); plt.title('Rain'); plt.xlabel('day'); plt.ylabel('mm')\n"
+        "plt.show()\n"
+    )
+    assert e.ok, e.error
+    [shown] = e.displays
+    chart = shown["chart"]
+    assert (chart["type"], chart["title"], chart["x_label"], chart["y_label"]) == ("line", "Rain", "day", "mm")
+    assert chart["elements"][0]["points"] == [[1, 4], [2, 1], [3, 9]]
+    [image] = e.images
+    assert _png_size(base64.b64decode(image["data"])) == (300, 200)
