@@ -8,7 +8,8 @@
 //!   level down, between the children of `src/x/` (`mod.rs` is that module's root). Any cycle fails,
 //!   printed as `a -> b -> a` with where each edge comes from.
 //! - **Long files.** A `.rs` file under `crates/`, `xtask/` or `tests/` over [`MAX_LINES`] lines must say
-//!   why in a module doc line starting with `//! Why this file is long:`.
+//!   why in a module doc line starting with `//! Why this file is long:`. No `.rs` or `.py` file there
+//!   is over [`HARD_MAX_LINES`] lines, a Rust file's inline tests aside, reason or not.
 //! - **Python suites.** The stdlib `unittest` suites of the Python that runs in the child.
 //!
 //! The scanner is a small hand-written lexer (comments, strings, raw strings, char literals and
@@ -26,17 +27,23 @@ mod scan;
 
 use graph::ModuleGraph;
 
-/// The crates whose module graphs must have no cycle.
+/// The crates whose module graphs must have no cycle: every crate of the workspace.
 const LAYERED_CRATES: &[&str] = &[
     "runpython-sandbox",
     "runpython-core",
     "runpython-deps",
     "runpython-store",
     "runpython-bridge",
+    "runpython-cli",
+    "runpython-py",
 ];
 
 /// Above this many lines a file must say why it is long.
 const MAX_LINES: usize = 700;
+
+/// No source file (Rust or Python) is longer than this, its inline tests (`#[cfg(test)]` and what
+/// follows) aside, whatever it says.
+const HARD_MAX_LINES: usize = 800;
 
 /// What a long file's module docs must start one line with.
 const LONG_FILE_REASON: &str = "//! Why this file is long:";
@@ -93,12 +100,28 @@ fn python_suites(root: &Path) -> Result<()> {
 fn long_files(root: &Path) -> Result<Vec<String>> {
     let mut files = Vec::new();
     for dir in ["crates", "xtask", "tests"] {
-        rust_files(&root.join(dir), &mut files)?;
+        source_files(&root.join(dir), true, &mut files)?;
     }
     let mut problems = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?;
+        if let Some(lines) = over_hard_limit(&text, file.extension().is_some_and(|e| e == "rs")) {
+            let shown = file.strip_prefix(root).unwrap_or(&file);
+            problems.push(format!(
+                "{} has {lines} lines{}, over {HARD_MAX_LINES}: split it by job (STYLE.md 14)",
+                shown.display(),
+                if file.extension().is_some_and(|e| e == "rs") {
+                    " before its inline tests"
+                } else {
+                    ""
+                }
+            ));
+            continue;
+        }
+        if file.extension().is_some_and(|e| e == "py") {
+            continue; // Python files have only the hard limit
+        }
         if let Some(lines) = unexplained_length(&text) {
             let shown = file.strip_prefix(root).unwrap_or(&file);
             problems.push(format!(
@@ -112,6 +135,19 @@ fn long_files(root: &Path) -> Result<Vec<String>> {
     Ok(problems)
 }
 
+/// The line count of a file over [`HARD_MAX_LINES`]; for Rust (`rust`), the lines before its
+/// inline tests (`#[cfg(test)]` at the start of a line).
+fn over_hard_limit(text: &str, rust: bool) -> Option<usize> {
+    let lines = if rust {
+        text.lines()
+            .take_while(|l| !l.starts_with("#[cfg(test)]"))
+            .count()
+    } else {
+        text.lines().count()
+    };
+    (lines > HARD_MAX_LINES).then_some(lines)
+}
+
 /// The line count of a file over the limit that lacks its reason.
 fn unexplained_length(text: &str) -> Option<usize> {
     let lines = text.lines().count();
@@ -123,6 +159,12 @@ fn unexplained_length(text: &str) -> Option<usize> {
 
 /// Every `.rs` file under `dir`, build output and hidden directories left out.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    source_files(dir, false, out)
+}
+
+/// Every `.rs` file under `dir` (and `.py` file, with `python`), build output and hidden directories
+/// left out.
+fn source_files(dir: &Path, python: bool, out: &mut Vec<PathBuf>) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(()); // a directory this checkout does not have
     };
@@ -133,9 +175,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         let name = name.to_string_lossy();
         if entry.file_type()?.is_dir() {
             if name != "target" && !name.starts_with('.') {
-                rust_files(&path, out)?;
+                source_files(&path, python, out)?;
             }
-        } else if name.ends_with(".rs") {
+        } else if name.ends_with(".rs") || (python && name.ends_with(".py")) {
             out.push(path);
         }
     }
@@ -146,6 +188,25 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_file_passes_the_hard_limit_but_inline_tests_do_not_count() {
+        let code = "fn f() {}\n".repeat(HARD_MAX_LINES + 1);
+        assert_eq!(over_hard_limit(&code, true), Some(HARD_MAX_LINES + 1));
+        let explained = format!("//! Why this file is long: no matter.\n{code}");
+        assert!(over_hard_limit(&explained, true).is_some());
+        let tested = format!(
+            "{}#[cfg(test)]\nmod tests {{\n{code}}}\n",
+            "fn g() {}\n".repeat(10)
+        );
+        assert_eq!(over_hard_limit(&tested, true), None);
+        let python = "x = 1\n".repeat(HARD_MAX_LINES + 1);
+        assert_eq!(over_hard_limit(&python, false), Some(HARD_MAX_LINES + 1));
+        assert_eq!(
+            over_hard_limit(&"#[cfg(test)]\n".repeat(HARD_MAX_LINES + 1), false),
+            Some(HARD_MAX_LINES + 1)
+        );
+    }
 
     #[test]
     fn a_long_file_must_say_why() {

@@ -10,9 +10,9 @@ use runpython_deps::{
 };
 use tokio::sync::mpsc;
 
-use crate::envelope::{Dependencies, Dependency, RefusedDependency};
 use crate::error::Error;
 use crate::request::{Event, RunRequest};
+use crate::result::envelope::{Dependencies, Dependency, RefusedDependency};
 
 /// runpython's own modules, importable in the child: never dependencies.
 const OWN_MODULES: &[&str] = &["runpython_runner", "runpython_tools", "runpython_display"];
@@ -66,7 +66,7 @@ impl DepsConfig {
 }
 
 fn default_env_root() -> Option<PathBuf> {
-    crate::env_vars::cache_dir().map(|dir| dir.join("envs"))
+    crate::policy::env_vars::cache_dir().map(|dir| dir.join("envs"))
 }
 
 /// Dependency policy of a [`crate::RunPython`].

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::engine::RunPython;
-use crate::envelope::Isolation;
+use crate::result::envelope::Isolation;
 use runpython_sandbox::KernelReport;
 
 /// A host's readiness for runs of one engine.
@@ -67,7 +67,7 @@ impl RunPython {
             isolation,
             isolation_error,
             python,
-            cache_dir: crate::env_vars::cache_dir(),
+            cache_dir: crate::policy::env_vars::cache_dir(),
             environments,
             installer,
             uv: runpython_deps::UvProvider::find().map(|uv| uv.program().to_path_buf()),

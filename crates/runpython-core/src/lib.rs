@@ -3,7 +3,7 @@
 //! It composes the leaves — interpreter discovery from `runpython-deps`, the tool bridge from
 //! `runpython-bridge` — and owns the rest of a run: the [`RunPython`] builder (limits, environment
 //! policy, tools), spawning the child (a fresh private run directory as its cwd, a scrubbed environment,
-//! its own process group killed when the run ends however it ends), the runner (`runner.py`, embedded),
+//! its own process group killed when the run ends however it ends), the runner (`child/python/runpython_runner.py` and its sibling modules, embedded),
 //! bounded output capture, and the [`Envelope`]. It is the only crate that spawns the
 //! sandboxed child; it never prints.
 //!
@@ -22,58 +22,47 @@
 //! # Ok(()) }
 //! ```
 
-mod artifact_tools;
 mod budget;
 mod child;
-mod command_tool;
 mod deps;
 mod doctor;
+mod durable;
 mod engine;
-mod env_vars;
-mod envelope;
 mod error;
-#[cfg(feature = "mcp")]
-mod mcp_tools;
-mod nested;
-mod network_tool;
-mod outcome;
-mod persist;
+mod policy;
 mod request;
-mod resume;
-mod secrets;
+mod result;
 mod session;
-mod tenancy;
-mod tool_spec;
-mod tool_supervisor;
+mod tools;
 
 pub use child::{PoolConfig, TemplateStatus};
-pub use command_tool::{CommandTool, CALL_ID_ENV};
 pub use doctor::Doctor;
+pub use durable::resume::{resumable_runs, ResumableRun, ResumableState};
 pub use engine::{RunHandle, RunPython, RunPythonBuilder, Session};
-pub use envelope::{
+pub use error::Error;
+pub use request::{
+    parse_size, Event, FileSource, Limits, RunRequest, MAX_INLINE_FILE, RUN_PYTHON_TOOL,
+};
+pub use result::envelope::{
     BridgeReport, Dependencies, Dependency, DisplayImage, Envelope, ErrorInfo, Isolation,
     LimitReport, ListTruncation, RefusedDependency, RlimitReport, Status, StreamTruncation,
     Truncated,
 };
-pub use error::Error;
-#[cfg(feature = "mcp")]
-pub use mcp_tools::{McpServer, CALL_ID_META};
-pub use request::{
-    parse_size, Event, FileSource, Limits, RunRequest, MAX_INLINE_FILE, RUN_PYTHON_TOOL,
-};
-pub use resume::{resumable_runs, ResumableRun, ResumableState};
 pub use runpython_sandbox::Error as SandboxError;
 pub use runpython_sandbox::{
     HostPattern, KernelReport, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
 };
 pub use session::SessionConfig;
+pub use tools::command_tool::{CommandTool, CALL_ID_ENV};
+#[cfg(feature = "mcp")]
+pub use tools::mcp_tools::{McpServer, CALL_ID_META};
 
 /// runpython's tagged JSON codec (Python source, standard library only): exact Python values
 /// (tuples, sets, dates with their zones, bytes, Decimal, dataclasses...) as JSON, both ways. The
 /// child uses it for [`RunRequest::typed`] requests; the Python package builds it into itself for the
 /// host's side, so both ends share one encoding.
 pub const VALUES_PY: &str = child::code_dir::VALUES_PY;
-pub use tool_spec::{
+pub use engine::tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,
 };
 

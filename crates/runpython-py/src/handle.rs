@@ -18,27 +18,8 @@ use tokio::sync::{Mutex, Notify};
 use crate::convert::{py_repr, to_py};
 use crate::envelope::PyEnvelope;
 use crate::errors::to_py_err;
+use crate::events::{result_json, EventData};
 use crate::runtime::block_on;
-
-/// Something that happened during a run, before it is handed to Python.
-#[derive(Debug)]
-pub(crate) enum EventData {
-    /// From the core: output and dependency progress.
-    Core(Event),
-    /// A Python tool was called.
-    ToolCall {
-        id: u64,
-        name: String,
-        arguments: Value,
-    },
-    /// A Python tool's call finished.
-    ToolResult {
-        id: u64,
-        name: String,
-        result: Result<Value, runpython_core::ToolError>,
-        duration_ms: f64,
-    },
-}
 
 /// One event of a run: `kind` is `"stdout"` or `"stderr"` (with `text`), `"dependencies"` (with
 /// `data["step"]`: `cached`, `waiting`, `resolving`, `downloading`, `installing`, `done`),
@@ -105,7 +86,7 @@ impl From<EventData> for PyEvent {
                 result,
                 duration_ms,
             } => {
-                let mut data = crate::tools::result_json(&result);
+                let mut data = result_json(&result);
                 if let Some(map) = data.as_object_mut() {
                     map.insert("id".into(), json!(id));
                     map.insert("name".into(), json!(name));

@@ -30,6 +30,7 @@ mod convert;
 mod engine;
 mod envelope;
 mod errors;
+mod events;
 mod handle;
 mod request;
 mod runtime;

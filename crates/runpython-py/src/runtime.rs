@@ -13,7 +13,7 @@ use pyo3::sync::PyOnceLock;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::errors::internal;
-use crate::handle::EventData;
+use crate::events::EventData;
 
 /// How often a sync wait looks for signals (Ctrl-C) while the GIL is released.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);

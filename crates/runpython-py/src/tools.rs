@@ -22,12 +22,12 @@ use std::time::Instant;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use runpython_core::{Tool, ToolArgs, ToolError};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
 use crate::convert::{to_json, type_name};
 use crate::errors::config;
-use crate::handle::EventData;
+use crate::events::EventData;
 use crate::runtime::{private_loop, tools_module, RunContext};
 
 /// What a tool call resolves to (the bridge's own result type).
@@ -341,12 +341,4 @@ fn is_suspend(py: Python<'_>, value: &Bound<'_, pyo3::exceptions::PyBaseExceptio
         })
         .ok()
         .is_some_and(|class| value.is_instance(class.bind(py)).unwrap_or(false))
-}
-
-/// A tool result as the event's JSON: `{ok, result}` or `{ok, error: {type, message}}`.
-pub(crate) fn result_json(result: &CallResult) -> Value {
-    match result {
-        Ok(value) => json!({"ok": true, "result": value}),
-        Err(e) => json!({"ok": false, "error": {"type": e.kind, "message": e.message}}),
-    }
 }

@@ -8,24 +8,33 @@ use std::sync::OnceLock;
 
 use crate::error::Error;
 
-/// The runner that executes the code in the child (`runner.py`).
-pub(crate) const RUNNER_PY: &str = include_str!("../runner.py");
+/// The runner that executes the code in the child (`python/runpython_runner.py`).
+pub(crate) const RUNNER_PY: &str = include_str!("python/runpython_runner.py");
 
-/// The template that runs are forked from (`template.py`), imported by the runner in template mode.
-pub(crate) const TEMPLATE_PY: &str = include_str!("../template.py");
+/// Values as JSON in the child (`python/runpython_json.py`): the strict codec, JSON forms, previews.
+const JSON_PY: &str = include_str!("python/runpython_json.py");
 
-/// runpython's tagged JSON (`values.py`): exact Python values across the boundary, imported by the
-/// runner and the bridge client when a request asks for exact types. The Python package builds the
-/// same file into itself for the host's side.
-pub(crate) const VALUES_PY: &str = include_str!("../values.py");
+/// The display protocol in the child (`python/runpython_display.py`), charts as data included.
+const DISPLAY_PY: &str = include_str!("python/runpython_display.py");
+
+/// A session's interpreter (`python/runpython_session.py`): cells across one namespace.
+const SESSION_PY: &str = include_str!("python/runpython_session.py");
+
+/// The template that runs are forked from (`python/runpython_template.py`), imported by the runner
+/// in template mode.
+pub(crate) const TEMPLATE_PY: &str = include_str!("python/runpython_template.py");
+
+/// runpython's tagged JSON (`python/runpython_values.py`): exact Python values across the boundary,
+/// imported by the runner and the bridge client. The Python package builds the same file into itself
+/// for the host's side.
+pub(crate) const VALUES_PY: &str = include_str!("python/runpython_values.py");
 
 /// Bootstrap passed with `-c`: imports the runner from the code directory (argv[1]), so Python caches its
 /// bytecode there instead of compiling it on every run.
 pub(crate) const BOOTSTRAP: &str =
     "import sys;sys.path.insert(0,sys.argv[1]);import runpython_runner";
 
-/// The directory holding runpython's Python modules (`runpython_runner.py`, `runpython_tools.py`,
-/// `runpython_template.py`, `runpython_values.py`), written
+/// The directory holding runpython's Python modules (those of [`MODULES`]), written
 /// once per content version under the user's cache directory (or the temp directory), atomically.
 pub(crate) fn code_dir() -> Result<&'static Path, Error> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -97,18 +106,22 @@ pub(crate) fn code_version() -> &'static str {
     })
 }
 
-/// The modules of the code directory, by file name.
-const MODULES: [(&str, &str); 4] = [
+/// The modules of the code directory, by file name: each written as it is in `python/` (the bridge
+/// client comes from runpython-bridge).
+const MODULES: [(&str, &str); 7] = [
     ("runpython_runner.py", RUNNER_PY),
+    ("runpython_json.py", JSON_PY),
+    ("runpython_display.py", DISPLAY_PY),
+    ("runpython_session.py", SESSION_PY),
+    ("runpython_values.py", VALUES_PY),
     ("runpython_tools.py", runpython_bridge::CLIENT_PY),
     ("runpython_template.py", TEMPLATE_PY),
-    ("runpython_values.py", VALUES_PY),
 ];
 
 fn write_code_dir() -> std::io::Result<PathBuf> {
     let name = format!("py-{}", code_version());
     let bases = [
-        crate::env_vars::cache_dir(),
+        crate::policy::env_vars::cache_dir(),
         Some(std::env::temp_dir().join("runpython")),
     ];
     let mut last_error = std::io::Error::other("no cache directory");

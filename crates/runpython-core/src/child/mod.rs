@@ -27,8 +27,8 @@ pub(crate) use spawn::{Spawned, SpawnedParts, BRIDGE_FD};
 pub use template::TemplateStatus;
 pub(crate) use template::Templates;
 
-use crate::envelope::Isolation;
 use crate::error::Error;
+use crate::result::envelope::Isolation;
 use runpython_sandbox::Sandbox;
 
 /// An interpreter started for a run (cold, or ahead of time by the pool).

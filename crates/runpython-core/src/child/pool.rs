@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{Slot, SlotSpec};
-use crate::env_vars;
+use crate::policy::env_vars;
 
 /// Settings of the interpreter pool.
 #[derive(Debug, Clone)]

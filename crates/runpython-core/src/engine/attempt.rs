@@ -18,10 +18,10 @@ use crate::child::{
     capture, code_dir, discard_run_dir, take_capture, Captured, Closed, FullStream, HeadTail,
     PoolKey, Slot, BRIDGE_FD,
 };
-use crate::envelope::Isolation;
 use crate::error::Error;
-use crate::outcome::{Answer, Ending};
 use crate::request::{Event, RunRequest};
+use crate::result::envelope::Isolation;
+use crate::result::outcome::{Answer, Ending};
 
 /// How long the host keeps reading a child's pipes after the process group was killed. Only a process
 /// that escaped the group (a `setsid` daemon) can hold them open that long.
@@ -144,7 +144,7 @@ impl RunPython {
         let Some(keep) = &self.inner.keep else {
             return (Vec::new(), [None, None]);
         };
-        let redactor = Arc::new(crate::persist::redactor(
+        let redactor = Arc::new(crate::durable::persist::redactor(
             &self.inner.env_passthrough,
             &request.env,
             &self.inner.sandbox,
@@ -233,7 +233,7 @@ impl RunPython {
         } = self.run_tools(Instant::now(), &scratch)?;
         if let Some(egress) = &spawned.egress {
             // A refused connection's exception names the rule.
-            tools.insert(crate::network_tool::WhyRefused {
+            tools.insert(crate::tools::network_tool::WhyRefused {
                 query: egress.query(),
             })?;
             egress.narrow(request.allow_hosts.clone());
@@ -242,15 +242,20 @@ impl RunPython {
             Some(events) => super::tools::announced(&tools, events)?,
             None => tools,
         };
-        let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
-        let files = crate::persist::fetch_files(self.store(), request).await?;
+        let input_artifacts =
+            crate::durable::persist::fetch_input_artifacts(self.store(), request).await?;
+        let files = crate::durable::persist::fetch_files(self.store(), request).await?;
         // A resumed run journals like the run it continues, so a host that stops during it leaves
         // it resumable again.
         let durable = match &self.inner.keep {
             Some(keep) if self.inner.durable || replay.is_some() => {
-                let sink =
-                    crate::resume::durable_sink(&keep.store, run_id, request, replay.is_some())
-                        .await?;
+                let sink = crate::durable::resume::durable_sink(
+                    &keep.store,
+                    run_id,
+                    request,
+                    replay.is_some(),
+                )
+                .await?;
                 if let Some(events) = &events {
                     let _ = events.try_send(Event::Resumable {
                         run_id: run_id.to_owned(),
@@ -287,7 +292,7 @@ impl RunPython {
         // The secrets' placeholders and the trust bundle naming the run's CA: the runner's only
         // (never in the request, so neither memo keys nor journals hold a placeholder).
         let (runner_env, trust_bundle) =
-            crate::secrets::runner_env(&request.env, spawned.egress.as_ref());
+            crate::policy::secrets::runner_env(&request.env, spawned.egress.as_ref());
         let runner_request = serde_json::json!({
             "code_dir": code_dir,
             "code": &request.code,
@@ -442,9 +447,11 @@ impl RunPython {
                 Some(keep),
                 Ending::Exited(_) | Ending::Answered | Ending::TimedOut | Ending::Bridge(_),
             ) => {
-                let mut files =
-                    crate::persist::collect_run_files(Arc::clone(&scratch), keep.collect.clone())
-                        .await?;
+                let mut files = crate::durable::persist::collect_run_files(
+                    Arc::clone(&scratch),
+                    keep.collect.clone(),
+                )
+                .await?;
                 // What the code saved with save_artifact() is kept beside the files it wrote.
                 let saved =
                     std::mem::take(&mut *saved_artifacts.lock().unwrap_or_else(|p| p.into_inner()));

@@ -11,10 +11,10 @@ use runpython_store::{CollectLimits, Store, Tier};
 use super::{Inner, RunPython};
 use crate::child::{Pool, PoolConfig, SlotSpec, Templates};
 use crate::deps::DepsConfig;
+use crate::durable::persist::Keeping;
 use crate::error::Error;
-use crate::nested::Nesting;
-use crate::persist::Keeping;
 use crate::request::{Limits, RUN_PYTHON_TOOL};
+use crate::tools::nested::Nesting;
 use runpython_sandbox::{Network, NetworkPolicy, Sandbox, Secret};
 
 /// Builds a [`RunPython`].
@@ -124,7 +124,10 @@ impl RunPythonBuilder {
     pub fn approval(mut self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.durable = true;
-        if let Err(e) = self.tools.insert(crate::resume::ApprovalTool::new(name)) {
+        if let Err(e) = self
+            .tools
+            .insert(crate::durable::resume::ApprovalTool::new(name))
+        {
             self.errors.push(e.to_string());
         }
         self
@@ -431,7 +434,7 @@ impl RunPythonBuilder {
                         self.pool.warm_imports.clone(),
                         self.pool.idle,
                         self.pool.size,
-                        crate::env_vars::templates().1,
+                        crate::policy::env_vars::templates().1,
                     ))
                 }),
                 pool: (self.pool.size > 0).then(|| Arc::new(Pool::new(self.pool, spec))),

@@ -12,10 +12,10 @@ use super::execute::{elapsed_ms, Outcome};
 use super::tools::RunTools;
 use super::RunPython;
 use crate::child::code_dir;
-use crate::envelope::{Envelope, ErrorInfo, Status};
 use crate::error::Error;
-use crate::outcome::Ending;
 use crate::request::{new_run_id, Event, RunRequest};
+use crate::result::envelope::{Envelope, ErrorInfo, Status};
+use crate::result::outcome::Ending;
 use crate::session::{CellRecord, CellSpec, Entry, Live};
 
 impl RunPython {
@@ -81,20 +81,22 @@ impl RunPython {
             saved: _,
         } = self.run_tools(Instant::now(), &live.scratch)?;
         if let Some(egress) = live.egress() {
-            tools.insert(crate::network_tool::WhyRefused {
+            tools.insert(crate::tools::network_tool::WhyRefused {
                 query: egress.query(),
             })?;
             // Each cell its own hosts (or the session's whole policy), and placeholders of its own.
             egress.narrow(request.allow_hosts.clone());
             egress.rotate_secrets();
         }
-        let (runner_env, trust_bundle) = crate::secrets::runner_env(&request.env, live.egress());
+        let (runner_env, trust_bundle) =
+            crate::policy::secrets::runner_env(&request.env, live.egress());
         let tools = match (&events, quiet) {
             (Some(events), false) => super::tools::announced(&tools, events)?,
             _ => tools,
         };
-        let input_artifacts = crate::persist::fetch_input_artifacts(self.store(), request).await?;
-        let files = crate::persist::fetch_files(self.store(), request).await?;
+        let input_artifacts =
+            crate::durable::persist::fetch_input_artifacts(self.store(), request).await?;
+        let files = crate::durable::persist::fetch_files(self.store(), request).await?;
         let request_json = serde_json::to_vec(&serde_json::json!({
             "type": "cell",
             "code_dir": code_dir()?,
@@ -314,7 +316,7 @@ impl RunPython {
     /// memory has the cell either way, so the next cell's save writes it.
     async fn keep_cell(
         &self,
-        keep: &crate::persist::Keeping,
+        keep: &crate::durable::persist::Keeping,
         e: &mut Entry,
         live: &mut Live,
         request: &RunRequest,
@@ -336,13 +338,13 @@ impl RunPython {
             e.record = Some(record);
             saved?;
             if !cell.suspended.is_empty() {
-                crate::resume::put_session_cell(&keep.store, &run_id, &e.id).await?;
+                crate::durable::resume::put_session_cell(&keep.store, &run_id, &e.id).await?;
             }
         }
         if cell.files {
             let files = live.changed_files(keep.collect.clone()).await?;
             let interpreter = self.interpreter().await?.clone();
-            crate::persist::keep_run(
+            crate::durable::persist::keep_run(
                 keep,
                 &masking(request, e),
                 envelope,

@@ -10,11 +10,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::attempt::{Attempt, OutputUpload, Prepared};
 use super::RunPython;
-use crate::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
+use crate::durable::persist::{self, Keeping, MemoParts};
 use crate::error::Error;
-use crate::outcome::{apply_ending, apply_tool_limit};
-use crate::persist::{self, Keeping, MemoParts};
 use crate::request::{check_env, check_files, check_input_names, new_run_id, Event, RunRequest};
+use crate::result::envelope::{Envelope, ErrorInfo, Isolation, Status, Truncated};
+use crate::result::outcome::{apply_ending, apply_tool_limit};
 
 pub(crate) fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -22,8 +22,8 @@ pub(crate) fn elapsed_ms(started: Instant) -> u64 {
 
 /// How one child (a run's, or a session's for one cell) ended, before it becomes an envelope.
 pub(super) struct Outcome<'a> {
-    pub ending: crate::outcome::Ending,
-    pub answer: &'a crate::outcome::Answer,
+    pub ending: crate::result::outcome::Ending,
+    pub answer: &'a crate::result::outcome::Answer,
     pub stdout: &'a crate::child::Captured,
     pub stderr: &'a crate::child::Captured,
     pub isolation: Isolation,
@@ -67,7 +67,10 @@ impl RunPython {
             timeout,
         )?;
         if outcome.oom_killed {
-            crate::outcome::apply_memory_limit(&mut envelope, self.inner.sandbox.run_memory_bytes);
+            crate::result::outcome::apply_memory_limit(
+                &mut envelope,
+                self.inner.sandbox.run_memory_bytes,
+            );
         }
         if let Some(stats) = outcome.bridge_stats.filter(|s| s.limit_exceeded()) {
             apply_tool_limit(
@@ -395,7 +398,7 @@ impl RunPython {
         )>,
         prepared: &Prepared,
     ) -> Result<(), Error> {
-        crate::resume::after_attempt(
+        crate::durable::resume::after_attempt(
             &keep.store,
             &envelope.run_id.clone(),
             request,

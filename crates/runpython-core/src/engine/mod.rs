@@ -7,6 +7,7 @@ mod builder;
 mod cell;
 mod execute;
 mod session;
+pub(crate) mod tool_spec;
 mod tools;
 
 use std::collections::HashMap;
@@ -25,11 +26,11 @@ pub use session::Session;
 
 use crate::child::{Pool, TemplateStatus, Templates};
 use crate::deps::Deps;
-use crate::envelope::{BridgeReport, Envelope, Isolation};
+use crate::durable::persist::Keeping;
 use crate::error::Error;
-use crate::nested::{NestEngine, Nesting};
-use crate::persist::Keeping;
 use crate::request::{Event, Limits, RunRequest};
+use crate::result::envelope::{BridgeReport, Envelope, Isolation};
+use crate::tools::nested::{NestEngine, Nesting};
 use runpython_sandbox::Sandbox;
 
 /// Runs LLM-authored Python in an isolated CPython subprocess and returns an [`Envelope`].
@@ -171,7 +172,7 @@ impl RunPython {
 
     /// The tools the code sees, `run_python` included when nesting is allowed (for stubs and specs).
     pub(crate) fn exposed_tools(&self) -> ToolSet {
-        crate::nested::exposed_tools(&self.inner.tools, Arc::new(self.clone()))
+        crate::tools::nested::exposed_tools(&self.inner.tools, Arc::new(self.clone()))
     }
 
     /// This engine for tenant `name`: everything its runs keep (runs, artifacts, whole output
@@ -315,11 +316,11 @@ impl RunPython {
         let keep = self.inner.keep.as_ref().ok_or_else(|| {
             Error::Config("resume needs the store the run was kept in: call store()".into())
         })?;
-        if let Some(session) = crate::resume::session_of(&keep.store, run_id).await? {
+        if let Some(session) = crate::durable::resume::session_of(&keep.store, run_id).await? {
             return self.resume_cell(&session, run_id, decisions).await;
         }
         let (request, plan) =
-            crate::resume::load_for_resume(&keep.store, run_id, decisions).await?;
+            crate::durable::resume::load_for_resume(&keep.store, run_id, decisions).await?;
         let (envelope, _) = self
             .execute_attempt(
                 &request,
@@ -340,7 +341,7 @@ impl RunPython {
         let store = self
             .store()
             .ok_or_else(|| Error::Config("no store configured: runs are not kept".into()))?;
-        crate::resume::resumable_runs(store).await
+        crate::durable::resume::resumable_runs(store).await
     }
 
     /// The suspensions `run_id` waits on, from its checkpoint (none for a run whose host died mid-run);
@@ -351,7 +352,7 @@ impl RunPython {
             .keep
             .as_ref()
             .ok_or_else(|| Error::Config("no store configured".into()))?;
-        crate::resume::pending_suspensions(&keep.store, run_id).await
+        crate::durable::resume::pending_suspensions(&keep.store, run_id).await
     }
 
     /// The artifact `id` of a kept run (its bytes), from this engine's store.
@@ -469,7 +470,7 @@ impl NestEngine for RunPython {
 /// A failed read of artifact `id`: a miss is audited (another tenant's id?) in the background.
 fn audited(store: &Store, id: &str, e: runpython_store::Error) -> Error {
     if matches!(e, runpython_store::Error::NotFound { .. }) {
-        crate::tenancy::audit_miss(
+        crate::policy::tenancy::audit_miss(
             store,
             runpython_store::Held::Artifact,
             id,

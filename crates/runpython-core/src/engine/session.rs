@@ -12,10 +12,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::execute::{elapsed_ms, Outcome};
 use super::{RunHandle, RunPython};
 use crate::child::code_dir;
-use crate::envelope::{Envelope, ErrorInfo, Status};
 use crate::error::Error;
-use crate::outcome::Ending;
 use crate::request::{check_env, check_files, check_input_names, new_run_id, Event, RunRequest};
+use crate::result::envelope::{Envelope, ErrorInfo, Status};
+use crate::result::outcome::Ending;
 use crate::session::{check_session_id, new_session_id, CellRecord, Entry, Live, SessionRecord};
 
 /// A session: state kept across calls in one long-lived sandboxed interpreter. Cells run in one
@@ -376,7 +376,7 @@ impl RunPython {
             .await?;
         envelope.restored = true;
         if let Some(keep) = &self.inner.keep {
-            crate::resume::finish_session_cell(&keep.store, run_id).await?;
+            crate::durable::resume::finish_session_cell(&keep.store, run_id).await?;
         }
         Ok(envelope)
     }

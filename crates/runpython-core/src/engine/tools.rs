@@ -10,9 +10,9 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::RunPython;
-use crate::artifact_tools::{ReadArtifact, SaveArtifact};
 use crate::error::Error;
 use crate::request::Event;
+use crate::tools::artifact_tools::{ReadArtifact, SaveArtifact};
 
 /// A run's tools, and where they report back.
 pub(super) struct RunTools {
@@ -30,8 +30,11 @@ impl RunPython {
         started: Instant,
         scratch: &Arc<BeneathDir>,
     ) -> Result<RunTools, Error> {
-        let (mut tools, call_budget) =
-            crate::nested::tools_for_run(&self.inner.tools, Arc::new(self.clone()), started)?;
+        let (mut tools, call_budget) = crate::tools::nested::tools_for_run(
+            &self.inner.tools,
+            Arc::new(self.clone()),
+            started,
+        )?;
         let saved = Arc::new(Mutex::new(Vec::new()));
         if let Some(keep) = &self.inner.keep {
             tools.insert(ReadArtifact {

@@ -20,10 +20,10 @@ use tokio::sync::{mpsc, oneshot};
 use crate::child::{
     capture, take_capture, Captured, Closed, FullStream, HeadTail, Slot, SpawnedParts,
 };
-use crate::envelope::Isolation;
 use crate::error::Error;
-use crate::outcome::{Answer, Ending};
 use crate::request::Event;
+use crate::result::envelope::Isolation;
+use crate::result::outcome::{Answer, Ending};
 
 /// How long an interrupted cell has to stop before the interpreter is killed.
 pub(crate) const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
@@ -287,8 +287,8 @@ impl Live {
                     lost = Some(format!(
                         "the cell ran past its {} timeout and did not stop within {} of an interrupt, \
                          so the session's interpreter was killed",
-                        crate::outcome::human_duration(spec.timeout),
-                        crate::outcome::human_duration(INTERRUPT_GRACE)
+                        crate::result::outcome::human_duration(spec.timeout),
+                        crate::result::outcome::human_duration(INTERRUPT_GRACE)
                     ));
                 }
             }
@@ -344,7 +344,7 @@ impl Live {
         limits: CollectLimits,
     ) -> Result<CollectedFiles, Error> {
         let mut files =
-            crate::persist::collect_run_files(Arc::clone(&self.scratch), limits).await?;
+            crate::durable::persist::collect_run_files(Arc::clone(&self.scratch), limits).await?;
         let mut seen = HashMap::new();
         let scratch = Arc::clone(&self.scratch);
         let stamps: Vec<(String, Option<(u64, SystemTime)>)> = tokio::task::spawn_blocking({

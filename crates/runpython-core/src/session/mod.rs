@@ -54,7 +54,7 @@ pub(crate) struct Entry {
     /// Requirement specs the session gathered.
     pub deps: Vec<String>,
     /// The environment the running cell added requirements to, for its envelope's `dependencies`.
-    pub added_deps: Option<crate::envelope::Dependencies>,
+    pub added_deps: Option<crate::result::envelope::Dependencies>,
     /// The record kept in the store (durable sessions), as last written.
     pub record: Option<SessionRecord>,
     /// Every per-cell environment variable given so far: a later cell's kept output is masked with
@@ -181,7 +181,7 @@ impl Registry {
                     }
                     e.lost = Some(format!(
                         "the session expired after {} idle",
-                        crate::outcome::human_duration(self.config.idle)
+                        crate::result::outcome::human_duration(self.config.idle)
                     ));
                 }
             }

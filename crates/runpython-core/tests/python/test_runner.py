@@ -1,17 +1,15 @@
-"""Tests of the runner (`src/runner.py`), with plain `python3` (3.10+) and the stdlib only.
+"""Tests of the runner (`src/child/python/runpython_runner.py` and its sibling modules), with plain `python3` (3.10+) and the stdlib only.
 
     python3 -m unittest discover -s crates/runpython-core/tests/python -t crates/runpython-core/tests/python
 
-Each test drives the runner as its docstring says, `python3 runner.py 3>result <request.json`: a real
+Each test drives the runner as its docstring says, `python3 runpython_runner.py 3>result <request.json`: a real
 interpreter (`-I -S`, as the host starts it), the request on stdin, the result read from descriptor 3.
 """
 
-import atexit
 import base64
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,12 +29,9 @@ def parse_int(text):
     return int(text) if len(text) <= EXACT_INT_DIGITS else Digits(text)
 
 
-RUNNER_PY = pathlib.Path(__file__).resolve().parents[2] / "src" / "runner.py"
-# runpython's other child modules, as the host writes them into the code directory.
-CODE_DIR = tempfile.mkdtemp(prefix="runpython-code-")
-atexit.register(shutil.rmtree, CODE_DIR, True)
-for _name, _module in [("values.py", "runpython_values.py")]:
-    pathlib.Path(CODE_DIR, _module).write_bytes((RUNNER_PY.parent / _name).read_bytes())
+# The runner and its sibling modules, as the host writes them into the code directory.
+CODE_DIR = str(pathlib.Path(__file__).resolve().parents[2] / "src" / "child" / "python")
+RUNNER_PY = pathlib.Path(CODE_DIR, "runpython_runner.py")
 # Bound on one run, so a runner that hangs fails its test instead of the suite.
 DEADLINE = 60
 

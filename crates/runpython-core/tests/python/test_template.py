@@ -1,4 +1,4 @@
-"""Tests of the template's parts that need no privilege (`src/template.py`), with plain `python3` and the stdlib.
+"""Tests of the template's parts that need no privilege (`src/child/python/runpython_template.py`), with plain `python3` and the stdlib.
 
     python3 -m unittest discover -s crates/runpython-core/tests/python -t crates/runpython-core/tests/python
 
@@ -13,14 +13,15 @@ import sys
 import textwrap
 import unittest
 
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "child" / "python"
 DEADLINE = 60
 
-# Loads runner.py under another name (imported as `runpython_runner` it runs `main()`) and registers it as
+# Loads the runner under another name (imported as `runpython_runner` it runs `main()`) and registers it as
 # `runpython_runner` for the template module, loaded next.
 PRELUDE = textwrap.dedent(
     """
     import importlib.util, os, sys
+    sys.path.insert(0, %r)  # the runner's sibling modules, as in the code directory
     def load(name, path):
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -30,7 +31,7 @@ PRELUDE = textwrap.dedent(
     sys.modules["runpython_runner"] = load("runner_under_test", %r)
     template = load("runpython_template", %r)
     """
-    % (str(SRC / "runner.py"), str(SRC / "template.py"))
+    % (str(SRC), str(SRC / "runpython_runner.py"), str(SRC / "runpython_template.py"))
 )
 
 

@@ -1,4 +1,4 @@
-"""Tests of runpython's tagged JSON (`src/values.py`), with plain `python3` (3.10+) and the stdlib only.
+"""Tests of runpython's tagged JSON (`src/child/python/runpython_values.py`), with plain `python3` (3.10+) and the stdlib only.
 
     python3 -m unittest discover -s crates/runpython-core/tests/python -t crates/runpython-core/tests/python
 
@@ -19,7 +19,8 @@ import unittest
 import uuid
 
 _SPEC = importlib.util.spec_from_file_location(
-    "runpython_values", pathlib.Path(__file__).resolve().parents[2] / "src" / "values.py")
+    "runpython_values",
+    pathlib.Path(__file__).resolve().parents[2] / "src" / "child" / "python" / "runpython_values.py")
 values = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(values)
 

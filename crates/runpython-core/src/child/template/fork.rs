@@ -16,8 +16,8 @@ use super::super::forked::{ForkedRun, Init};
 use super::super::spawn::{RunProcess, Spawned};
 use super::super::{code_dir, Slot};
 use super::{async_fd, receive_raw, Template};
-use crate::envelope::Isolation;
 use crate::error::Error;
+use crate::result::envelope::Isolation;
 use runpython_sandbox::{self as sandbox, RunCgroup, Sandbox, Step, StepError};
 
 /// How long a forked run may take to set itself up (mounts and namespaces on a busy machine).

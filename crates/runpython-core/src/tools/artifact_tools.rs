@@ -52,7 +52,7 @@ impl Tool for ReadArtifact {
                 .await
                 .map_err(|e| match e {
                     runpython_store::Error::NotFound { .. } => {
-                        crate::tenancy::audit_miss(
+                        crate::policy::tenancy::audit_miss(
                             &store,
                             runpython_store::Held::Artifact,
                             &id,

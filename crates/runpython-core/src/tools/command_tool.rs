@@ -116,7 +116,7 @@ impl Tool for CommandTool {
                 cmd.env(CALL_ID_ENV, call_id);
             }
             // A host killed with SIGKILL takes the command and everything it started with it.
-            crate::tool_supervisor::supervise(&mut cmd);
+            crate::tools::tool_supervisor::supervise(&mut cmd);
             let mut child = cmd.spawn().map_err(|e| {
                 ToolError::new(
                     "ToolError",

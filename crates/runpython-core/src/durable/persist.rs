@@ -13,9 +13,9 @@ use runpython_store::{
 };
 use serde_json::Value;
 
-use crate::envelope::Envelope;
 use crate::error::Error;
 use crate::request::{Limits, RunRequest};
+use crate::result::envelope::Envelope;
 
 /// Where and how runs are kept.
 #[derive(Debug, Clone)]
@@ -127,7 +127,7 @@ async fn artifact_for_runner(
 ) -> Result<Value, Error> {
     let missing = |e| match e {
         runpython_store::Error::NotFound { .. } => {
-            crate::tenancy::audit_miss(store, runpython_store::Held::Artifact, id, access);
+            crate::policy::tenancy::audit_miss(store, runpython_store::Held::Artifact, id, access);
             Error::InvalidInput(format!(
                 "{what}: no artifact {id:?} in the store {}; list them with `runpython artifacts list`",
                 store.url()

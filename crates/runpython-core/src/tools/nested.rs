@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use runpython_bridge::{BoxFuture, CallBudget, Tool, ToolArgs, ToolError, ToolSet};
 use serde_json::Value;
 
-use crate::envelope::{Envelope, Status};
 use crate::error::Error;
 use crate::request::{run_python_schema, run_request_from, RunRequest, RUN_PYTHON_TOOL};
+use crate::result::envelope::{Envelope, Status};
 
 /// What a nested run needs of the engine: a copy one level deeper, and running or resuming on it.
 pub(crate) trait NestEngine: Send + Sync {

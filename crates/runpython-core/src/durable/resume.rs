@@ -17,9 +17,9 @@ use runpython_store::{Listing, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::envelope::{Envelope, Status};
 use crate::error::Error;
 use crate::request::RunRequest;
+use crate::result::envelope::{Envelope, Status};
 
 const MAGIC: &[u8; 4] = b"RPCK";
 const VERSION_1: u8 = 1;
@@ -359,7 +359,7 @@ pub(crate) async fn load_for_resume(
     decisions: HashMap<String, Value>,
 ) -> Result<(RunRequest, ReplayPlan), Error> {
     let bytes = store.get_checkpoint(run_id).await?.ok_or_else(|| {
-        crate::tenancy::audit_miss(store, runpython_store::Held::Run, run_id, "resume");
+        crate::policy::tenancy::audit_miss(store, runpython_store::Held::Run, run_id, "resume");
         Error::InvalidInput(format!(
             "run {run_id} has no checkpoint in {}: it never suspended there (check the run id and --store)",
             store.url()

@@ -1,0 +1,188 @@
+"""A session's interpreter in the child: cells arrive on the control socket with their own streams,
+result pipe and bridge connection; one `__main__` namespace and one event loop live across cells.
+
+Standard library only, imported by the runner (`--session`) from runpython's code directory.
+"""
+
+import posix
+import sys
+
+from runpython_display import _install_display, _save_open_figures
+from runpython_json import json_loads
+from runpython_runner import (
+    BRIDGE_FD,
+    FILENAME,
+    RESULT_FD,
+    _add_sites,
+    _bind_inputs,
+    _env_now,
+    _format_error,
+    _new_main_module,
+    _restore_env,
+    _result_text,
+    _run,
+    _set_code_dir,
+    _set_env,
+    _warm_up,
+    _write_result,
+    _write_trust_bundle,
+)
+
+class _Session:
+    """A session's interpreter: cells arrive on the control socket (its stdin) with their own stdout,
+    stderr, result pipe and bridge connection as descriptors; one `__main__` namespace and one event
+    loop live across cells. A thread reads the control socket so that an interrupt can reach a running
+    cell (as SIGINT: a KeyboardInterrupt in the code)."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        fd = posix.dup(0)
+        posix.set_inheritable(fd, False)
+        self.ctl = socket.socket(fileno=fd)
+        self.ctl.setblocking(True)
+        null = posix.open("/dev/null", posix.O_RDWR)
+        for target in (0, 1, 2, RESULT_FD, BRIDGE_FD):
+            posix.dup2(null, target, inheritable=target < 3)
+        posix.close(null)
+        self.cells = []
+        self.lock = threading.Lock()
+        self.ready = threading.Condition(self.lock)
+        self.running = False
+        self.closed = False
+        self.loop = None
+        self.main_thread = threading.main_thread().ident
+        threading.Thread(target=self._read, name="runpython-session", daemon=True).start()
+
+    def _read_exact(self, n, fds):
+        import socket
+
+        data = b""
+        while len(data) < n:
+            chunk, got, _, _ = socket.recv_fds(self.ctl, n - len(data), 8)
+            if not chunk:
+                return None
+            fds.extend(got)
+            data += chunk
+        return data
+
+    def _read(self):
+        while True:
+            fds = []
+            header = self._read_exact(4, fds)
+            if header is None:
+                break
+            payload = self._read_exact(int.from_bytes(header, "big"), fds)
+            if payload is None:
+                break
+            message = json_loads(payload.decode("utf-8"))
+            if message.get("type") == "interrupt":
+                for fd in fds:
+                    posix.close(fd)
+                with self.lock:
+                    if self.running:
+                        # SIGINT to the main thread itself (a signal to the process may land on this
+                        # thread and leave a sleeping cell asleep): a KeyboardInterrupt in the cell.
+                        import signal
+
+                        signal.pthread_kill(self.main_thread, signal.SIGINT)
+                continue
+            with self.lock:
+                self.cells.append((message, fds))
+                self.ready.notify()
+        with self.lock:
+            self.closed = True
+            self.ready.notify()
+
+    def next_cell(self):
+        with self.lock:
+            while not self.cells and not self.closed:
+                self.ready.wait()
+            if self.cells:
+                return self.cells.pop(0)
+            return None, None
+
+    def run_cell(self, request, fds, namespace, sites):
+        out, err, res = fds[0], fds[1], fds[2]
+        bridge_fd = fds[3] if len(fds) > 3 else None
+        for fd, target in ((out, 1), (err, 2)):
+            posix.dup2(fd, target)
+            posix.close(fd)
+        if bridge_fd is not None:
+            posix.dup2(bridge_fd, BRIDGE_FD, inheritable=False)
+            posix.close(bridge_fd)
+        _set_code_dir(request.get("code_dir"))
+        _add_sites(request.get("site_dirs"), sites)
+        _write_trust_bundle(request.get("trust_bundle"))
+        env = request.get("env") or {}
+        previous = _env_now(env)
+        _set_env(env)
+        _bind_inputs(request, namespace)
+        with self.lock:
+            self.running = True
+        try:
+            status, result, summary = _run(request, namespace, self._loop)
+        except KeyboardInterrupt as exc:  # the interrupt came as the cell ended
+            status, result, summary = "error", _format_error(exc, request["code"]), None
+        finally:
+            with self.lock:
+                self.running = False
+        try:
+            _save_open_figures()
+            plt = sys.modules.get("matplotlib.pyplot")
+            if plt is not None:
+                plt.close("all")  # saved with this cell's files; the next cell starts without them
+        except BaseException:
+            pass
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        _write_result(res, _result_text(status, result, summary))
+        try:
+            _restore_env(previous)  # the next cell does not see this cell's variables
+        except BaseException:
+            pass
+        # This cell's bridge connection ends with it: the client lets go of descriptor 4 without closing
+        # it (the next cell's connection takes that number).
+        tools = sys.modules.get("runpython_tools")
+        if tools is not None and tools._bridge is not None:
+            sock = getattr(tools._bridge, "sock", None)
+            if sock is not None:
+                sock.detach()
+            tools._bridge = None
+        # The cell's streams end here: the host reads them to end of file.
+        null = posix.open("/dev/null", posix.O_RDWR)
+        for target in (1, 2):
+            posix.dup2(null, target)
+        posix.dup2(null, BRIDGE_FD, inheritable=False)
+        posix.close(null)
+
+    def _loop(self):
+        if self.loop is None:
+            import asyncio
+
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+        return self.loop
+
+
+def main():
+    _warm_up(sys.argv[2:])  # "--session 1" is a pair it skips
+    sys.argv = [FILENAME]
+    session = _Session()
+    sys.stdout.reconfigure(line_buffering=True)
+    namespace = _new_main_module()
+    _install_display()
+    sites = []
+    while True:
+        try:
+            request, fds = session.next_cell()
+            if request is None:
+                break
+            session.run_cell(request, fds, namespace, sites)
+        except KeyboardInterrupt:
+            continue  # an interrupt that arrived between cells
+    posix._exit(0)
