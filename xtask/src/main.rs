@@ -1,7 +1,7 @@
 //! `cargo xtask`: the project's scripts, in Rust.
 //!
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
-//!   (uv and moto from PyPI), all tests, the doc build, and the shared acceptance cases when `../shared`
+//!   (uv and moto from PyPI), all tests, the docs test, the doc build, and the shared acceptance cases when `../shared`
 //!   exists. As root it also runs the sandbox, run, pool, template, egress, secrets and hostile-install suites as an
 //!   unprivileged user
 //!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
@@ -13,9 +13,12 @@
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
 //! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): module import cycles, long files that do not
 //!   say why, the Python suites.
+//! - `cargo xtask docs` — only the docs test (`docs.rs`): every shell and Python block of README.md and
+//!   docs/ runs and shows what the page says it prints (after `cargo xtask py`, whose venv it uses).
 //! - `cargo xtask py` — only the Python package's checks (`pypkg.rs`; `ci` runs them too): its wheel in a
 //!   fresh venv, pytest, mypy on the examples, stubtest.
 
+mod docs;
 mod pypkg;
 
 use std::path::{Path, PathBuf};
@@ -33,6 +36,13 @@ fn main() -> Result<()> {
         Some("tidy") => tidy::tidy(),
         Some("bench") => bench(&args[1..]),
         Some("py") => pypkg::ci(&bootstrap_tools()?),
+        Some("docs") => {
+            step(
+                "build cli",
+                cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
+            )?;
+            docs::check(&bootstrap_tools()?)
+        }
         Some("unprivileged") => unprivileged_suites(&bootstrap_tools()?),
         Some("tools") => {
             println!("{}", bootstrap_tools()?.display());
@@ -132,6 +142,12 @@ fn ci() -> Result<()> {
         )?;
     }
     unprivileged_suites(&tools)?;
+    step(
+        "build cli",
+        cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
+    )?;
+    eprintln!("==> docs: every block of README.md and docs/");
+    docs::check(&tools)?;
     step(
         "doc",
         cargo()

@@ -10,6 +10,7 @@
 //! - **Long files.** A `.rs` file under `crates/`, `xtask/` or `tests/` over [`MAX_LINES`] lines must say
 //!   why in a module doc line starting with `//! Why this file is long:`. No `.rs` or `.py` file there
 //!   is over [`HARD_MAX_LINES`] lines, a Rust file's inline tests aside, reason or not.
+//! - **The security model's tests.** Every test `docs/security.md` names (`` `path::name` ``) exists.
 //! - **Python suites.** The stdlib `unittest` suites of the Python that runs in the child.
 //!
 //! The scanner is a small hand-written lexer (comments, strings, raw strings, char literals and
@@ -65,6 +66,7 @@ pub(crate) fn tidy() -> Result<()> {
         problems.extend(graph.cycles(&format!("crates/{krate}/src")));
     }
     problems.extend(long_files(&root)?);
+    problems.extend(security_tests(&root)?);
     for problem in &problems {
         eprintln!("tidy: {problem}\n");
     }
@@ -92,6 +94,55 @@ fn python_suites(root: &Path) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+// ---- the security model's tests ----
+
+/// The page whose every named test must exist.
+const SECURITY_MODEL: &str = "docs/security.md";
+
+/// A problem for every `` `path::name` `` in the security model whose file does not exist or does
+/// not define `name` (`fn name` in Rust, `def name` in Python).
+fn security_tests(root: &Path) -> Result<Vec<String>> {
+    let page = std::fs::read_to_string(root.join(SECURITY_MODEL))
+        .with_context(|| format!("reading {SECURITY_MODEL}"))?;
+    let mut problems = Vec::new();
+    let named = named_tests(&page);
+    if named.is_empty() {
+        problems.push(format!("{SECURITY_MODEL} names no test"));
+    }
+    for (file, name) in named {
+        let text = std::fs::read_to_string(root.join(&file)).unwrap_or_default();
+        let defined = text.lines().any(|l| {
+            let mut l = l.trim_start();
+            for prefix in ["pub(crate) ", "pub ", "async "] {
+                l = l.strip_prefix(prefix).unwrap_or(l);
+            }
+            l.starts_with(&format!("fn {name}(")) || l.starts_with(&format!("def {name}("))
+        });
+        if !defined {
+            problems.push(format!(
+                "{SECURITY_MODEL} names `{file}::{name}`, which does not exist: fix the name, or the \
+                 claim it backs"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// Every `` `dir/file.rs::name` `` or `` `dir/file.py::name` `` in a page, in order.
+fn named_tests(page: &str) -> Vec<(String, String)> {
+    page.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|code| {
+            let (file, name) = code.split_once("::")?;
+            let is_source = file.ends_with(".rs") || file.ends_with(".py");
+            let is_name =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            (is_source && is_name && file.contains('/')).then(|| (file.to_owned(), name.to_owned()))
+        })
+        .collect()
 }
 
 // ---- long files ----
@@ -205,6 +256,18 @@ mod tests {
         assert_eq!(
             over_hard_limit(&"#[cfg(test)]\n".repeat(HARD_MAX_LINES + 1), false),
             Some(HARD_MAX_LINES + 1)
+        );
+    }
+
+    #[test]
+    fn the_security_model_names_tests_as_path_and_function() {
+        let page = "| x | `tests/tests/a.rs::one`, `b.py::two` and `crates/c/t.py::three` |\n`not::this` `x/y.rs::`";
+        assert_eq!(
+            named_tests(page),
+            [
+                ("tests/tests/a.rs".to_owned(), "one".to_owned()),
+                ("crates/c/t.py".to_owned(), "three".to_owned())
+            ]
         );
     }
 

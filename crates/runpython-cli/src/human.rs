@@ -93,6 +93,26 @@ pub(crate) fn print_human(envelope: &Envelope) {
             );
         }
     }
+    if let Some(suspension) = &envelope.suspension {
+        // The run waits for a person: say on what, and the command that answers.
+        let tool = suspension
+            .get("tool")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let id = suspension.get("id").and_then(Value::as_str).unwrap_or("?");
+        let args = suspension
+            .get("args")
+            .map(Value::to_string)
+            .unwrap_or_default();
+        say_err!(
+            "[runpython: the run waits for a decision on {}({}) (suspension {}): `runpython resume {} \
+             --decision JSON` with this run's store and tool flags continues it]",
+            escape_controls(tool),
+            escape_controls(&args),
+            escape_controls(id),
+            escape_controls(&envelope.run_id)
+        );
+    }
     // Everything below is what the code chose: no control character reaches the terminal raw.
     match &envelope.error {
         Some(error) => match &error.traceback {
@@ -111,6 +131,24 @@ pub(crate) fn print_human(envelope: &Envelope) {
         },
         None => {}
     }
+}
+
+/// The envelope's stdout and stderr, for a run whose output was not printed as it came (a resumed
+/// run's, as kept within the budget), escaped where they reach a terminal.
+pub(crate) fn print_streams(envelope: &Envelope) {
+    use std::io::{IsTerminal, Write as _};
+    let terminal = std::io::stdout().is_terminal();
+    let _ = write!(
+        std::io::stdout(),
+        "{}",
+        for_terminal(&envelope.stdout, terminal)
+    );
+    let terminal = std::io::stderr().is_terminal();
+    let _ = write!(
+        std::io::stderr(),
+        "{}",
+        for_terminal(&envelope.stderr, terminal)
+    );
 }
 
 /// `runpython doctor` for a person: one fact per line.

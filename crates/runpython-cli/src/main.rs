@@ -676,6 +676,9 @@ async fn resume(args: ResumeArgs) -> anyhow::Result<ExitCode> {
         decisions.insert(id, value);
     }
     let envelope = python.resume(&args.run_id, decisions).await?;
+    if !args.json {
+        human::print_streams(&envelope); // a resumed run's output is not streamed: its envelope has it
+    }
     finish(&envelope, args.json)
 }
 

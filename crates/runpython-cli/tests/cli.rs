@@ -472,3 +472,38 @@ fn the_repl_keeps_state_across_inputs_and_shows_values_as_python_does() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn human_mode_says_what_a_suspended_run_waits_for_and_resume_prints_its_output() {
+    // Both were silent: a suspended run printed nothing, and a resumed run's output (not streamed)
+    // never reached the terminal.
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let code = "answer = ask('deploy?')\nprint('the person said', answer)";
+    let out = runpython(&["run", "--approval", "ask", "--store", &store, "-c", code]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("waits for a decision on ask("), "{err}");
+    assert!(
+        err.contains("deploy?") && err.contains("suspension s0"),
+        "{err}"
+    );
+    let run_id = err
+        .split("runpython resume ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let resumed = runpython(&[
+        "resume",
+        &run_id,
+        "--approval",
+        "ask",
+        "--store",
+        &store,
+        "--decision",
+        "\"yes\"",
+    ]);
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
+    assert_eq!(text(&resumed.stdout), "the person said yes\n");
+}

@@ -57,6 +57,21 @@ pub use tools::command_tool::{CommandTool, CALL_ID_ENV};
 #[cfg(feature = "mcp")]
 pub use tools::mcp_tools::{McpServer, CALL_ID_META};
 
+/// The README's Rust examples, compiled as doctests (`cargo xtask docs` runs its other blocks).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;
+
+/// `docs/library.md`'s examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+struct LibraryDocExamples;
+
+/// `docs/sessions.md`'s examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/sessions.md")]
+struct SessionsDocExamples;
+
 /// runpython's tagged JSON codec (Python source, standard library only): exact Python values
 /// (tuples, sets, dates with their zones, bytes, Decimal, dataclasses...) as JSON, both ways. The
 /// child uses it for [`RunRequest::typed`] requests; the Python package builds it into itself for the
