@@ -127,6 +127,32 @@ class Classes(unittest.TestCase):
         self.assertIs(type(back[1]), Subclassed)
         self.assertEqual(back[1], (1, "x"))
 
+    def test_a_class_that_finalizes_is_never_built_from_the_other_sides_fields(self):
+        deleted = []
+
+        @dataclasses.dataclass
+        class Scratch:
+            path: str
+
+            def __del__(self):
+                deleted.append(self.path)  # a host class that cleans up the path it holds
+
+        class Child(Scratch):
+            pass
+
+        for cls in (Scratch, Child):
+            globals()[cls.__name__] = cls
+            cls.__qualname__ = cls.__name__
+        try:
+            tagged = {"$rp": "dataclass", "cls": __name__ + ":Child", "v": {"path": "/etc/important"}}
+            self.assertEqual(values.decode(tagged), {"__class__": __name__ + ".Child", "path": "/etc/important"})
+            import gc
+
+            gc.collect()
+            self.assertEqual(deleted, [])
+        finally:
+            del globals()["Scratch"], globals()["Child"]
+
     def test_init_false_fields_are_carried(self):
         p = Point(1)
         p.hidden = 9

@@ -23,7 +23,8 @@ a "$rp" tag and its payload in "v":
 
 Decoding turns a dataclass or NamedTuple back into its class when that class is already loaded where
 it is decoded (found in sys.modules: nothing is ever imported by name, since a name comes from the
-other side), built as copy and pickle build one: none of the class's own code runs. Otherwise: in the child, a stand-in class of the same name and fields (so `p.x` works,
+other side), built as copy and pickle build one: none of the class's own code runs (and a class with a
+`__del__`, whose code would run on the other side's fields when the object is collected, is not built). Otherwise: in the child, a stand-in class of the same name and fields (so `p.x` works,
 and returning it gives the host its own class back); on the host, a dict of the fields with
 "__class__": "module.Qual.Name".
 
@@ -319,7 +320,15 @@ def _loaded_class(qualified):
         if found is None:
             return None
         found = vars(found).get(part) if hasattr(found, "__dict__") else None
-    return found if isinstance(found, type) else None
+    if not isinstance(found, type) or _finalizes(found):
+        return None
+    return found
+
+
+def _finalizes(cls):
+    """Whether instances run code of the class's own when they are collected (`__del__`): such a class
+    is never built from the other side's fields, which could aim that code (a path it deletes)."""
+    return any("__del__" in vars(base) for base in cls.__mro__ if base is not object)
 
 
 def _fields(payload, dec):
