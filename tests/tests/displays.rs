@@ -304,7 +304,7 @@ plt.figure(); plt.boxplot([[1, 2, 3, 4, 5, 100], [10, 11, 12]], tick_labels=["a"
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn dataframes_plotly_and_altair_show_their_own_forms() {
+async fn dataframes_plotly_altair_and_pil_show_their_own_forms() {
     let (_dir, python) = kept();
     let code = r#"
 import pandas as pd
@@ -315,10 +315,12 @@ display(df)
 fig = go.Figure(go.Bar(x=df.city, y=df.temp), layout={"title": {"text": "Temperatures"}})
 display(fig)
 display(alt.Chart(df).mark_bar().encode(x="city", y="temp"))
+from PIL import Image
+display(Image.new("RGB", (4, 3), "red"))
 "#;
     let e = python.run(code).await.unwrap();
     ok(&e);
-    assert_eq!(e.displays.len(), 3, "{:?}", e.displays);
+    assert_eq!(e.displays.len(), 4, "{:?}", e.displays);
     let table = e.displays[0]["formats"]["text/markdown"].as_str().unwrap();
     assert!(table.starts_with("|  | city | temp |"), "{table}");
     assert!(table.contains("| 1 | Rome | 18 |"), "{table}");
@@ -346,5 +348,11 @@ display(alt.Chart(df).mark_bar().encode(x="city", y="temp"))
         .unwrap();
     let spec: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(spec["mark"]["type"], "bar", "{spec}");
+    // A PIL image shows itself as a PNG of its size.
+    let png = &e.displays[3]["formats"]["image/png"];
+    assert_eq!(
+        (png["width"].as_u64(), png["height"].as_u64()),
+        (Some(4), Some(3))
+    );
     assert!(serde_json::to_vec(&e).unwrap().len() <= 8192);
 }
