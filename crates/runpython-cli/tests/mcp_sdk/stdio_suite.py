@@ -1,5 +1,6 @@
 """`runpython mcp` (stdio) driven by the official MCP Python SDK client: structured results, schemas and
-annotations, per-call timeouts, argument errors, progress, resources, cancellation, and what rmcp's
+annotations, per-call timeouts, argument errors, progress, resources, charts as data and images,
+cancellation, and what rmcp's
 stdio transport used to drop in silence (oversized and malformed messages)."""
 
 import asyncio
@@ -188,8 +189,32 @@ def raw_protocol_errors():
         proc.wait(10)
 
 
+async def charts():
+    # matplotlib comes from the index through runpython's own dependency path (detected from the import).
+    async with stdio_client("--store", "memory://", "--timeout", "300") as client:
+        code = ("import matplotlib.pyplot as plt\n"
+                "plt.figure(figsize=(4, 3), dpi=50)\n"
+                "plt.plot([1, 2, 3], [2, 4, 3]); plt.title('Load'); plt.xlabel('hour'); plt.ylabel('%')\n"
+                "plt.show()")
+        result = await client.call_tool("run_python", {"code": code})
+        envelope = envelope_of(result)
+        assert envelope["status"] == "success", envelope
+        chart = envelope["displays"][0]["chart"]
+        assert (chart["type"], chart["title"], chart["x_label"], chart["y_label"]) == ("line", "Load", "hour", "%"), chart
+        assert chart["elements"][0]["points"] == [[1, 2], [2, 4], [3, 3]], chart
+        ok("a line chart comes as data: its type, labels and points")
+        images = [c for c in result.content if c.type == "image"]
+        assert len(images) == 1 and images[0].mime_type == "image/png", result.content
+        import base64
+        import struct
+        png = base64.b64decode(images[0].data)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (200, 150)
+        ok("the chart reaches the client as an image block: a PNG of the figure's size")
+
+
 async def main():
     await tools_and_results()
+    await charts()
     await progress()
     await approvals()
     import tempfile
