@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import pathlib
 
 import pytest
 
@@ -296,3 +297,13 @@ def test_files_reach_the_run_read_only_and_a_session_keeps_them(tmp_path):
         rp.run("1", files={"../escape": b"x"})
     with pytest.raises(TypeError, match="bytes or a path"):
         rp.run("1", files={"x": 1})
+
+
+def test_a_csv_given_as_a_file_is_read_by_pandas_in_the_run(tmp_path: pathlib.Path) -> None:
+    # pandas comes from the index through runpython's own dependency path (detected from the import).
+    csv = tmp_path / "sales.csv"
+    csv.write_text("city,amount\nOslo,3\nRome,4\n")
+    e = RunPython(timeout=300).run("import pandas as pd\nint(pd.read_csv('sales.csv')['amount'].sum())",
+                                   files={"sales.csv": csv})
+    assert e.ok, e.error
+    assert e.return_value == 7
