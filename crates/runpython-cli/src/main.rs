@@ -34,6 +34,7 @@ mod listener;
 mod mcp;
 mod network_flags;
 mod oauth;
+mod overload;
 mod repl;
 mod run_flags;
 mod runs;
@@ -517,6 +518,10 @@ struct ServeArgs {
     /// Runs one token may have in flight at once (0: no limit).
     #[arg(long, value_name = "N", default_value = "4")]
     max_runs_per_token: usize,
+    /// Runs this host may have in flight at once, all tokens together (0: no limit; default: 4 per
+    /// CPU core). Over it a call is refused at once: 503, Retry-After, JSON-RPC `over_capacity`.
+    #[arg(long, value_name = "N")]
+    max_runs_in_flight: Option<usize>,
     /// On SIGTERM/SIGINT, how long runs in flight may take to finish before they are stopped.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "30")]
     drain_timeout: Duration,
@@ -626,6 +631,9 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
             bind: args.bind,
             tokens_file: args.tokens_file,
             max_runs_per_token: args.max_runs_per_token,
+            max_runs_in_flight: args.max_runs_in_flight.unwrap_or_else(|| {
+                4 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            }),
             drain_timeout: args.drain_timeout,
             allowed_hosts: args.allowed_hosts,
             max_connections: args.max_connections,
