@@ -69,6 +69,7 @@ pub use runpython_sandbox::{
 pub use session::SessionConfig;
 pub use tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,
+    SESSION_ID_HEADER,
 };
 
 /// What an implementer of a [`Tool`] needs: the trait, its arguments and errors, and closures as tools.
