@@ -389,6 +389,8 @@ fn load_balancers(bin: &Path) -> Result<()> {
             );
         }
     }
+    // A link left dangling by an uninstalled package goes first.
+    let _ = std::fs::remove_file(&linked);
     std::os::unix::fs::symlink(installed, &linked)
         .with_context(|| format!("linking {} to {}", linked.display(), installed.display()))?;
     Ok(())
