@@ -44,6 +44,16 @@ pub async fn refuse_over_capacity(
     let message: Option<Value> = serde_json::from_slice(&bytes).ok();
     if let Some(id) = message.as_ref().and_then(run_call_id) {
         if gate.is_full() {
+            let tenant = parts
+                .extensions
+                .get::<crate::admission::ClientScope>()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            tracing::info!(
+                tenant = %tenant,
+                max_runs_in_flight = gate.capacity(),
+                "refused a run: over capacity"
+            );
             return over_capacity(id, gate.capacity());
         }
     }

@@ -9,7 +9,7 @@ client through the proxy, as hosts come and go:
   restored from the store (`restored: true`), a run suspended through the dead host resumes, and a
   run it memoized is a hit;
 - a stateless (2026-07-28) client needs no stickiness and mirrors `session_id` into
-  `Mcp-Param-Session-Id`;
+  `Mcp-Param-Session-Id`, and its calls that a full host refuses are sent to another host;
 - a host drained with SIGTERM gets no new sessions once the proxy sees /healthz turn 503, while its
   call in flight finishes;
 - over a host's `--max-runs-in-flight`, a call gets the retryable `over_capacity` error within a
@@ -166,6 +166,36 @@ async def stateless(lb, hosts, token):
     ok("a stateless (2026-07-28) client needs no MCP session and sends session_id as Mcp-Param-Session-Id")
 
 
+async def retried_elsewhere(lb, hosts, token, full):
+    """A stateless call refused by a full host is sent by the proxy to another host."""
+    holders = []
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(CAPACITY):
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120)
+            holders.append(await stack.enter_async_context(
+                Client(streamable_http_client(hosts[full].url, http_client=http), mode="legacy")))
+        done = []
+
+        async def hold(c, i):
+            done.append(envelope_of(await c.call_tool("run_python", {"code": SLOW.format(s=6, tag=f"held-{i}")})))
+
+        async with anyio.create_task_group() as tg:
+            for i, c in enumerate(holders):
+                tg.start_soon(hold, c, i)
+            await wait_until(lambda: health(hosts[full]).json()["runs_in_flight"] == CAPACITY, 30, "the host full")
+            before = hosts[full].read_log().count("refused a run: over capacity")
+            c, _ = client(lb, token, mode="2026-07-28")
+            async with c:
+                for i in range(10):
+                    envelope = envelope_of(await c.call_tool("run_python", {"code": f"{i} * 2"}))
+                    assert envelope["return_value"] == i * 2, envelope
+            refused = hosts[full].read_log().count("refused a run: over capacity") - before
+            assert not done, "the runs holding the places finished first"
+        assert len(done) == CAPACITY, done
+    assert refused >= 1, "no call reached the full host: the retry was not exercised"
+    ok(f"stateless calls a full host refused ({refused} of 10) were sent by the proxy to another host and served")
+
+
 async def drain(lb, hosts, token):
     """SIGTERM: out of the proxy's rotation, no new sessions, the call in flight finishes."""
     c, seen = client(lb, token)
@@ -251,6 +281,7 @@ async def main(kind):
             ok(f"{kind} in front of three hosts, all healthy")
             dead = await failover(lb, hosts, token)
             await stateless(lb, hosts, token)
+            await retried_elsewhere(lb, hosts, token, full=[i for i in range(3) if i != dead][0])
             draining = await drain(lb, hosts, token)
             (last,) = [i for i in range(3) if i not in (dead, draining)]
             await capacity(lb, hosts, token, last)
