@@ -1,6 +1,7 @@
 //! What the bench harness measures of the MCP servers: a trivial `run_python` through `runpython mcp`
 //! (raw JSON-RPC lines on its stdio, as any client writes them) against the same run through the
-//! library, and calls per second through `runpython serve` from concurrent clients.
+//! library, and calls per second through `runpython serve` from concurrent clients, to one host and
+//! through HAProxy to three.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -94,13 +95,9 @@ pub async fn stdio_vs_library(bin: &Path, rounds: usize) -> Result<(f64, f64)> {
     Ok((p50(mcp), p50(lib)))
 }
 
-/// Calls per second of `1+1` through `runpython serve --no-store` from `clients` concurrent MCP
-/// sessions making `calls_each` calls each (after one warm-up call per client).
-pub async fn http_calls_per_s(bin: &Path, clients: usize, calls_each: usize) -> Result<f64> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let token = format!("bench-token-{nanos:032x}");
+/// A `runpython serve --no-store` host on a loopback port (no run limits: the runs are the bound),
+/// killed when dropped: the process and its base URL.
+async fn serve_host(bin: &Path, token: &str) -> Result<(tokio::process::Child, String)> {
     let mut child = tokio::process::Command::new(bin)
         .args([
             "serve",
@@ -108,6 +105,8 @@ pub async fn http_calls_per_s(bin: &Path, clients: usize, calls_each: usize) -> 
             "127.0.0.1:0",
             "--no-store",
             "--max-runs-per-token",
+            "0",
+            "--max-runs-in-flight",
             "0",
             "--timeout",
             "120",
@@ -120,22 +119,116 @@ pub async fn http_calls_per_s(bin: &Path, clients: usize, calls_each: usize) -> 
         .kill_on_drop(true)
         .spawn()?;
     let mut stderr = BufReader::new(child.stderr.take().ok_or("no stderr")?).lines();
-    let url = loop {
+    let base = loop {
         let line = stderr
             .next_line()
             .await?
             .ok_or("serve exited before listening")?;
         if let Some(at) = line.find("listening on ") {
-            break format!("{}/mcp", &line[at + "listening on ".len()..]);
+            break line[at + "listening on ".len()..].to_owned();
         }
     };
     // Keep reading stderr so the server never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+    Ok((child, base))
+}
 
+fn bench_token() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("bench-token-{nanos:032x}")
+}
+
+/// SIGTERM, then up to 30 s for the process to go (dropping it kills what is left).
+async fn stop(mut child: tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+}
+
+/// Calls per second of `1+1` through `runpython serve --no-store` from `clients` concurrent MCP
+/// sessions making `calls_each` calls each (after one warm-up call per client).
+pub async fn http_calls_per_s(bin: &Path, clients: usize, calls_each: usize) -> Result<f64> {
+    let token = bench_token();
+    let (child, base) = serve_host(bin, &token).await?;
+    let rate = calls_per_s(&format!("{base}/mcp"), &token, clients, calls_each).await;
+    stop(child).await;
+    rate
+}
+
+/// [`http_calls_per_s`] through HAProxy (`haproxy`, with `deploy/haproxy/haproxy.cfg` under `root`
+/// as shipped) in front of three such hosts: each session sticks to the host that made it.
+pub async fn lb_calls_per_s(
+    bin: &Path,
+    haproxy: &Path,
+    root: &Path,
+    clients: usize,
+    calls_each: usize,
+) -> Result<f64> {
+    let token = bench_token();
+    let mut hosts = Vec::new();
+    for _ in 0..3 {
+        hosts.push(serve_host(bin, &token).await?);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut command = tokio::process::Command::new(haproxy);
+    command
+        .args(["-db", "-f"])
+        .arg(root.join("deploy/haproxy/haproxy.cfg"))
+        .env("RUNPYTHON_LB_BIND", format!("127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    for (i, (_, base)) in hosts.iter().enumerate() {
+        command.env(
+            format!("RUNPYTHON_HOST_{}", i + 1),
+            base.trim_start_matches("http://"),
+        );
+    }
+    let proxy = command.spawn()?;
+    let base = format!("http://127.0.0.1:{port}");
+    // Until the proxy has seen all three hosts healthy (a host starts down until its checks pass).
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let up = match http.get(format!("{base}/lb-status;csv")).send().await {
+            Ok(reply) => reply.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+        .lines()
+        .filter(|l| l.starts_with("runpython,host") && l.contains(",UP"))
+        .count();
+        if up == 3 {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("HAProxy saw {up} of 3 hosts up after 30 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rate = calls_per_s(&format!("{base}/mcp"), &token, clients, calls_each).await;
+    stop(proxy).await;
+    for (child, _) in hosts {
+        stop(child).await;
+    }
+    rate
+}
+
+/// Calls per second of `1+1` at `url` from `clients` concurrent MCP sessions making `calls_each`
+/// calls each, after one warm-up call per session.
+async fn calls_per_s(url: &str, token: &str, clients: usize, calls_each: usize) -> Result<f64> {
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients + 1));
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (url, token, start) = (url.clone(), token.clone(), start.clone());
+        let (url, token, start) = (url.to_owned(), token.to_owned(), start.clone());
         tasks.push(tokio::spawn(async move {
             let client = HttpClient::connect(&url, &token).await?;
             client.call(1, "1+1").await?;
@@ -151,15 +244,7 @@ pub async fn http_calls_per_s(bin: &Path, clients: usize, calls_each: usize) -> 
     for task in tasks {
         task.await??;
     }
-    let rate = (clients * calls_each) as f64 / t.elapsed().as_secs_f64();
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
-    Ok(rate)
+    Ok((clients * calls_each) as f64 / t.elapsed().as_secs_f64())
 }
 
 /// One MCP session over Streamable HTTP (JSON-RPC POSTs, replies read from the SSE body).

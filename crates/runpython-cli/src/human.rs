@@ -2,8 +2,9 @@
 //! and every text the code chose with its control characters escaped.
 
 use std::borrow::Cow;
+use std::process::ExitCode;
 
-use runpython_core::{DepsProgress, Doctor, Envelope, Isolation};
+use runpython_core::{DepsProgress, Doctor, Envelope, Isolation, Status};
 use serde_json::Value;
 
 /// A one-line dependency progress display on stderr, only when stderr is a terminal.
@@ -149,6 +150,24 @@ pub(crate) fn print_streams(envelope: &Envelope) {
         "{}",
         for_terminal(&envelope.stderr, terminal)
     );
+}
+
+/// The end of a run or resume: the envelope (as JSON, or for a person), and the exit status its
+/// status gives (0 for success, 1 otherwise).
+pub(crate) fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        say!("{}", serde_json::to_string(envelope)?);
+    } else {
+        print_human(envelope);
+        if let Some(error) = envelope.store_error.as_deref().filter(|_| !envelope.kept) {
+            say_err!("runpython: the code ran, but the run was not kept: {error}");
+        }
+    }
+    Ok(if envelope.status == Status::Success {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// `runpython doctor` for a person: one fact per line.

@@ -34,6 +34,7 @@ mod listener;
 mod mcp;
 mod network_flags;
 mod oauth;
+mod overload;
 mod repl;
 mod run_flags;
 mod runs;
@@ -49,10 +50,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use human::{for_terminal, print_human, StatusLine};
+use human::{finish, for_terminal, StatusLine};
 use runpython_core::{
-    error_report, Envelope, Event, McpServer, PoolConfig, RunPython, RunPythonBuilder, RunRequest,
-    Status, Tier, ToolFormat,
+    error_report, Event, McpServer, PoolConfig, RunPython, RunPythonBuilder, RunRequest, Tier,
+    ToolFormat,
 };
 use serde_json::Value;
 use store_commands::{artifacts, gc, ArtifactsCommand, StoreArgs};
@@ -377,22 +378,6 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// Prints the envelope; the exit status is the code's (a store that failed after the code ran is
 /// named in the envelope, `kept: false`, and in human mode on stderr).
-fn finish(envelope: &Envelope, json: bool) -> anyhow::Result<ExitCode> {
-    if json {
-        say!("{}", serde_json::to_string(envelope)?);
-    } else {
-        print_human(envelope);
-        if let Some(error) = envelope.store_error.as_deref().filter(|_| !envelope.kept) {
-            say_err!("runpython: the code ran, but the run was not kept: {error}");
-        }
-    }
-    Ok(if envelope.status == Status::Success {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
-}
-
 impl EngineArgs {
     async fn build(&self) -> anyhow::Result<RunPython> {
         self.scoped(self.builder().await?.build()?)
@@ -517,6 +502,10 @@ struct ServeArgs {
     /// Runs one token may have in flight at once (0: no limit).
     #[arg(long, value_name = "N", default_value = "4")]
     max_runs_per_token: usize,
+    /// Runs this host may have in flight at once, all tokens together (0: no limit; default: 4 per
+    /// CPU core). Over it a call is refused at once: 503, Retry-After, JSON-RPC `over_capacity`.
+    #[arg(long, value_name = "N")]
+    max_runs_in_flight: Option<usize>,
     /// On SIGTERM/SIGINT, how long runs in flight may take to finish before they are stopped.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "30")]
     drain_timeout: Duration,
@@ -626,6 +615,9 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
             bind: args.bind,
             tokens_file: args.tokens_file,
             max_runs_per_token: args.max_runs_per_token,
+            max_runs_in_flight: args.max_runs_in_flight.unwrap_or_else(|| {
+                4 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+            }),
             drain_timeout: args.drain_timeout,
             allowed_hosts: args.allowed_hosts,
             max_connections: args.max_connections,

@@ -32,6 +32,7 @@ use runpython_core::{
 use serde_json::{json, Map, Value};
 
 pub use crate::admission::{ClientScope, RunGate};
+use crate::admission::{Refusal, OVER_CAPACITY};
 use crate::lines::{LineTransport, MAX_LINE_BYTES};
 
 /// The URI scheme of artifacts served as resources: `runpython://artifact/<id>`.
@@ -115,6 +116,18 @@ fn caller(context: &RequestContext<RoleServer>) -> ClientScope {
         .unwrap_or(ClientScope::Stdio)
 }
 
+/// The request's MCP session (`Mcp-Session-Id`), `-` for none (stdio, the stateless protocol): the
+/// log line's, so a host's log shows which sessions a proxy sent it.
+fn mcp_session(context: &RequestContext<RoleServer>) -> String {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.headers.get("mcp-session-id"))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned()
+}
+
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
         let capabilities = if self.shared.python.store().is_some() {
@@ -163,6 +176,7 @@ impl ServerHandler for Server {
             tool = %name,
             status = %status,
             ms = started.elapsed().as_millis() as u64,
+            mcp_session = %mcp_session(&context),
             "call"
         );
         outcome.map(Into::into)
@@ -334,7 +348,16 @@ impl Server {
         let _admitted = if runs_code {
             match self.shared.gate.enter(scope) {
                 Ok(admitted) => Some(admitted),
-                Err((message, code)) => return Ok(failure(code, &message)),
+                // A full host is a JSON-RPC error, retryable: the call was not served here, and
+                // may be elsewhere (a client's own limit or a drain is the tool's answer to read).
+                Err(refusal @ Refusal::OverCapacity { .. }) => {
+                    return Err(ErrorData::new(
+                        ErrorCode(OVER_CAPACITY),
+                        refusal.message(),
+                        Some(refusal.data()),
+                    ));
+                }
+                Err(refusal) => return Ok(failure(refusal.code(), &refusal.message())),
             }
         } else {
             None
@@ -601,7 +624,7 @@ fn has_type(value: &Value, expected: &Value) -> bool {
 
 /// Serves on stdin and stdout until the client closes stdin.
 pub async fn serve_stdio(python: RunPython) -> anyhow::Result<()> {
-    let server = Server::new(python, RunGate::new(0), None)?;
+    let server = Server::new(python, RunGate::new(0, 0), None)?;
     let transport = LineTransport::new(tokio::io::stdin(), tokio::io::stdout(), MAX_LINE_BYTES);
     let running = server
         .serve(transport)
@@ -648,22 +671,6 @@ mod tests {
         assert!(check(json!({"code": "1", "timeout": 0})).is_err());
         assert!(check(json!({"code": "1", "offset": -1})).is_err());
         assert!(check(json!({"code": "1", "offset": 1.5})).is_err());
-    }
-
-    #[test]
-    fn the_gate_limits_runs_per_client_and_refuses_all_once_draining() {
-        let gate = RunGate::new(1);
-        let a = ClientScope::Token("a".into());
-        let first = gate.enter(&a).unwrap();
-        assert_eq!(gate.enter(&a).unwrap_err().1, "too_many_runs");
-        let other = gate.enter(&ClientScope::Token("b".into())).unwrap();
-        drop(first);
-        let again = gate.enter(&a).unwrap();
-        assert_eq!(gate.in_flight(), 2);
-        gate.start_draining();
-        assert_eq!(gate.enter(&a).unwrap_err().1, "shutting_down");
-        drop((other, again));
-        assert_eq!(gate.in_flight(), 0);
     }
 
     #[test]

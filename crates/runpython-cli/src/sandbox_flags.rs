@@ -25,6 +25,10 @@ pub(crate) struct SandboxArgs {
     /// CPUs the run may use at once (default 1; 0.5 and 2.5 are fine).
     #[arg(long, value_name = "N", value_parser = parse_cpus)]
     cpus: Option<f64>,
+    /// Refuse runs where a sandbox layer is missing (`doctor` says which) instead of running them
+    /// with fewer layers and reporting them in `isolation.missing`.
+    #[arg(long)]
+    require_isolation: bool,
 }
 
 fn parse_cpus(s: &str) -> Result<f64, String> {
@@ -84,6 +88,9 @@ impl SandboxArgs {
         }
         if let Some(cpus) = self.cpus {
             builder = builder.cpus(cpus);
+        }
+        if self.require_isolation {
+            builder = builder.require_isolation(true);
         }
         builder
     }

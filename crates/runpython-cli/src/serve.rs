@@ -12,8 +12,12 @@
 //!   (`Mcp-Session-Id`) made with one token is unknown (404) to every other.
 //! - `/.well-known/oauth-protected-resource` (and `…/mcp`): the resource metadata (RFC 9728) when
 //!   access tokens are accepted.
-//! - `GET /healthz`: 200 `{"status": "ok", "runs_in_flight": n}`, 503 with `"draining"` once shutdown
-//!   has begun (so a load balancer stops sending work), no token needed.
+//! - `GET /healthz`: 200 `{"status": "ok", "runs_in_flight": n, "max_runs_in_flight": m}`, 503 with
+//!   `"draining"` once shutdown has begun (so a load balancer stops sending work), no token needed.
+//! - Capacity: at most `--max-runs-in-flight` runs at once on the host, whoever they are for. A
+//!   `run_python` or `resume` call over it is answered at once with a 503, `Retry-After` and a
+//!   JSON-RPC error (`over_capacity`, `retry_after_s`) in the body, before it reaches the MCP service
+//!   (a call that loses the race for the last place inside gets the same JSON-RPC error in-band).
 //! - SIGTERM or SIGINT: new runs are refused, runs in flight may finish within `--drain-timeout`,
 //!   then sessions are closed and the process exits (runs still going are killed with it).
 //! - It binds 127.0.0.1 unless `--bind` says otherwise.
@@ -63,6 +67,8 @@ pub struct ServeConfig {
     pub tokens_file: Option<PathBuf>,
     /// Concurrent runs per token (0: no limit).
     pub max_runs_per_token: usize,
+    /// Concurrent runs on this host, all tokens together (0: no limit).
+    pub max_runs_in_flight: usize,
     /// How long in-flight runs may take to finish after SIGTERM/SIGINT.
     pub drain_timeout: Duration,
     /// `Host` values accepted besides loopback names.
@@ -346,7 +352,12 @@ async fn health(State(state): State<AppState>) -> Response {
         )
             .into_response()
     } else {
-        axum::Json(json!({"status": "ok", "runs_in_flight": runs})).into_response()
+        axum::Json(json!({
+            "status": "ok",
+            "runs_in_flight": runs,
+            "max_runs_in_flight": state.gate.capacity(),
+        }))
+        .into_response()
     }
 }
 
@@ -378,7 +389,7 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
     if python.store().is_none() && config.max_stored_bytes_per_token.is_some() {
         bail!("--max-stored-bytes-per-token needs a store to count in (--store)");
     }
-    let gate = RunGate::new(config.max_runs_per_token);
+    let gate = RunGate::new(config.max_runs_per_token, config.max_runs_in_flight);
     let server = Server::new(python, Arc::clone(&gate), config.max_stored_bytes_per_token)?;
     let sessions_ct = CancellationToken::new();
     let mut http = StreamableHttpServerConfig::default()
@@ -411,6 +422,10 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
     let app = Router::new()
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&gate),
+            crate::overload::refuse_over_capacity,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authenticate,
         ))
@@ -436,6 +451,7 @@ pub async fn serve(python: RunPython, config: ServeConfig) -> anyhow::Result<()>
         config.body_timeout,
     );
     tracing::info!(
+        max_runs_in_flight = config.max_runs_in_flight,
         open_files = nofile,
         max_connections = limits.max_connections,
         max_unauthenticated = limits.max_unauthenticated,

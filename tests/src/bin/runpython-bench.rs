@@ -608,12 +608,29 @@ summarize(data)",
         .await
         .map_err(|e| e.to_string())?;
 
-    // MCP: HTTP throughput with 16 concurrent clients.
+    // MCP: HTTP throughput with 16 concurrent clients, to one host and through a load balancer.
     if bin.exists() {
         let rate = runpython_tests::mcp_bench::http_calls_per_s(&bin, 16, 8)
             .await
             .map_err(|e| e.to_string())?;
         m.insert("http_calls_per_s".into(), json!(rate.round()));
+        // The same load through HAProxy (deploy/haproxy/haproxy.cfg as shipped) to three hosts.
+        let haproxy = std::env::var_os("RUNPYTHON_TOOLS_BIN")
+            .map(|dir| std::path::PathBuf::from(dir).join("haproxy"))
+            .filter(|p| p.exists());
+        match haproxy {
+            Some(haproxy) => {
+                let root = std::env::current_dir()?;
+                let rate =
+                    runpython_tests::mcp_bench::lb_calls_per_s(&bin, &haproxy, &root, 16, 8)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                m.insert("lb_calls_per_s".into(), json!(rate.round()));
+            }
+            None => eprintln!(
+                "skipped lb_calls_per_s: no haproxy in RUNPYTHON_TOOLS_BIN (cargo xtask tools installs it)"
+            ),
+        }
     } else {
         eprintln!(
             "skipped the MCP figures: {} is not built (cargo build --release -p runpython-cli)",

@@ -189,6 +189,13 @@ impl RunPythonBuilder {
         self.sandbox.processes = n;
         self
     }
+    /// Refuse to run (an `Err`, `IsolationUnavailable`) where a layer of the sandbox is missing,
+    /// instead of running with fewer and reporting them in `isolation.missing` (see
+    /// [`Sandbox::require`]).
+    pub fn require_isolation(mut self, on: bool) -> Self {
+        self.sandbox.require = on;
+        self
+    }
 
     /// Keeps every run in `store` (script, output, return value, files the code wrote), in the
     /// ephemeral tier unless [`RunPythonBuilder::tier`] says otherwise. The envelope's `run_id` then
