@@ -39,7 +39,7 @@ fn maturin(tools_bin: &Path) -> Result<PathBuf> {
 }
 
 /// Builds the wheel (`release`: optimized, for the benchmarks) into `out` and returns its path.
-fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result<PathBuf> {
+pub(crate) fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result<PathBuf> {
     if out.exists() {
         std::fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
     }
@@ -95,8 +95,9 @@ fn fresh_venv(venv: &Path, wheel: &Path, packages: &[&str]) -> Result<PathBuf> {
     Ok(python)
 }
 
-/// CI: the wheel, a fresh venv, pytest, mypy on the examples against the stubs, stubtest.
-pub(crate) fn ci(tools_bin: &Path) -> Result<()> {
+/// CI: the wheel, a fresh venv, pytest, mypy on the examples against the stubs, stubtest. Returns the
+/// wheel, which the integrations' step installs too.
+pub(crate) fn ci(tools_bin: &Path) -> Result<PathBuf> {
     let wheel = build_wheel(tools_bin, false, &root().join("target/wheels/ci"))?;
     let python = fresh_venv(&root().join("target/py-test-venv"), &wheel, TEST_PACKAGES)?;
     let dir = crate_dir();
@@ -123,12 +124,13 @@ pub(crate) fn ci(tools_bin: &Path) -> Result<()> {
             .args(["-m", "mypy.stubtest", "runpython"])
             .current_dir(std::env::temp_dir()),
     )?;
-    Ok(())
+    Ok(wheel)
 }
 
 /// For `cargo xtask bench`: a release wheel in `target/py-bench-venv`; returns the venv's python,
-/// which the harness runs the Python benchmark with.
-pub(crate) fn bench_python(tools_bin: &Path) -> Result<PathBuf> {
+/// which the harness runs the Python benchmark with, and the wheel.
+pub(crate) fn bench_python(tools_bin: &Path) -> Result<(PathBuf, PathBuf)> {
     let wheel = build_wheel(tools_bin, true, &root().join("target/wheels/bench"))?;
-    fresh_venv(&root().join("target/py-bench-venv"), &wheel, &[])
+    let python = fresh_venv(&root().join("target/py-bench-venv"), &wheel, &[])?;
+    Ok((python, wheel))
 }

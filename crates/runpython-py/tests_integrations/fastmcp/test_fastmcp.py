@@ -12,6 +12,7 @@ import pytest
 from fastmcp import Client, FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.experimental.transforms.code_mode import CodeMode
+from example_runner import run_example
 from sandbox_png import PNG_CODE, png_size
 
 from runpython.integrations.fastmcp import RunPythonSandbox
@@ -74,3 +75,7 @@ def test_an_image_display_comes_back_as_image_content() -> None:
     assert json.loads(text.text) == "drawn"
     assert image.type == "image" and image.mime_type == "image/png"
     assert png_size(base64.b64decode(image.data)) == (3, 2)
+
+
+def test_the_example_runs_and_prints_its_answer() -> None:
+    assert run_example(__file__).strip().splitlines()[-1] == '21.0'

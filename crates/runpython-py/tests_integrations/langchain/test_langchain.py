@@ -14,6 +14,7 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatResult
+from example_runner import run_example
 from sandbox_png import PNG_CODE, png_size
 
 from runpython import RunPython
@@ -98,3 +99,7 @@ def test_the_tool_shows_the_model_runpythons_schema(rp: RunPython) -> None:
     schema = tool.tool_call_schema if isinstance(tool.tool_call_schema, dict) else tool.args
     assert "code" in json.dumps(schema) and "session_id" in json.dumps(schema)
     assert "add(" in tool.description
+
+
+def test_the_example_runs_and_prints_its_answer() -> None:
+    assert run_example(__file__).strip().splitlines()[-1] == 'Half of A-17 is 60.0.'

@@ -10,6 +10,7 @@ from typing import Any
 
 from agents import Agent, FunctionTool, Model, ModelResponse, Runner, Usage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from example_runner import run_example
 from sandbox_png import PNG_CODE, png_size
 
 from runpython import RunPython
@@ -95,3 +96,7 @@ def test_a_malformed_call_reaches_the_model_as_text() -> None:
     tool = run_python_tool(RunPython(timeout=20))
     answer = asyncio.run(tool.on_invoke_tool(None, json.dumps({"kode": "1"})))  # type: ignore[arg-type]
     assert isinstance(answer, str) and "wrongly" in answer
+
+
+def test_the_example_runs_and_prints_its_answer() -> None:
+    assert run_example(__file__).strip().splitlines()[-1] == '21 kettles across three shops.'

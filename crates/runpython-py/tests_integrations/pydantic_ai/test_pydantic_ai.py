@@ -18,6 +18,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from example_runner import run_example
 from sandbox_png import PNG_CODE, png_size
 
 from runpython.integrations.pydantic_ai import RunPythonToolset
@@ -108,3 +109,7 @@ def test_get_run_artifact_reads_what_a_kept_run_stored() -> None:
 
     fetched = asyncio.run(go())
     assert fetched["text"] == "x" * 50_000 + "\n"  # whole, where the envelope kept only head and tail
+
+
+def test_the_example_runs_and_prints_its_answer() -> None:
+    assert run_example(__file__).strip().splitlines()[-1] == '100 USD is 92.0 EUR.'

@@ -7,6 +7,7 @@ from typing import Any
 
 import PIL.Image
 import pytest
+from example_runner import run_example
 from sandbox_png import PNG_CODE
 from smolagents import CodeAgent, Tool
 from smolagents.models import ChatMessage, MessageRole, Model
@@ -117,3 +118,7 @@ def test_authorized_imports_are_the_packages_installs_may_bring() -> None:
     closed.cleanup()
     with pytest.raises(TypeError, match="allowed_packages"):
         RunPythonExecutor(allowed_packages=["numpy"])
+
+
+def test_the_example_runs_and_prints_its_answer() -> None:
+    assert run_example(__file__).strip().splitlines()[-1] == '155.5'
