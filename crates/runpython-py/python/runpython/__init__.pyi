@@ -97,12 +97,12 @@ class Artifact:
     def preview(self) -> str: ...
     def to_dict(self) -> dict[str, Any]: ...
 
-@final
 class _Image(TypedDict):
     display: int
     mime: str
     data: str
 
+@final
 class Envelope:
     """What a run returned (envelope v1)."""
 
