@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::{pypkg, root, step};
 
@@ -49,52 +49,6 @@ const INTEGRATIONS: &[Integration] = &[
 
 const TEST_PACKAGES: &[&str] = &["pytest", "mypy"];
 
-/// The interpreter the venvs are made from, as a path (uv is given no shim to resolve).
-fn base_python() -> Result<PathBuf> {
-    let out = Command::new(crate::python3()?)
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .context("cannot ask python3 where it is")?;
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
-/// A fresh venv at `venv` with `wheel[extra]` and `packages`, installed by uv from the tools venv;
-/// returns its python.
-pub(crate) fn fresh_uv_venv(
-    tools_bin: &Path,
-    venv: &Path,
-    wheel: &Path,
-    extra: Option<&str>,
-    packages: &[&str],
-) -> Result<PathBuf> {
-    if venv.exists() {
-        std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
-    }
-    let uv = tools_bin.join("uv");
-    step(
-        &format!("create a fresh venv ({})", venv.display()),
-        Command::new(&uv)
-            .args(["venv", "--quiet", "--python"])
-            .arg(base_python()?)
-            .arg(venv)
-            .env("UV_PYTHON_DOWNLOADS", "never"),
-    )?;
-    let python = venv.join("bin/python");
-    let requirement = match extra {
-        Some(extra) => format!("runpython[{extra}] @ file://{}", wheel.display()),
-        None => format!("runpython @ file://{}", wheel.display()),
-    };
-    step(
-        &format!("install {requirement} and {packages:?}"),
-        Command::new(&uv)
-            .args(["pip", "install", "--quiet", "--python"])
-            .arg(&python)
-            .arg(&requirement)
-            .args(packages),
-    )?;
-    Ok(python)
-}
-
 /// Each integration in its own venv: pytest on its tests, mypy `--strict` on its module and example.
 /// `wheel`: one `cargo xtask ci` already built; else it is built here.
 pub(crate) fn ci(tools_bin: &Path, wheel: Option<&Path>) -> Result<()> {
@@ -111,7 +65,7 @@ pub(crate) fn ci(tools_bin: &Path, wheel: Option<&Path>) -> Result<()> {
             .chain(it.test_packages)
             .copied()
             .collect();
-        let python = fresh_uv_venv(tools_bin, &venv, &wheel, Some(it.extra), &packages)?;
+        let python = pypkg::fresh_venv(tools_bin, &venv, &wheel, Some(it.extra), &packages)?;
         step(
             &format!("integration {}: pytest", it.extra),
             Command::new(&python)
@@ -145,7 +99,7 @@ pub(crate) fn ci(tools_bin: &Path, wheel: Option<&Path>) -> Result<()> {
 /// For `cargo xtask bench`: a venv with the bench wheel and smolagents, for the
 /// `smolagents_step_overhead_ms` figure; returns its python.
 pub(crate) fn bench_python(tools_bin: &Path, wheel: &Path) -> Result<PathBuf> {
-    fresh_uv_venv(
+    pypkg::fresh_venv(
         tools_bin,
         &root().join("target/py-bench-smolagents-venv"),
         wheel,

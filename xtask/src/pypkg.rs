@@ -69,27 +69,47 @@ pub(crate) fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result
     }
 }
 
-/// A fresh venv at `venv` with `wheel` and `packages` installed; returns its python.
-fn fresh_venv(venv: &Path, wheel: &Path, packages: &[&str]) -> Result<PathBuf> {
+/// The interpreter the venvs are made from, as a path (uv is given no shim to resolve).
+fn base_python() -> Result<PathBuf> {
+    let out = Command::new(python3()?)
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .context("cannot ask python3 where it is")?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A fresh venv at `venv` with `wheel[extra]` and `packages`, installed by uv from the tools venv;
+/// returns its python.
+pub(crate) fn fresh_venv(
+    tools_bin: &Path,
+    venv: &Path,
+    wheel: &Path,
+    extra: Option<&str>,
+    packages: &[&str],
+) -> Result<PathBuf> {
     if venv.exists() {
         std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
     }
+    let uv = tools_bin.join("uv");
     step(
-        "create a fresh venv for the package",
-        Command::new(python3()?).args(["-m", "venv"]).arg(venv),
+        &format!("create a fresh venv ({})", venv.display()),
+        Command::new(&uv)
+            .args(["venv", "--quiet", "--python"])
+            .arg(base_python()?)
+            .arg(venv)
+            .env("UV_PYTHON_DOWNLOADS", "never"),
     )?;
     let python = venv.join("bin/python");
+    let requirement = match extra {
+        Some(extra) => format!("runpython[{extra}] @ file://{}", wheel.display()),
+        None => format!("runpython @ file://{}", wheel.display()),
+    };
     step(
-        "install the wheel into it",
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(wheel)
+        &format!("install {requirement} and {packages:?}"),
+        Command::new(&uv)
+            .args(["pip", "install", "--quiet", "--python"])
+            .arg(&python)
+            .arg(&requirement)
             .args(packages),
     )?;
     Ok(python)
@@ -99,7 +119,13 @@ fn fresh_venv(venv: &Path, wheel: &Path, packages: &[&str]) -> Result<PathBuf> {
 /// wheel, which the integrations' step installs too.
 pub(crate) fn ci(tools_bin: &Path) -> Result<PathBuf> {
     let wheel = build_wheel(tools_bin, false, &root().join("target/wheels/ci"))?;
-    let python = fresh_venv(&root().join("target/py-test-venv"), &wheel, TEST_PACKAGES)?;
+    let python = fresh_venv(
+        tools_bin,
+        &root().join("target/py-test-venv"),
+        &wheel,
+        None,
+        TEST_PACKAGES,
+    )?;
     let dir = crate_dir();
     step(
         "python package: pytest",
@@ -136,6 +162,12 @@ pub(crate) fn ci(tools_bin: &Path) -> Result<PathBuf> {
 /// which the harness runs the Python benchmark with, and the wheel.
 pub(crate) fn bench_python(tools_bin: &Path) -> Result<(PathBuf, PathBuf)> {
     let wheel = build_wheel(tools_bin, true, &root().join("target/wheels/bench"))?;
-    let python = fresh_venv(&root().join("target/py-bench-venv"), &wheel, &[])?;
+    let python = fresh_venv(
+        tools_bin,
+        &root().join("target/py-bench-venv"),
+        &wheel,
+        None,
+        &[],
+    )?;
     Ok((python, wheel))
 }
