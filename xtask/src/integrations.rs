@@ -31,6 +31,11 @@ const INTEGRATIONS: &[Integration] = &[
         test_packages: &["langchain"],
     },
     Integration {
+        extra: "deepagents",
+        module: "deepagents",
+        test_packages: &[],
+    },
+    Integration {
         extra: "pydantic-ai",
         module: "pydantic_ai",
         test_packages: &[],

@@ -14,6 +14,7 @@ import pytest
 INTEGRATIONS = [
     ("smolagents", "smolagents", "smolagents"),
     ("langchain", "langchain_core", "langchain"),
+    ("deepagents", "deepagents", "deepagents"),
     ("pydantic_ai", "pydantic_ai", "pydantic-ai"),
     ("openai_agents", "agents", "openai-agents"),
     ("fastmcp", "fastmcp", "fastmcp"),

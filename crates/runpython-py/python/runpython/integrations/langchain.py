@@ -16,15 +16,8 @@ return_value, stdout, error, artifacts, ...). What the code does, an exception i
 model reads (`"status": "error"` with the type, message and traceback), as runpython's other tool
 surfaces show it; runpython's own failures (a bad argument) raise.
 
-Deep Agents: its sandbox backend (`deepagents.backends.BaseSandbox`) is a shell on a machine: `execute(command)`
-runs a shell command line, and its file tools (`ls`, `read`, `write`, `edit`, `grep`, `glob`) are built on
-that shell over absolute paths anywhere in the machine's tree, with `upload_files`/`download_files` to move
-bytes in and out. runpython runs Python in a sandbox whose filesystem is an allowlist: the code writes only
-its run directory, sees system directories read-only and nothing of the host, and each cell's envelope is
-the contract (typed errors, bounded output, artifacts). A backend would have to re-create a writable
-machine tree for deepagents' paths and present runpython as a shell, giving up the envelope, so this module
-does not ship one: give a Deep Agent `RunPythonTool(rp)` as a tool instead (`create_deep_agent(tools=[...])`),
-where its code keeps state per `session_id` and calls your host functions.
+Deep Agents: `runpython.integrations.deepagents.RunPythonBackend` is its sandbox backend (extra
+`runpython[deepagents]`); this tool can run Python in that backend's session (`session_id=backend.id`).
 """
 
 from __future__ import annotations
