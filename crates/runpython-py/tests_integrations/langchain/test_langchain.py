@@ -79,6 +79,8 @@ def test_an_agent_runs_code_with_host_tools_sessions_errors_and_images(rp: RunPy
     assert failed.artifact["status"] == "error"
     assert failed.artifact["error"]["type"] == "ZeroDivisionError"
     assert "ZeroDivisionError" in failed.content
+    # LangChain's own mark of a failed call, which providers pass on (Anthropic's is_error).
+    assert failed.status == "error" and first.status == second.status == drawn.status == "success"
     # The image reached the model as a standard image content block after the text.
     text, image = drawn.content
     assert json.loads(text["text"])["return_value"] == "drawn"

@@ -113,3 +113,16 @@ def test_get_run_artifact_reads_what_a_kept_run_stored() -> None:
 
 def test_the_example_runs_and_prints_its_answer() -> None:
     assert run_example(__file__).strip().splitlines()[-1] == '100 USD is 92.0 EUR.'
+
+
+def test_with_errors_retry_a_failed_run_is_pydantic_ais_retry_prompt() -> None:
+    def retrying(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        # pydantic-ai's retry prompt: the tool's return, with the outcome 'retried'.
+        retries = [p for p in returns(messages) if p.outcome == "retried"]
+        if not retries:
+            return ModelResponse(parts=[ToolCallPart("run_python", {"code": "int('x')"}, tool_call_id="r1")])
+        return ModelResponse(parts=[TextPart(f"retried after: {retries[0].content}")])
+
+    agent = Agent(FunctionModel(retrying), toolsets=[RunPythonToolset(timeout=20, errors="retry", max_retries=2)])
+    output = agent.run_sync("parse").output
+    assert output.startswith("retried after: ") and '"type":"ValueError"' in output and "invalid literal" in output

@@ -13,8 +13,8 @@ The tool takes `run_python`'s arguments (`code`, `session_id` to keep state acro
 envelope JSON for the model, followed by the images the code displayed as standard image content blocks
 (for models that take images), and the `ToolMessage.artifact` is the envelope as a dict (status,
 return_value, stdout, error, artifacts, ...). What the code does, an exception included, is an envelope the
-model reads (`"status": "error"` with the type, message and traceback), as runpython's other tool
-surfaces show it; runpython's own failures (a bad argument) raise.
+model reads (`"status": "error"` with the type, message and traceback), and the `ToolMessage` has
+`status="error"`, LangChain's mark of a failed call; runpython's own failures (a bad argument) raise.
 
 Deep Agents: `runpython.integrations.deepagents.RunPythonBackend` is its sandbox backend (extra
 `runpython[deepagents]`); this tool can run Python in that backend's session (`session_id=backend.id`).
@@ -29,6 +29,7 @@ from runpython import RunPython
 from runpython.integrations._common import missing
 
 try:
+    from langchain_core.messages import ToolMessage
     from langchain_core.messages.content import create_image_block
     from langchain_core.tools import BaseTool
     from pydantic import ConfigDict
@@ -36,6 +37,15 @@ except ImportError as _exc:
     raise missing("langchain-core", "langchain", _exc) from _exc
 
 __all__ = ["RunPythonTool"]
+
+
+def _mark_failed(output: Any) -> Any:
+    """A ToolMessage whose envelope is not a success gets `status="error"`, LangChain's mark of a failed
+    tool call (providers pass it on, e.g. as Anthropic's `is_error`); content and artifact stay."""
+    if isinstance(output, ToolMessage) and isinstance(output.artifact, dict):
+        if output.artifact.get("status") not in (None, "success"):
+            output.status = "error"
+    return output
 
 
 def _spec(rp: RunPython) -> dict[str, Any]:
@@ -71,6 +81,12 @@ class RunPythonTool(BaseTool):
         arguments.pop("config", None)
         blocks = await self.rp.ahandle_tool_call_content("run_python", arguments, format="anthropic")
         return self._answer(blocks)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return _mark_failed(super().run(*args, **kwargs))
+
+    async def arun(self, *args: Any, **kwargs: Any) -> Any:
+        return _mark_failed(await super().arun(*args, **kwargs))
 
     @staticmethod
     def _answer(blocks: list[dict[str, Any]]) -> tuple[str | list[Any], dict[str, Any]]:

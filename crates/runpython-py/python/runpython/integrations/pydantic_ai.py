@@ -21,9 +21,12 @@ The toolset gives the model two tools:
 `tools` are the agent's own functions (plain or `async def`, or pydantic-ai `Tool`s), carried into the
 code as callables: they run here, on the host, through runpython's bridge. A function whose first
 parameter is a `RunContext` gets the agent run's context, `deps` included, as pydantic-ai tools do; the
-code calls it without that parameter. What the code does, an exception included, is an envelope the model
-reads; runpython's own failures raise. `runpython_options` go to `RunPython(...)`; or pass `rp=` an engine
-of your own (its tools then take no `RunContext`).
+code calls it without that parameter. What the code does, an exception included, is an envelope the
+model reads (`errors="envelope"`, the default). With `errors="retry"`, a failed run raises `ModelRetry`
+with the envelope, which pydantic-ai shows the model as a retry prompt (a tool return whose outcome is
+`retried`), counted against the toolset's `max_retries`, after which the agent run fails. runpython's
+own failures raise. `runpython_options` go to `RunPython(...)`; or pass `rp=` an engine of your own (its
+tools then take no `RunContext`).
 """
 
 from __future__ import annotations
@@ -35,14 +38,14 @@ import inspect
 import json
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from runpython import RunPython
 from runpython import tool as _tool
 from runpython.integrations._common import missing
 
 try:
-    from pydantic_ai import RunContext, Tool
+    from pydantic_ai import ModelRetry, RunContext, Tool
     from pydantic_ai.messages import BinaryContent
     from pydantic_ai.toolsets import FunctionToolset
 except ImportError as _exc:
@@ -112,10 +115,15 @@ class RunPythonToolset(FunctionToolset[Any]):
         tools: Sequence[Tool[Any] | Callable[..., Any]] = (),
         *,
         rp: RunPython | None = None,
+        errors: Literal["envelope", "retry"] = "envelope",
+        max_retries: int | None = None,
         id: str | None = None,
         **runpython_options: Any,
     ) -> None:
-        super().__init__(id=id)
+        super().__init__(id=id, max_retries=max_retries)
+        if errors not in ("envelope", "retry"):
+            raise ValueError(f"errors must be 'envelope' or 'retry', not {errors!r}")
+        self.errors = errors
         if rp is not None and (tools or runpython_options):
             raise TypeError("pass either rp= (an engine with its own tools) or tools and RunPython options")
         self.rp = rp if rp is not None else RunPython(tools=[_carried(t) for t in tools], **runpython_options)
@@ -150,7 +158,10 @@ class RunPythonToolset(FunctionToolset[Any]):
             blocks = await self.rp.ahandle_tool_call_content("run_python", arguments, format="anthropic")
         finally:
             _CONTEXT.reset(token)
-        envelope: dict[str, Any] = json.loads(next(b["text"] for b in blocks if b["type"] == "text"))
+        text = next(b["text"] for b in blocks if b["type"] == "text")
+        envelope: dict[str, Any] = json.loads(text)
+        if self.errors == "retry" and envelope.get("status") != "success":
+            raise ModelRetry(text)  # the model sees the envelope as pydantic-ai's retry prompt
         images = [BinaryContent(data=base64.b64decode(b["source"]["data"]), media_type=b["source"]["media_type"])
                   for b in blocks if b["type"] == "image"]
         return [envelope, *images] if images else envelope
