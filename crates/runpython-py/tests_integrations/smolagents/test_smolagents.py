@@ -111,13 +111,16 @@ def test_authorized_imports_are_the_packages_installs_may_bring() -> None:
     ex = RunPythonExecutor(["numpy.*", "pandas"], timeout=20)
     output = ex("import json, os, statistics\nstatistics.median([3, 1, 2])")  # any stdlib module
     assert output.output == 2
+    # An import outside the authorized ones is refused by runpython's install policy, before any install.
+    with pytest.raises(AgentError, match="pyfiglet.*not in the allowed packages"):
+        ex("import pyfiglet")
     ex.cleanup()
     closed = RunPythonExecutor(timeout=20)  # no additional imports: nothing is installed
     with pytest.raises(AgentError, match="ModuleNotFoundError"):
         closed("import pyfiglet")
     closed.cleanup()
-    with pytest.raises(TypeError, match="allowed_packages"):
-        RunPythonExecutor(allowed_packages=["numpy"])
+    with pytest.raises(TypeError, match="CodeAgent"):
+        RunPythonExecutor(tools=[len])
 
 
 def test_the_example_runs_and_prints_its_answer() -> None:

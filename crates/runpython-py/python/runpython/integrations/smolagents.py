@@ -17,7 +17,9 @@
 - Authorized imports: the sandbox is the boundary, so every stdlib module may be imported.
   `additional_authorized_imports` become runpython's dependency policy: the packages named there (top-level
   names, `pkg.*` included) are the only ones an import may install (`allowed_packages`); `"*"` lets the
-  imports install what they need. Without any, nothing is installed.
+  imports install what they need. Without any, nothing is installed. runpython's allowlist holds
+  distribution names: where an import's distribution is named otherwise (`sklearn`, `PIL`, `yaml`), pass
+  `allowed_packages=["scikit-learn", ...]` yourself.
 - Logs are the run's stdout (and stderr); an error in the code raises smolagents' `AgentError` with the
   logs, the exception's type, message and traceback, which the agent shows the model as a step error.
 - Images the code displays (`display(obj)`, `_repr_png_`, matplotlib) become PIL images: `last_images`,
@@ -100,8 +102,8 @@ class RunPythonExecutor(PythonExecutor):  # type: ignore[misc]
     """A smolagents `PythonExecutor` that runs each code action as a cell of one runpython session.
 
     `runpython_options` go to `RunPython(...)` (`timeout`, `sandbox`, `network`, `store`, ...), except
-    `tools`, which come from the agent, and `allowed_packages`/`auto_deps`, which come from
-    `additional_authorized_imports`.
+    `tools`, which come from the agent. `allowed_packages` and `auto_deps` come from
+    `additional_authorized_imports` unless given here.
     """
 
     def __init__(
@@ -112,9 +114,8 @@ class RunPythonExecutor(PythonExecutor):  # type: ignore[misc]
         session_id: str | None = None,
         **runpython_options: Any,
     ) -> None:
-        for key in ("tools", "allowed_packages", "auto_deps"):
-            if key in runpython_options:
-                raise TypeError(f"RunPythonExecutor sets {key!r} itself (from the agent's tools and imports)")
+        if "tools" in runpython_options:
+            raise TypeError("RunPythonExecutor's tools are the agent's: give them to CodeAgent(tools=...)")
         self.additional_authorized_imports = list(additional_authorized_imports)
         self.authorized_imports = sorted(set(BASE_BUILTIN_MODULES) | set(self.additional_authorized_imports))
         self.logger = logger or AgentLogger(level=LogLevel.OFF)
@@ -172,7 +173,7 @@ class RunPythonExecutor(PythonExecutor):  # type: ignore[misc]
             self._session.close()
         host_tools = [self._host_tool(n, t) for n, t in self._tools.items() if n != "final_answer"]
         host_tools.append(_tool(self._final_answer, name=_FINAL_TOOL, description="The agent's final answer."))
-        options = {**self.runpython_options, **self._dependency_policy()}
+        options = {**self._dependency_policy(), **self.runpython_options}
         self._engine = RunPython(tools=host_tools, **options)
         self._session = self._engine.session(self.session_id)
         self._tool_names = names
