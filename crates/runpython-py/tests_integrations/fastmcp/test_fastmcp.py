@@ -55,6 +55,11 @@ def test_a_last_expression_is_the_result_too() -> None:
     assert json.loads(result.content[0].text) == 25.0
 
 
+def test_a_return_inside_a_function_is_not_a_top_level_one() -> None:
+    result = asyncio.run(execute("def f():\n    return 3\n\nf() * 2"))
+    assert json.loads(result.content[0].text) == 6
+
+
 def test_an_error_in_the_code_is_the_tools_error() -> None:
     with pytest.raises(ToolError, match="ZeroDivisionError"):
         asyncio.run(execute("x = 1\nreturn x / 0"))
