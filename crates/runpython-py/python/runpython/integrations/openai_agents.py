@@ -33,8 +33,7 @@ __all__ = ["run_python_tool"]
 
 def run_python_tool(rp: RunPython, *, name: str = "run_python") -> FunctionTool:
     """`run_python` for an OpenAI Agents SDK agent, on the engine `rp` (its tools are the code's)."""
-    [spec] = [s for s in rp.tool_spec("openai") if s.get("name", s.get("function", {}).get("name")) == "run_python"]
-    function = spec.get("function", spec)
+    [function] = [s["function"] for s in rp.tool_spec("openai") if s["function"]["name"] == "run_python"]
 
     async def invoke(ctx: RunContextWrapper[Any], arguments: str) -> list[ToolOutputText | ToolOutputImage] | str:
         try:
