@@ -5,6 +5,7 @@ with its extra: tests_integrations/, `cargo xtask integrations`.)"""
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 import subprocess
 import sys
 
@@ -36,3 +37,13 @@ def test_a_missing_framework_names_its_extra(module: str, framework: str, extra:
         pytest.skip(f"{framework} is installed in this venv, so its module imports")
     with pytest.raises(ImportError, match=rf'pip install "runpython\[{extra}\]"'):
         importlib.import_module(f"runpython.integrations.{module}")
+
+
+def test_each_integration_is_an_extra_of_the_package() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the stdlib from Python 3.11")
+    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    for module, framework, extra in INTEGRATIONS:
+        assert extra in extras, f"runpython.integrations.{module} has no extra {extra!r} in pyproject.toml"
+        modules = pathlib.Path(__file__).resolve().parent.parent / "python/runpython/integrations"
+        assert (modules / f"{module}.py").exists()
