@@ -19,8 +19,8 @@ from smolagents.monitoring import LogLevel
 
 from runpython.integrations.smolagents import RunPythonExecutor
 
-ROUNDS = 60
-WARMUP = 5
+ROUNDS = 200
+WARMUP = 10
 
 
 class OneStep(Model):  # type: ignore[misc]
