@@ -18,8 +18,11 @@
 //!   docs/ runs and shows what the page says it prints (after `cargo xtask py`, whose venv it uses).
 //! - `cargo xtask py` — only the Python package's checks (`pypkg.rs`; `ci` runs them too): its wheel in a
 //!   fresh venv, pytest, mypy on the examples, stubtest.
+//! - `cargo xtask integrations` — only the agent-framework integrations (`integrations.rs`; `ci` runs
+//!   them too): the wheel with each extra in its own fresh venv, that integration's tests and mypy.
 
 mod docs;
+mod integrations;
 mod pypkg;
 
 use std::path::{Path, PathBuf};
@@ -36,7 +39,8 @@ fn main() -> Result<()> {
         Some("ci") => ci(),
         Some("tidy") => tidy::tidy(),
         Some("bench") => bench(&args[1..]),
-        Some("py") => pypkg::ci(&bootstrap_tools()?),
+        Some("py") => pypkg::ci(&bootstrap_tools()?).map(drop),
+        Some("integrations") => integrations::ci(&bootstrap_tools()?, None),
         Some("docs") => {
             step(
                 "build cli",
@@ -51,7 +55,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci | tidy | py | unprivileged | bench [--json] | tools>"
+                "usage: cargo xtask <ci | tidy | py | integrations | unprivileged | bench [--json] | tools>"
             );
             std::process::exit(2);
         }
@@ -107,7 +111,8 @@ fn ci() -> Result<()> {
             .args(["test", "--workspace", "--no-fail-fast"])
             .env("RUNPYTHON_TOOLS_BIN", &tools),
     )?;
-    pypkg::ci(&tools)?;
+    let wheel = pypkg::ci(&tools)?;
+    integrations::ci(&tools, Some(&wheel))?;
     // The interpreter pool must not change what holds: the hostile suite again with every run served
     // by a pooled interpreter, once with the pool off, and once with every run forked from a template
     // (`require`: a run that could be forked and was not is an error, not a silent fresh start).
@@ -477,7 +482,8 @@ fn bench(args: &[String]) -> Result<()> {
         ]),
     )?;
     let tools = bootstrap_tools()?;
-    let bench_python = pypkg::bench_python(&tools)?;
+    let (bench_python, bench_wheel) = pypkg::bench_python(&tools)?;
+    let smolagents_python = integrations::bench_python(&tools, &bench_wheel)?;
     let out = Command::new(root().join("target/release/runpython-bench"))
         .current_dir(root())
         .env("RUNPYTHON_BENCH_PYTHON", bench_python)
@@ -492,8 +498,28 @@ fn bench(args: &[String]) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let metrics: serde_json::Value =
+    let mut metrics: serde_json::Value =
         serde_json::from_slice(&out.stdout).context("the bench harness printed no JSON")?;
+    // smolagents' step through RunPythonExecutor against its LocalPythonExecutor, measured in one
+    // process by the script (the harness has no smolagents to drive).
+    let smolagents = Command::new(&smolagents_python)
+        .arg(root().join("crates/runpython-py/benches/smolagents_step.py"))
+        .current_dir(root())
+        .output()
+        .context("cannot start the smolagents bench")?;
+    if !smolagents.status.success() {
+        bail!(
+            "the smolagents bench failed ({}): {}",
+            smolagents.status,
+            String::from_utf8_lossy(&smolagents.stderr)
+        );
+    }
+    let step: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&smolagents.stdout)
+            .context("the smolagents bench printed no JSON")?;
+    if let Some(map) = metrics.as_object_mut() {
+        map.extend(step);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&metrics)?);
         return Ok(());
@@ -536,6 +562,7 @@ fn target_of(metric: &str) -> &'static str {
         "tenant_foreign_vs_missing_read" => "≈ 1 (within noise: a refusal says nothing)",
         "egress_rtt_vs_direct" => "≤ 1.3",
         "egress_throughput_vs_direct" => "≥ 0.8",
+        "smolagents_step_overhead_ms" => "(reported: RunPythonExecutor − LocalPythonExecutor, p50)",
         _ => "",
     }
 }

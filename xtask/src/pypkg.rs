@@ -39,7 +39,7 @@ fn maturin(tools_bin: &Path) -> Result<PathBuf> {
 }
 
 /// Builds the wheel (`release`: optimized, for the benchmarks) into `out` and returns its path.
-fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result<PathBuf> {
+pub(crate) fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result<PathBuf> {
     if out.exists() {
         std::fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
     }
@@ -69,36 +69,63 @@ fn build_wheel(tools_bin: &Path, release: bool, out: &Path) -> Result<PathBuf> {
     }
 }
 
-/// A fresh venv at `venv` with `wheel` and `packages` installed; returns its python.
-fn fresh_venv(venv: &Path, wheel: &Path, packages: &[&str]) -> Result<PathBuf> {
+/// The interpreter the venvs are made from, as a path (uv is given no shim to resolve).
+fn base_python() -> Result<PathBuf> {
+    let out = Command::new(python3()?)
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .context("cannot ask python3 where it is")?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A fresh venv at `venv` with `wheel[extra]` and `packages`, installed by uv from the tools venv;
+/// returns its python.
+pub(crate) fn fresh_venv(
+    tools_bin: &Path,
+    venv: &Path,
+    wheel: &Path,
+    extra: Option<&str>,
+    packages: &[&str],
+) -> Result<PathBuf> {
     if venv.exists() {
         std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
     }
+    let uv = tools_bin.join("uv");
     step(
-        "create a fresh venv for the package",
-        Command::new(python3()?).args(["-m", "venv"]).arg(venv),
+        &format!("create a fresh venv ({})", venv.display()),
+        Command::new(&uv)
+            .args(["venv", "--quiet", "--python"])
+            .arg(base_python()?)
+            .arg(venv)
+            .env("UV_PYTHON_DOWNLOADS", "never"),
     )?;
     let python = venv.join("bin/python");
+    let requirement = match extra {
+        Some(extra) => format!("runpython[{extra}] @ file://{}", wheel.display()),
+        None => format!("runpython @ file://{}", wheel.display()),
+    };
     step(
-        "install the wheel into it",
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(wheel)
+        &format!("install {requirement} and {packages:?}"),
+        Command::new(&uv)
+            .args(["pip", "install", "--quiet", "--python"])
+            .arg(&python)
+            .arg(&requirement)
             .args(packages),
     )?;
     Ok(python)
 }
 
-/// CI: the wheel, a fresh venv, pytest, mypy on the examples against the stubs, stubtest.
-pub(crate) fn ci(tools_bin: &Path) -> Result<()> {
+/// CI: the wheel, a fresh venv, pytest, mypy on the examples against the stubs, stubtest. Returns the
+/// wheel, which the integrations' step installs too.
+pub(crate) fn ci(tools_bin: &Path) -> Result<PathBuf> {
     let wheel = build_wheel(tools_bin, false, &root().join("target/wheels/ci"))?;
-    let python = fresh_venv(&root().join("target/py-test-venv"), &wheel, TEST_PACKAGES)?;
+    let python = fresh_venv(
+        tools_bin,
+        &root().join("target/py-test-venv"),
+        &wheel,
+        None,
+        TEST_PACKAGES,
+    )?;
     let dir = crate_dir();
     step(
         "python package: pytest",
@@ -117,18 +144,30 @@ pub(crate) fn ci(tools_bin: &Path) -> Result<()> {
             .current_dir(&dir),
     )?;
     // The stubs against the installed module: every name, signature and class as the runtime has it.
+    // runpython.integrations.* are typed inline and need their frameworks, absent here: stubtest/ says
+    // so (they are checked in their own venvs by `cargo xtask integrations`).
     step(
         "python package: stubtest",
         Command::new(&python)
-            .args(["-m", "mypy.stubtest", "runpython"])
+            .args(["-m", "mypy.stubtest", "runpython", "--mypy-config-file"])
+            .arg(dir.join("stubtest/mypy.ini"))
+            .arg("--allowlist")
+            .arg(dir.join("stubtest/allowlist.txt"))
             .current_dir(std::env::temp_dir()),
     )?;
-    Ok(())
+    Ok(wheel)
 }
 
 /// For `cargo xtask bench`: a release wheel in `target/py-bench-venv`; returns the venv's python,
-/// which the harness runs the Python benchmark with.
-pub(crate) fn bench_python(tools_bin: &Path) -> Result<PathBuf> {
+/// which the harness runs the Python benchmark with, and the wheel.
+pub(crate) fn bench_python(tools_bin: &Path) -> Result<(PathBuf, PathBuf)> {
     let wheel = build_wheel(tools_bin, true, &root().join("target/wheels/bench"))?;
-    fresh_venv(&root().join("target/py-bench-venv"), &wheel, &[])
+    let python = fresh_venv(
+        tools_bin,
+        &root().join("target/py-bench-venv"),
+        &wheel,
+        None,
+        &[],
+    )?;
+    Ok((python, wheel))
 }
