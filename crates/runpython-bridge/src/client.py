@@ -294,7 +294,8 @@ def install(spec, namespace, loads, dumps, values=None):
     """Defines the tool functions in `namespace`; `loads`/`dumps` are the runner's strict JSON codec,
     `values` its tagged codec (runpython_values) for tools that take and give exact values."""
     global _bridge, _values
-    fd = spec.get("fd")
+    _check_spec(spec)
+    fd = spec["fd"]
     if fd is not None:
         import posix
 
@@ -302,13 +303,13 @@ def install(spec, namespace, loads, dumps, values=None):
             posix.set_inheritable(fd, False)  # the code's subprocesses must not hold the bridge
         except OSError:
             pass  # not open: the first call says so
-    _bridge = _Bridge(spec.get("path"), fd, spec["token"], int(spec.get("max_frame", 16 << 20)), loads, dumps)
+    _bridge = _Bridge(spec["path"], fd, spec["token"], spec["max_frame"], loads, dumps)
     registry = {}
     _values = values
     _typed.clear()
-    _typed.update(t["name"] for t in spec["tools"] if t.get("typed") and values is not None)
+    _typed.update(t["name"] for t in spec["tools"] if t["typed"] and values is not None)
     for tool in spec["tools"]:
-        if tool.get("hidden"):
+        if tool["hidden"]:
             continue  # the host's plumbing, reached through the runner's helpers
         function = _make_tool(tool)
         registry[tool["name"]] = function
@@ -346,11 +347,37 @@ class _Tools:
         return "<tools %s>" % ", ".join(sorted(self._registry))
 
 
+# The keys of what the host sends (runpython-bridge's `ClientSpec`, `ToolClientSpec` and `Param`): one
+# missing or unknown is the host's and this client's disagreement, said at once, never a default.
+_SPEC_KEYS = frozenset(("path", "fd", "token", "max_frame", "tools"))
+_TOOL_KEYS = frozenset(("name", "description", "params", "hidden", "typed"))
+_PARAM_KEYS = frozenset(("name", "required", "default"))
+
+
+def _check_keys(value, keys, what):
+    if type(value) is not dict:
+        raise BridgeError("%s is not an object" % what)
+    for key in sorted(keys):
+        if key not in value:
+            raise BridgeError("%s: missing key %r" % (what, key))
+    for key in value:
+        if key not in keys:
+            raise BridgeError("%s: unknown key %r" % (what, key))
+
+
+def _check_spec(spec):
+    _check_keys(spec, _SPEC_KEYS, "the bridge spec")
+    for tool in spec["tools"]:
+        _check_keys(tool, _TOOL_KEYS, "the bridge spec's tool")
+        for param in tool["params"] or ():
+            _check_keys(param, _PARAM_KEYS, "the parameter of tool %r" % (tool["name"],))
+
+
 def _make_tool(tool):
     """A function with the schema's signature that forwards its arguments by name (or as given, schemaless)."""
     name = tool["name"]
-    params = tool.get("params")
-    doc = tool.get("description") or ""
+    params = tool["params"]
+    doc = tool["description"]
     if params is None:
         def function(*args, **kwargs):
             return _bridge.call(name, args, kwargs)
@@ -358,14 +385,14 @@ def _make_tool(tool):
         def function_async(*args, **kwargs):
             return _bridge.start(name, args, kwargs)
     else:
-        required = [p for p in params if p.get("required")]
-        optional = [p for p in params if not p.get("required")]
+        required = [p for p in params if p["required"]]
+        optional = [p for p in params if not p["required"]]
         pieces, defaults = [], {}
         for p in required:
             pieces.append(p["name"])
         for i, p in enumerate(optional):
             key = "_d%d" % i
-            defaults[key] = p.get("default")
+            defaults[key] = p["default"]
             pieces.append("%s=%s" % (p["name"], key))
         if any(not p["name"].isidentifier() or _is_keyword(p["name"]) for p in params):
             raise ValueError("tool %r has a parameter name that is not a Python identifier" % name)

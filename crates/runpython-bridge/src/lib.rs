@@ -40,9 +40,11 @@ pub use calls::{BridgeStats, CallBudget, JournalSink, ReplayPlan, SpillStore, St
 pub use config::BridgeConfig;
 pub use journal::{canonical_json, CallState, Journal, JournalEntry, Journaled, ARGS_KEPT};
 pub use numbers::canonical_floats;
-pub use server::{socket_pair, Bridge, HostEnd};
+pub use server::{socket_pair, Bridge, ClientSpec, HostEnd};
 pub use stubs::python_stubs;
-pub use tool::{is_python_identifier, tool_fn, FnTool, Tool, ToolArgs, ToolError, ToolSet};
+pub use tool::{
+    is_python_identifier, tool_fn, FnTool, Tool, ToolArgs, ToolClientSpec, ToolError, ToolSet,
+};
 
 /// A boxed, sendable future: what [`Tool::call`], [`Tool::resume`] and [`JournalSink::record`] return
 /// (as `BoxFuture<'static, _>`). The same type as runpython-deps' `BoxFuture`: futures-util's.

@@ -11,7 +11,7 @@ use interprocess::local_socket::tokio::{prelude::*, Listener, Stream};
 use interprocess::local_socket::{GenericFilePath, ListenerOptions};
 use interprocess::os::unix::uds_local_socket::tokio::Stream as UdsStream;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
@@ -38,6 +38,22 @@ const KEPT_BUFFER: usize = 1 << 20;
 /// The host's end of a bridge socket pair, for [`Bridge::new`].
 #[derive(Debug)]
 pub struct HostEnd(std::os::unix::net::UnixStream);
+
+/// What the child's bridge client (`runpython_tools.install`) is given to reach its bridge: sent
+/// within the runner's request. The client checks its keys as the runner checks the request's.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClientSpec {
+    /// The socket to connect to (a bridge made by [`Bridge::bind`]); `None` for a socket pair.
+    pub path: Option<String>,
+    /// The descriptor the child inherited its end of a [`socket_pair`] as; `None` with a path.
+    pub fd: Option<i32>,
+    /// The handshake's per-run token.
+    pub token: String,
+    /// The largest frame either side sends.
+    pub max_frame: usize,
+    /// The tools, one function each.
+    pub tools: Vec<crate::tool::ToolClientSpec>,
+}
 
 /// A connected `AF_UNIX` stream pair for one run's bridge: the host keeps the [`HostEnd`] and hands the
 /// descriptor to the child as an inherited file descriptor. Both ends are close-on-exec, so neither
@@ -173,29 +189,29 @@ impl Bridge {
 
     /// Everything the child's client ([`crate::CLIENT_PY`], importable as `runpython_tools`) needs to
     /// reach a bridge made by [`Bridge::bind`]: the socket path, the token, the frame cap and the tools.
-    /// For a [`socket_pair`] bridge the path is `null`: use [`Bridge::client_spec_fd`].
-    pub fn client_spec(&self) -> Value {
+    /// For a [`socket_pair`] bridge the path is `None`: use [`Bridge::client_spec_fd`].
+    pub fn client_spec(&self) -> ClientSpec {
         let path = match &self.endpoint {
-            Endpoint::Path { path, .. } => json!(path),
-            Endpoint::Pair(_) => Value::Null,
+            Endpoint::Path { path, .. } => Some(path.to_string_lossy().into_owned()),
+            Endpoint::Pair(_) => None,
         };
-        json!({
-            "path": path,
-            "token": self.token,
-            "max_frame": self.shared.config.max_frame,
-            "tools": self.shared.tools.client_specs(),
-        })
+        self.spec(path, None)
     }
 
     /// What the child's client needs when it inherits its end of a [`socket_pair`] as file descriptor
     /// `child_fd`: the client wraps that descriptor (on the first call) instead of connecting to a path.
-    pub fn client_spec_fd(&self, child_fd: i32) -> Value {
-        json!({
-            "fd": child_fd,
-            "token": self.token,
-            "max_frame": self.shared.config.max_frame,
-            "tools": self.shared.tools.client_specs(),
-        })
+    pub fn client_spec_fd(&self, child_fd: i32) -> ClientSpec {
+        self.spec(None, Some(child_fd))
+    }
+
+    fn spec(&self, path: Option<String>, fd: Option<i32>) -> ClientSpec {
+        ClientSpec {
+            path,
+            fd,
+            token: self.token.clone(),
+            max_frame: self.shared.config.max_frame,
+            tools: self.shared.tools.client_specs(),
+        }
     }
 
     /// Serves until the run must stop: a suspension, a replay divergence, or a broken protocol. A

@@ -352,21 +352,37 @@ impl ToolSet {
     }
 
     /// What the child needs to generate one function per tool: name, description and parameters
-    /// (`null` for schemaless tools).
-    pub(crate) fn client_specs(&self) -> Value {
-        Value::Array(
-            self.iter()
-                .map(|t| {
-                    serde_json::json!({
-                        "name": t.name(),
-                        "description": t.description(),
-                        "params": t.input_schema().map(params_of),
-                        "hidden": t.is_hidden(),
-                        "typed": t.typed_values(),
-                    })
-                })
-                .collect(),
-        )
+    /// (`None` for schemaless tools).
+    pub(crate) fn client_specs(&self) -> Vec<ToolClientSpec> {
+        self.iter()
+            .map(|t| ToolClientSpec {
+                name: t.name().to_owned(),
+                description: t.description().to_owned(),
+                params: t.input_schema().map(params_of),
+                hidden: t.is_hidden(),
+                typed: t.typed_values(),
+            })
+            .collect()
+    }
+}
+
+/// One tool as the child's client builds its function: part of [`crate::ClientSpec`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolClientSpec {
+    name: String,
+    description: String,
+    /// The parameters its schema declares, in order (`None`: a schemaless tool, `*args, **kwargs`).
+    params: Option<Vec<Param>>,
+    /// The host's plumbing, reached through the runner's helpers, not defined as a function.
+    hidden: bool,
+    /// Its arguments and result cross as runpython's tagged JSON (exact values).
+    typed: bool,
+}
+
+impl ToolClientSpec {
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 }
 

@@ -135,10 +135,7 @@ fn served_pair(config: BridgeConfig) -> (JoinHandle<Stop>, String, Client, Gate,
     let (tools, gate) = tools();
     let (host, child) = socket_pair().unwrap();
     let bridge = Bridge::new(host, tools, config).unwrap();
-    let token = bridge.client_spec_fd(4)["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let token = bridge.client_spec_fd(4).token.to_owned();
     let stats = bridge.stats();
     let serving = tokio::spawn(bridge.serve());
     (
@@ -451,10 +448,10 @@ async fn both_ends_of_the_pair_are_close_on_exec_and_the_spec_names_the_descript
     assert!(close_on_exec(child.as_raw_fd()), "the child's end");
     let bridge = Bridge::new(host, ToolSet::new(), BridgeConfig::default()).unwrap();
     let spec = bridge.client_spec_fd(4);
-    assert_eq!(spec["fd"], json!(4));
-    assert!(spec.get("path").is_none(), "{spec}");
-    assert_eq!(spec["token"].as_str().map(str::len), Some(32));
-    assert_eq!(bridge.client_spec()["path"], Value::Null);
+    assert_eq!(spec.fd, Some(4));
+    assert_eq!(spec.path, None, "{spec:?}");
+    assert_eq!(spec.token.len(), 32);
+    assert_eq!(bridge.client_spec().path, None);
     // The host's end: every descriptor this process holds besides stdio is close-on-exec.
     for entry in std::fs::read_dir("/proc/self/fd").unwrap() {
         let fd: i32 = entry
@@ -490,8 +487,8 @@ fn served_path(dir: &tempfile::TempDir) -> (JoinHandle<Stop>, String, std::path:
     let path = dir.path().join("bridge.sock");
     let bridge = Bridge::bind(&path, tools, BridgeConfig::default()).unwrap();
     let spec = bridge.client_spec();
-    assert_eq!(spec["path"], json!(path));
-    let token = spec["token"].as_str().unwrap().to_owned();
+    assert_eq!(spec.path.as_deref(), path.to_str());
+    let token = spec.token;
     (tokio::spawn(bridge.serve()), token, path)
 }
 
@@ -585,10 +582,7 @@ fn keyed_pair(
     if let Some(plan) = plan {
         bridge = bridge.with_replay(plan);
     }
-    let token = bridge.client_spec_fd(4)["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let token = bridge.client_spec_fd(4).token.to_owned();
     let journal = bridge.journal();
     (
         tokio::spawn(bridge.serve()),

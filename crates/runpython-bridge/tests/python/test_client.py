@@ -103,10 +103,17 @@ def expect_hello(host):
         raise AssertionError("not the hello: %r" % (hello,))
 
 
-def tool_spec(name="double", params=None):
-    if params is None:
+def tool_spec(name="double", params=..., description="Twice x.", hidden=False):
+    """One tool as the host sends it (every key of runpython-bridge's `ToolClientSpec`); `params=None` is a
+    schemaless tool."""
+    if params is ...:
         params = [{"name": "x", "required": True, "default": None}]
-    return {"name": name, "description": "Twice x.", "params": params, "hidden": False}
+    return {"name": name, "description": description, "params": params, "hidden": hidden, "typed": False}
+
+
+def bridge_spec(tools, fd=None, path=None, max_frame=16 << 20):
+    """A bridge spec as the host sends it (every key of runpython-bridge's `ClientSpec`)."""
+    return {"path": path, "fd": fd, "token": TOKEN, "max_frame": max_frame, "tools": tools}
 
 
 class Connected(unittest.TestCase):
@@ -120,17 +127,16 @@ class Connected(unittest.TestCase):
         self.host = FakeHost(host_end)
         self.addCleanup(host_end.close)
         self.namespace = {}
-        spec = {
-            "fd": child_end.detach(),  # the client owns it from here
-            "token": TOKEN,
-            "max_frame": self.max_frame,
-            "tools": [
+        spec = bridge_spec(
+            [
                 tool_spec(),
-                {"name": "echo", "description": "", "params": None, "hidden": False},  # schemaless
+                tool_spec("echo", None, ""),  # schemaless
                 tool_spec("odd-name", []),
-                {"name": "runpython_read_artifact", "params": None, "hidden": True},
+                tool_spec("runpython_read_artifact", None, "", hidden=True),
             ],
-        }
+            fd=child_end.detach(),  # the client owns it from here
+            max_frame=self.max_frame,
+        )
         self.client.install(spec, self.namespace, json.loads, dumps)
         self.addCleanup(self.close_client)
 
@@ -511,7 +517,7 @@ class InheritedDescriptor(unittest.TestCase):
         self.addCleanup(host_end.close)
         child_end.setblocking(False)
         namespace = {}
-        client.install({"fd": child_end.detach(), "token": TOKEN, "tools": [tool_spec()]}, namespace, json.loads, dumps)
+        client.install(bridge_spec([tool_spec()], fd=child_end.detach()), namespace, json.loads, dumps)
 
         def script(host):
             expect_hello(host)
@@ -538,7 +544,7 @@ class PathSpec(unittest.TestCase):
             listener.listen(1)
             listener.settimeout(DEADLINE)
             namespace = {}
-            spec = {"path": path, "token": TOKEN, "tools": [tool_spec()]}
+            spec = bridge_spec([tool_spec()], path=path)
             client.install(spec, namespace, json.loads, dumps)
 
             def script(_):
@@ -557,10 +563,24 @@ class PathSpec(unittest.TestCase):
     def test_a_spec_with_neither_descriptor_nor_path_raises_bridge_error(self):
         client = load_client()
         namespace = {}
-        client.install({"path": None, "token": TOKEN, "tools": [tool_spec()]}, namespace, json.loads, dumps)
+        client.install(bridge_spec([tool_spec()]), namespace, json.loads, dumps)
         with self.assertRaises(client.BridgeError) as caught:
             namespace["double"](1)
         self.assertIn("neither a descriptor nor a path", str(caught.exception))
+
+    def test_a_spec_with_a_key_missing_or_unknown_is_refused_naming_it(self):
+        client = load_client()
+        cases = [
+            ({k: v for k, v in bridge_spec([tool_spec()]).items() if k != "max_frame"}, "missing key 'max_frame'"),
+            (dict(bridge_spec([tool_spec()]), site=1), "unknown key 'site'"),
+            (bridge_spec([dict(tool_spec(), hiden=True)]), "unknown key 'hiden'"),
+            (bridge_spec([tool_spec(params=[{"name": "x", "required": True}])]), "missing key 'default'"),
+        ]
+        for spec, said in cases:
+            with self.subTest(said=said):
+                with self.assertRaises(client.BridgeError) as caught:
+                    client.install(spec, {}, json.loads, dumps)
+                self.assertIn(said, str(caught.exception))
 
 
 class MakeTool(unittest.TestCase):
@@ -586,15 +606,15 @@ class MakeTool(unittest.TestCase):
 
         self.client._bridge = Stub()
         self.search = self.client._make_tool(
-            {
-                "name": "search",
-                "description": "Find things.",
-                "params": [
+            tool_spec(
+                "search",
+                [
                     {"name": "query", "required": True, "default": None},
                     {"name": "limit", "required": False, "default": 10},
                     {"name": "tag", "required": False, "default": None},
                 ],
-            }
+                "Find things.",
+            )
         )
 
     def test_the_signature_follows_the_schema_with_required_parameters_first(self):
@@ -629,14 +649,14 @@ class MakeTool(unittest.TestCase):
     def test_parameter_names_that_are_keywords_or_not_identifiers_are_refused(self):
         for bad in ("class", "not-ok", "2x"):
             with self.subTest(name=bad):
-                spec = {"name": "t", "params": [{"name": bad, "required": True}]}
+                spec = tool_spec("t", [{"name": bad, "required": True, "default": None}])
                 with self.assertRaises(ValueError) as caught:
                     self.client._make_tool(spec)
                 self.assertIn("not a Python identifier", str(caught.exception))
 
     def test_a_default_is_the_schema_value_not_shared_text(self):
         tool = self.client._make_tool(
-            {"name": "t", "params": [{"name": "opts", "required": False, "default": {"a": [1]}}]}
+            tool_spec("t", [{"name": "opts", "required": False, "default": {"a": [1]}}])
         )
         tool()
         self.assertEqual(self.sent, [("t", [], {"opts": {"a": [1]}})])

@@ -8,8 +8,15 @@ use std::sync::OnceLock;
 
 use crate::error::Error;
 
-/// The runner that executes the code in the child (`python/runpython_runner.py`).
+/// The entry point every interpreter of the child imports (`python/runpython_runner.py`): it chooses the
+/// mode (one-shot run, session, template).
 pub(crate) const RUNNER_PY: &str = include_str!("python/runpython_runner.py");
+
+/// One run's machinery in the child (`python/runpython_run.py`), the library the entry modules share.
+const RUN_PY: &str = include_str!("python/runpython_run.py");
+
+/// The host's messages to the child, checked key by key (`python/runpython_protocol.py`).
+const PROTOCOL_PY: &str = include_str!("python/runpython_protocol.py");
 
 /// Values as JSON in the child (`python/runpython_json.py`): the strict codec, JSON forms, previews.
 const JSON_PY: &str = include_str!("python/runpython_json.py");
@@ -108,8 +115,10 @@ pub(crate) fn code_version() -> &'static str {
 
 /// The modules of the code directory, by file name: each written as it is in `python/` (the bridge
 /// client comes from runpython-bridge).
-const MODULES: [(&str, &str); 7] = [
+const MODULES: [(&str, &str); 9] = [
     ("runpython_runner.py", RUNNER_PY),
+    ("runpython_run.py", RUN_PY),
+    ("runpython_protocol.py", PROTOCOL_PY),
     ("runpython_json.py", JSON_PY),
     ("runpython_display.py", DISPLAY_PY),
     ("runpython_session.py", SESSION_PY),

@@ -7,6 +7,7 @@ mod env;
 mod forked;
 mod output;
 mod pool;
+pub(crate) mod protocol;
 mod spawn;
 mod template;
 

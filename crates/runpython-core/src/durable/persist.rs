@@ -219,8 +219,9 @@ pub(crate) fn memo_key_of(parts: &MemoParts<'_>) -> MemoKey {
         // What the dependencies are resolved from: a pure function of these and the code.
         parts.deps.clone(),
         canonical_json(&Value::Object(request.inputs.clone())),
-        // Tagged inputs, and an envelope with `return_typed`: not the same run as a plain one.
-        format!("typed={}", request.typed),
+        // Tagged inputs, and an envelope with `return_typed` (or `return_repr`): not the same run as a
+        // plain one.
+        format!("typed={}|repr={}", request.typed, request.repr),
         format!(
             "{}|{:?}",
             parts.interpreter.executable.display(),

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use runpython_bridge::{Bridge, BridgeStats, Journal, ReplayPlan};
 use runpython_deps::{Interpreter, PreparedEnv};
 use runpython_store::{Artifact, ArtifactKind, CollectedFiles, Redactor};
-use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
 use super::tools::RunTools;
 use super::RunPython;
+use crate::child::protocol::RunnerRequest;
 use crate::child::{
     capture, code_dir, discard_run_dir, take_capture, Captured, Closed, FullStream, HeadTail,
     PoolKey, Slot, BRIDGE_FD,
@@ -266,7 +266,7 @@ impl RunPython {
             _ => None,
         };
         let (bridge_spec, bridge_future, bridge_stats, journal) = if tools.is_empty() {
-            (Value::Null, None, None, None)
+            (None, None, None, None)
         } else {
             let mut bridge =
                 Bridge::new(bridge_end, tools, self.inner.bridge.clone())?.with_run_id(run_id);
@@ -282,7 +282,7 @@ impl RunPython {
             let stats = bridge.stats();
             let journal = bridge.journal();
             (
-                bridge.client_spec_fd(BRIDGE_FD),
+                Some(bridge.client_spec_fd(BRIDGE_FD)),
                 Some(bridge.serve()),
                 Some(stats),
                 Some(journal),
@@ -293,29 +293,24 @@ impl RunPython {
         // (never in the request, so neither memo keys nor journals hold a placeholder).
         let (runner_env, trust_bundle) =
             crate::policy::secrets::runner_env(&request.env, spawned.egress.as_ref());
-        let runner_request = serde_json::json!({
-            "code_dir": code_dir,
-            "code": &request.code,
-            "inputs": &request.inputs,
-            "typed": request.typed,
-            "env": runner_env,
-            "trust_bundle": trust_bundle,
-            "input_artifacts": input_artifacts,
-            "files": files,
-            "artifact_helpers": self.inner.keep.is_some(),
-            "max_return_bytes": limits.max_return_bytes,
-            "inline_return_bytes": limits.inline_return_bytes,
-            "image_budget": limits.max_image_bytes,
-            "site_dir": site_dir,
-            "saved_dir": saved_dir,
-            "bridge": bridge_spec,
-        });
-        // One line: compact JSON holds no newline, so the runner reads up to the first one instead of
-        // waiting for stdin's end, which a process the host forks meanwhile (a pool refill setting up
-        // its sandbox) would hold off until it execs.
-        let mut runner_request =
-            serde_json::to_vec(&runner_request).map_err(|e| Error::Internal(e.to_string()))?;
-        runner_request.push(b'\n');
+        let runner_request = crate::child::protocol::to_line(&RunnerRequest {
+            code_dir,
+            code: &request.code,
+            inputs: &request.inputs,
+            typed: request.typed,
+            env: runner_env,
+            trust_bundle,
+            input_artifacts,
+            files,
+            artifact_helpers: self.inner.keep.is_some(),
+            max_return_bytes: limits.max_return_bytes,
+            inline_return_bytes: limits.inline_return_bytes,
+            image_budget: limits.max_image_bytes,
+            site_dirs: site_dir.as_deref().into_iter().collect(),
+            saved_dir: &saved_dir,
+            repr: request.repr,
+            bridge: bridge_spec,
+        })?;
 
         let crate::child::Spawned {
             mut process,

@@ -1,6 +1,7 @@
 //! One session cell in its live interpreter: its dependencies prepared, run, recorded (durable
 //! sessions), kept and fitted into an envelope.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use runpython_bridge::{CallState, ReplayPlan};
@@ -12,6 +13,7 @@ use super::execute::{elapsed_ms, Outcome};
 use super::tools::RunTools;
 use super::RunPython;
 use crate::child::code_dir;
+use crate::child::protocol::RunnerRequest;
 use crate::error::Error;
 use crate::request::{new_run_id, Event, RunRequest};
 use crate::result::envelope::{Envelope, ErrorInfo, Status};
@@ -97,26 +99,25 @@ impl RunPython {
         let input_artifacts =
             crate::durable::persist::fetch_input_artifacts(self.store(), request).await?;
         let files = crate::durable::persist::fetch_files(self.store(), request).await?;
-        let request_json = serde_json::to_vec(&serde_json::json!({
-            "type": "cell",
-            "code_dir": code_dir()?,
-            "code": &request.code,
-            "inputs": &request.inputs,
-            "env": runner_env,
-            "trust_bundle": trust_bundle,
-            "input_artifacts": input_artifacts,
-            "files": files,
-            "artifact_helpers": self.inner.keep.is_some(),
-            "max_return_bytes": limits.max_return_bytes,
-            "inline_return_bytes": limits.inline_return_bytes,
-            "image_budget": limits.max_image_bytes,
-            "site_dirs": site_dirs,
-            "saved_dir": live.saved_dir,
-            "repr": request.repr,
-            "typed": request.typed,
-            "bridge": Value::Null,
-        }))
-        .map_err(|e| Error::Internal(e.to_string()))?;
+        let saved_dir = live.saved_dir.clone();
+        let cell_request = RunnerRequest {
+            code_dir: code_dir()?,
+            code: &request.code,
+            inputs: &request.inputs,
+            typed: request.typed,
+            env: runner_env,
+            trust_bundle,
+            input_artifacts,
+            files,
+            artifact_helpers: self.inner.keep.is_some(),
+            max_return_bytes: limits.max_return_bytes,
+            inline_return_bytes: limits.inline_return_bytes,
+            image_budget: limits.max_image_bytes,
+            site_dirs: site_dirs.iter().map(PathBuf::as_path).collect(),
+            saved_dir: &saved_dir,
+            repr: request.repr,
+            bridge: None,
+        };
         let (mut uploads, full) = if quiet {
             (Vec::new(), [None, None])
         } else {
@@ -126,7 +127,7 @@ impl RunPython {
         };
         let raw = live
             .run_cell(CellSpec {
-                request_json,
+                request: cell_request,
                 tools,
                 bridge: &self.inner.bridge,
                 replay,

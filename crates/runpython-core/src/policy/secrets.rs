@@ -3,24 +3,27 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{json, Value};
+use crate::child::protocol::TrustBundle;
 
 /// The run's or cell's environment for the runner (its request's variables, then each secret's
-/// placeholder and the trust variables), and the trust bundle to write (`null` without secrets).
+/// placeholder and the trust variables), and the trust bundle to write (none without secrets).
 pub(crate) fn runner_env(
     request_env: &BTreeMap<String, String>,
     egress: Option<&runpython_sandbox::Egress>,
-) -> (BTreeMap<String, String>, Value) {
+) -> (BTreeMap<String, String>, Option<TrustBundle>) {
     let mut env = request_env.clone();
     let Some(egress) = egress else {
-        return (env, Value::Null);
+        return (env, None);
     };
     let Some(pem) = egress.trust_bundle() else {
-        return (env, Value::Null);
+        return (env, None);
     };
     env.extend(egress.secret_env());
     (
         env,
-        json!({"path": runpython_sandbox::TRUST_BUNDLE_PATH, "pem": pem}),
+        Some(TrustBundle {
+            path: runpython_sandbox::TRUST_BUNDLE_PATH,
+            pem,
+        }),
     )
 }

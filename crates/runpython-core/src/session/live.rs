@@ -13,10 +13,10 @@ use runpython_bridge::{
     Bridge, BridgeConfig, BridgeStats, Journal, ReplayPlan, SpillStore, ToolSet,
 };
 use runpython_store::{BeneathDir, CollectLimits, CollectedFiles};
-use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::child::protocol::{ControlMessage, RunnerRequest};
 use crate::child::{
     capture, take_capture, Captured, Closed, FullStream, HeadTail, Slot, SpawnedParts,
 };
@@ -69,7 +69,8 @@ pub(crate) struct CellRaw {
 
 /// What a cell needs besides its request.
 pub(crate) struct CellSpec<'a> {
-    pub request_json: Vec<u8>,
+    /// The cell's request; its bridge is filled in here.
+    pub request: RunnerRequest<'a>,
     pub tools: ToolSet,
     pub bridge: &'a BridgeConfig,
     pub replay: Option<ReplayPlan>,
@@ -173,18 +174,18 @@ impl Live {
             (Some(bridge), Some(child))
         };
         // The request names the bridge the cell gets (as descriptor 4).
-        let mut request: Value = serde_json::from_slice(&spec.request_json)
-            .map_err(|e| Error::Internal(e.to_string()))?;
+        let mut request = spec.request;
         let (bridge_future, bridge_stats, journal) = match bridge {
             Some(bridge) => {
-                request["bridge"] = bridge.client_spec_fd(BRIDGE_FD);
+                request.bridge = Some(bridge.client_spec_fd(BRIDGE_FD));
                 let stats = bridge.stats();
                 let journal = bridge.journal();
                 (Some(bridge.serve()), Some(stats), Some(journal))
             }
             None => (None, None, None),
         };
-        let payload = serde_json::to_vec(&request).map_err(|e| Error::Internal(e.to_string()))?;
+        let payload = serde_json::to_vec(&ControlMessage::Cell(request))
+            .map_err(|e| Error::Internal(e.to_string()))?;
         let mut fds = vec![out_w.as_raw_fd(), err_w.as_raw_fd(), res_w.as_raw_fd()];
         if let Some(child) = &bridge_child {
             fds.push(child.as_raw_fd());
@@ -277,8 +278,9 @@ impl Live {
         match &ending {
             Ending::TimedOut => {
                 // Interrupt first: the cell gets a KeyboardInterrupt and the session keeps its state.
-                let interrupt = br#"{"type":"interrupt"}"#;
-                let _ = self.send(interrupt, &[]).await;
+                if let Ok(interrupt) = serde_json::to_vec(&ControlMessage::Interrupt) {
+                    let _ = self.send(&interrupt, &[]).await;
+                }
                 let mut answer_rx2 = answer_rx.clone();
                 let stopped =
                     tokio::time::timeout(INTERRUPT_GRACE, answer_rx2.wait_for(|done| *done)).await;

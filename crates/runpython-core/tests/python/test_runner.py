@@ -50,9 +50,25 @@ class Ran:
         return self.result.get("error")
 
 
-def run(code, **request):
-    """Runs `code` through the runner with `request`'s other fields; the parsed result and the streams."""
-    request = dict({"code": code, "inputs": {}, "code_dir": CODE_DIR, "site_dir": None, "bridge": None}, **request)
+def full_request(code, **fields):
+    """A request with every key the host sends (`RunnerRequest`), `fields` replacing the defaults."""
+    request = {
+        "code_dir": CODE_DIR, "code": code, "inputs": {}, "typed": False, "env": {}, "trust_bundle": None,
+        "input_artifacts": {}, "files": {}, "artifact_helpers": False, "max_return_bytes": 1_000_000,
+        "inline_return_bytes": 4096, "image_budget": 0, "site_dirs": [], "saved_dir": "saved", "repr": False,
+        "bridge": None,
+    }
+    unknown = set(fields) - set(request)
+    if unknown:
+        raise AssertionError("not a key of the request: %s" % sorted(unknown))
+    request.update(fields)
+    return request
+
+
+def run(code, raw_request=None, cwd=None, **fields):
+    """Runs `code` through the runner (in `cwd`) with `fields` replacing the request's defaults (or exactly
+    `raw_request`); the parsed result and the streams."""
+    request = full_request(code, **fields) if raw_request is None else raw_request
     with tempfile.TemporaryFile() as result:
         fd = result.fileno()
         # The shell puts the result file at descriptor 3, whatever number it has here.
@@ -63,6 +79,7 @@ def run(code, **request):
             stderr=subprocess.PIPE,
             pass_fds=(fd,),
             timeout=DEADLINE,
+            cwd=cwd,
         )
         result.seek(0)
         text = result.read().decode()
@@ -311,7 +328,7 @@ class Stdin(unittest.TestCase):
     def test_the_request_ends_at_its_line_so_the_code_runs_while_stdin_is_still_open(self):
         # A process the host forks while a run starts holds the write end of that run's stdin until it
         # execs: the runner must not wait for stdin's end.
-        request = {"code": "6 * 7", "inputs": {}, "code_dir": None, "site_dir": None, "bridge": None}
+        request = full_request("6 * 7")
         read_end, write_end = os.pipe()
         proc = subprocess.Popen(
             ["/bin/sh", "-c", 'exec "$@" 3>&%d' % write_end, "sh", sys.executable, "-I", "-S", str(RUNNER_PY)],
@@ -334,6 +351,23 @@ class Stdin(unittest.TestCase):
 
 def b64(data):
     return base64.b64encode(data).decode()
+
+
+class Protocol(unittest.TestCase):
+    def test_a_request_with_a_key_missing_or_unknown_runs_nothing_and_names_the_key(self):
+        missing = full_request("open('ran', 'w')")
+        del missing["typed"]
+        unknown = dict(full_request("open('ran', 'w')"), site_dir=None)
+        for request, said in ((missing, "missing key 'typed'"), (unknown, "unknown key 'site_dir'")):
+            with self.subTest(said=said), tempfile.TemporaryDirectory() as cwd:
+                ran = run(None, raw_request=request, cwd=cwd)
+                self.assertEqual(ran.result["status"], "error")
+                self.assertEqual(ran.error["type"], "SandboxError")
+                self.assertIn(said, ran.error["message"])
+                self.assertFalse(os.path.exists(os.path.join(cwd, "ran")), "the code ran")
+
+    def test_the_repr_is_sent_back_when_asked(self):
+        self.assertEqual(run("{1, 2}", repr=True).result["return_repr"], "{1, 2}")
 
 
 class InputArtifacts(unittest.TestCase):

@@ -16,22 +16,15 @@ import unittest
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "child" / "python"
 DEADLINE = 60
 
-# Loads the runner under another name (imported as `runpython_runner` it runs `main()`) and registers it as
-# `runpython_runner` for the template module, loaded next.
+# The template module with its siblings beside it, as in the code directory (it imports `runpython_run`, the
+# library, never the entry module `runpython_runner`, which would run `main()` when imported).
 PRELUDE = textwrap.dedent(
     """
-    import importlib.util, os, sys
-    sys.path.insert(0, %r)  # the runner's sibling modules, as in the code directory
-    def load(name, path):
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-    sys.modules["runpython_runner"] = load("runner_under_test", %r)
-    template = load("runpython_template", %r)
+    import os, sys
+    sys.path.insert(0, %r)
+    import runpython_template as template
     """
-    % (str(SRC), str(SRC / "runpython_runner.py"), str(SRC / "runpython_template.py"))
+    % (str(SRC),)
 )
 
 

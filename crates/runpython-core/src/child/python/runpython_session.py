@@ -1,7 +1,8 @@
 """A session's interpreter in the child: cells arrive on the control socket with their own streams,
 result pipe and bridge connection; one `__main__` namespace and one event loop live across cells.
 
-Standard library only, imported by the runner (`--session`) from runpython's code directory.
+Standard library only, imported by the runner (`--session`) from runpython's code directory; one run's
+machinery is `runpython_run`'s.
 """
 
 import posix
@@ -9,23 +10,25 @@ import sys
 
 from runpython_display import _install_display, _save_open_figures
 from runpython_json import json_loads
-from runpython_runner import (
+from runpython_protocol import ProtocolError, control_message
+from runpython_run import (
     BRIDGE_FD,
     FILENAME,
     RESULT_FD,
-    _add_sites,
-    _bind_inputs,
-    _env_now,
-    _format_error,
-    _new_main_module,
-    _restore_env,
-    _result_text,
-    _run,
-    _set_code_dir,
-    _set_env,
-    _warm_up,
-    _write_result,
-    _write_trust_bundle,
+    add_sites,
+    bind_inputs,
+    env_now,
+    format_error,
+    new_main_module,
+    protocol_error,
+    restore_env,
+    result_text,
+    run_code,
+    set_code_dir,
+    set_env,
+    warm_up,
+    write_result,
+    write_trust_bundle,
 )
 
 class _Session:
@@ -76,8 +79,16 @@ class _Session:
             payload = self._read_exact(int.from_bytes(header, "big"), fds)
             if payload is None:
                 break
-            message = json_loads(payload.decode("utf-8"))
-            if message.get("type") == "interrupt":
+            try:
+                message = control_message(json_loads(payload.decode("utf-8")))
+            except ProtocolError as exc:
+                # Answered on the cell's result pipe, when the frame brought one; else the host times out.
+                if len(fds) > 2:
+                    write_result(fds.pop(2), protocol_error(exc))
+                for fd in fds:
+                    posix.close(fd)
+                continue
+            if message["type"] == "interrupt":
                 for fd in fds:
                     posix.close(fd)
                 with self.lock:
@@ -112,19 +123,19 @@ class _Session:
         if bridge_fd is not None:
             posix.dup2(bridge_fd, BRIDGE_FD, inheritable=False)
             posix.close(bridge_fd)
-        _set_code_dir(request.get("code_dir"))
-        _add_sites(request.get("site_dirs"), sites)
-        _write_trust_bundle(request.get("trust_bundle"))
-        env = request.get("env") or {}
-        previous = _env_now(env)
-        _set_env(env)
-        _bind_inputs(request, namespace)
+        set_code_dir(request["code_dir"])
+        add_sites(request["site_dirs"], sites)
+        write_trust_bundle(request["trust_bundle"])
+        env = request["env"]
+        previous = env_now(env)
+        set_env(env)
+        bind_inputs(request, namespace)
         with self.lock:
             self.running = True
         try:
-            status, result, summary = _run(request, namespace, self._loop)
+            status, result, summary = run_code(request, namespace, self._loop)
         except KeyboardInterrupt as exc:  # the interrupt came as the cell ended
-            status, result, summary = "error", _format_error(exc, request["code"]), None
+            status, result, summary = "error", format_error(exc, request["code"]), None
         finally:
             with self.lock:
                 self.running = False
@@ -140,9 +151,9 @@ class _Session:
             sys.stderr.flush()
         except BaseException:
             pass
-        _write_result(res, _result_text(status, result, summary))
+        write_result(res, result_text(status, result, summary))
         try:
-            _restore_env(previous)  # the next cell does not see this cell's variables
+            restore_env(previous)  # the next cell does not see this cell's variables
         except BaseException:
             pass
         # This cell's bridge connection ends with it: the client lets go of descriptor 4 without closing
@@ -170,11 +181,11 @@ class _Session:
 
 
 def main():
-    _warm_up(sys.argv[2:])  # "--session 1" is a pair it skips
+    warm_up(sys.argv[2:])  # "--session 1" is a pair it skips
     sys.argv = [FILENAME]
     session = _Session()
     sys.stdout.reconfigure(line_buffering=True)
-    namespace = _new_main_module()
+    namespace = new_main_module()
     _install_display()
     sites = []
     while True:

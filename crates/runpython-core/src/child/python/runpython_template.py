@@ -37,7 +37,7 @@ What a fork shares with its siblings and T, and why that is acceptable, is writt
 import posix
 import sys
 
-import runpython_runner as runner
+import runpython_run as runner
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -766,7 +766,7 @@ def serve(args):
     """T's main: warm up, quiesce, say ready (or why not), then serve forks until the host lets go."""
     template = Template()
     template.start_factory()
-    runner._warm_up(args)
+    runner.warm_up(args)
     s = template.sys
     with open("/proc/self/comm", "rb") as f:
         Template.comm = f.read().strip()  # its runs' interpreters take it back
