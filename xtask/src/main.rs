@@ -247,6 +247,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "egress",
             "--test",
             "secrets",
+            "--test",
+            "fork_checks",
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -260,9 +262,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so eight names build nine.
-    if suites.len() != 9 {
-        bail!("{NAME}: expected 9 test executables, cargo built {suites:?}");
+    // Both packages have an `egress` suite (the engine's and the CLI's), so nine names build ten.
+    if suites.len() != 10 {
+        bail!("{NAME}: expected 10 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites

@@ -72,6 +72,14 @@ pub enum Error {
         "runs cannot be forked from a template: {0}; turn templates off to run them the fresh way"
     )]
     TemplateUnavailable(String),
+    /// A run forked from a template failed the host's check of its sandbox from outside: it was
+    /// killed before it got code, and its template discarded.
+    #[error(
+        "a run forked from a template failed the host's check of its sandbox ({0}); the template was \
+         discarded: a package in its environment may have changed how runs are forked. Remove the \
+         package from the warm environment, or run without templates"
+    )]
+    ForkUnverified(String),
     /// A bug in runpython.
     #[error("internal error: {0}")]
     Internal(String),
@@ -87,6 +95,7 @@ impl From<runpython_sandbox::Error> for Error {
             S::IsolationUnavailable(why) => Self::IsolationUnavailable(why),
             S::TemplateUnavailable(why) => Self::TemplateUnavailable(why),
             S::InvalidInput(why) => Self::InvalidInput(why),
+            S::ForkUnverified(why) => Self::ForkUnverified(why),
             other => Self::Internal(other.to_string()),
         }
     }
@@ -97,7 +106,7 @@ impl Error {
     /// the message: `invalid_input` (the caller can fix the request), `not_found` (no such run or
     /// artifact in the store), `config`, `cancelled`, or one of runpython's own failures
     /// (`interpreter`, `spawn`, `sandbox_setup`, `io`, `store`, `bridge`, `mcp_server`,
-    /// `isolation_unavailable`, `template_unavailable`, `internal`).
+    /// `isolation_unavailable`, `template_unavailable`, `fork_unverified`, `internal`).
     pub fn code(&self) -> &'static str {
         match self {
             Self::Interpreter(_) => "interpreter",
@@ -115,6 +124,7 @@ impl Error {
             Self::IsolationUnavailable(_) => "isolation_unavailable",
             Self::Coalesced(shared) => shared.code(),
             Self::TemplateUnavailable(_) => "template_unavailable",
+            Self::ForkUnverified(_) => "fork_unverified",
             Self::Internal(_) => "internal",
         }
     }

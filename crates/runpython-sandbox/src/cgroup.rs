@@ -352,6 +352,11 @@ impl RunCgroup {
         Ok(made)
     }
 
+    /// The run's cgroup directories (one on v2; one per controller on v1).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
     /// The descriptors the run's first process writes itself into.
     pub fn procs_fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
         self.procs.iter().map(AsRawFd::as_raw_fd)

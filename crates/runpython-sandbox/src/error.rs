@@ -41,6 +41,15 @@ pub enum Error {
         "runs cannot be forked from a template: {0}; turn templates off to run them the fresh way"
     )]
     TemplateUnavailable(String),
+    /// A run forked from a template is not as its sandbox says: a layer the host checks from outside
+    /// is missing (the template's environment changed how runs are forked). The run was not given
+    /// code; its template is discarded.
+    #[error(
+        "a run forked from a template failed the host's check of its sandbox ({0}); the template was \
+         discarded: a package in its environment may have changed how runs are forked. Remove the \
+         package from the warm environment, or run without templates"
+    )]
+    ForkUnverified(String),
     /// A path, argument or variable cannot be passed (a NUL byte in it, say).
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -99,6 +99,7 @@ mod copy;
 mod decide;
 mod egress;
 mod error;
+mod fork_check;
 mod init;
 mod landlock;
 mod layers;
@@ -125,6 +126,7 @@ pub use copy::CopyReport;
 pub use egress::credentials::TRUST_BUNDLE_PATH;
 pub use egress::{Egress, EgressFds, EgressQuery, LogEntry, Mark, NetworkReport, Refusal};
 pub use error::Error;
+pub use fork_check::{ForkCheck, VerifiedRun};
 pub use init::enter;
 pub use netns::refill as refill_netns;
 pub use network::{HostAddrs, HostPattern, Network, NetworkPolicy, Secret, Verdict};
@@ -134,8 +136,9 @@ pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};
 pub use run_dir::{create_run_dir, discard_run_dir};
 pub use spawn::{spawn, Child, GroupGuard, Spawn, StdinFrom};
 pub use sys::{
-    close_from, dup_high, exit_like, pidfd_signal, pipe as pipe_pair, recv_fd, recv_with_fds,
-    send_with_fds, seqpacket_pair, set_pdeathsig, Step, StepError,
+    close_from, dup_high, exit_like, pass_credentials, pidfd_signal, pipe as pipe_pair, recv_fd,
+    recv_with_fds, recv_with_fds_and_sender, send_with_fds, seqpacket_pair, set_pdeathsig, Step,
+    StepError,
 };
 pub use template::{prepare_fork, ForkPlan};
 pub use userns::{is_run_uid, kill_all_of_uid};

@@ -261,10 +261,18 @@ pub fn recv_fd(sock: RawFd) -> io::Result<OwnedFd> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no descriptor in the message"))
 }
 
-/// Receives one message (a datagram or a `SOCK_SEQPACKET` record) into `buf` with the descriptors
-/// attached to it, without waiting (`WouldBlock` when none is there). `Ok((0, []))` is end of file. A
-/// message longer than `buf` is an error (its rest would be lost).
+/// Receives one message and the descriptors sent with it (`SCM_RIGHTS`), without waiting: a full
+/// message, or `WouldBlock`. A message or descriptor list larger than its buffer is an error.
 pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    recv_with_fds_and_sender(sock, buf).map(|(n, fds, _)| (n, fds))
+}
+
+/// Like [`recv_with_fds`], and the sender's pid in this process's PID namespace as the kernel
+/// attached it (`SCM_CREDENTIALS`: present when the socket has `SO_PASSCRED`, see [`pass_credentials`]).
+pub fn recv_with_fds_and_sender(
+    sock: RawFd,
+    buf: &mut [u8],
+) -> io::Result<(usize, Vec<OwnedFd>, Option<libc::pid_t>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -283,6 +291,7 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
             return Err(io::Error::last_os_error());
         }
         let mut fds = Vec::new();
+        let mut sender = None;
         let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
@@ -291,6 +300,13 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
                 for i in 0..len / std::mem::size_of::<RawFd>() {
                     fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
                 }
+            } else if (*cmsg).cmsg_level == libc::SOL_SOCKET
+                && (*cmsg).cmsg_type == libc::SCM_CREDENTIALS
+            {
+                let creds: libc::ucred =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::ucred>());
+                // 0: the sender is outside this process's PID namespace.
+                sender = (creds.pid > 0).then_some(creds.pid);
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
@@ -300,8 +316,24 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
                 "a message longer than its buffer (or with too many descriptors)",
             ));
         }
-        Ok((n as usize, fds))
+        Ok((n as usize, fds, sender))
     }
+}
+
+/// Asks the kernel to attach each sender's credentials to what `sock` receives (`SO_PASSCRED`).
+pub fn pass_credentials(sock: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with a pointer to a live int and its size.
+    cvt(unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            std::ptr::addr_of!(on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
 }
 
 /// Sends `signal` to the process behind the pidfd `fd` (`pidfd_send_signal`); a process that is gone

@@ -15,9 +15,10 @@ use serde_json::{json, Value};
 
 use super::decide::{decide, START_TEMPLATE};
 use super::layers::{cgroup_for, landlock_for, rlimits_for};
-use super::sys::geteuid;
+use super::sys::{getegid, geteuid};
 use crate::cgroup::RunCgroup;
 use crate::error::Error;
+use crate::fork_check::{limit_row, own_namespaces, ForkCheck};
 use crate::plan::{cpu_seconds, host, read_dirs};
 use crate::report::Isolation;
 use crate::{probe, seccomp, userns, view, Sandbox};
@@ -36,6 +37,8 @@ pub struct ForkPlan {
     /// The network policy the host enforces for the run: it then sends its resolver's and relay's
     /// sockets and its connect notifier's listener with its scratch ([`crate::EgressFds`]).
     pub egress: Option<std::sync::Arc<crate::NetworkPolicy>>,
+    /// What the host checks of the run's interpreter from outside before it gets code.
+    pub check: ForkCheck,
 }
 
 impl ForkPlan {
@@ -81,7 +84,7 @@ pub fn prepare_fork(
         return Err(Error::IsolationUnavailable(decision.missing.join("; ")));
     }
     let cpu = cpu_seconds(timeout);
-    let rlimits: Vec<Value> = if decision.rlimits {
+    let limits: Vec<(libc::__rlimit_resource_t, u64, u64)> = if decision.rlimits {
         rlimits_for(config, cpu)
             .into_iter()
             .map(|(resource, value)| {
@@ -91,12 +94,16 @@ pub fn prepare_fork(
                 } else {
                     value
                 };
-                json!([resource, value, hard])
+                (resource, value, hard)
             })
             .collect()
     } else {
         Vec::new()
     };
+    let rlimits: Vec<Value> = limits
+        .iter()
+        .map(|(resource, value, hard)| json!([resource, value, hard]))
+        .collect();
     let seccomp = decision
         .seccomp
         .then(|| seccomp::filter(decision.seccomp_extra))
@@ -111,6 +118,22 @@ pub fn prepare_fork(
     let egress = match (&config.network, decision.egress) {
         (crate::Network::Policy(policy), true) => Some(std::sync::Arc::new(policy.clone())),
         _ => None,
+    };
+    let host_gid = if geteuid() == 0 { host_uid } else { getegid() };
+    let check = ForkCheck {
+        own_namespaces: own_namespaces(decision.unshare),
+        uid_map: (userns::INSIDE_ID, host_uid),
+        gid_map: (userns::INSIDE_ID, host_gid),
+        no_new_privs: true,
+        seccomp_filters: Some(u32::from(seccomp.is_some()) + u32::from(egress.is_some()))
+            .filter(|n| *n > 0),
+        limits: limits
+            .iter()
+            .copied()
+            .chain(decision.nproc.map(|n| (libc::RLIMIT_NPROC, n, n)))
+            .chain([(libc::RLIMIT_CORE, 0, 0)])
+            .filter_map(|(resource, soft, hard)| Some((limit_row(resource)?, soft, hard)))
+            .collect(),
     };
     let mut report = decision.report(config, host_uid, cpu);
     report.start = START_TEMPLATE.into();
@@ -148,6 +171,7 @@ pub fn prepare_fork(
         landlock,
         command,
         egress,
+        check,
     })
 }
 

@@ -26,6 +26,17 @@ impl Init {
         unsafe { libc::poll(&mut poll, 1, 0) == 0 }
     }
 
+    /// The init's pid in the host's PID namespace (read from its pidfd), while it is there.
+    pub(crate) fn pid(&self) -> Option<libc::pid_t> {
+        let init = self.0.as_ref()?;
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", init.as_raw_fd())).ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("Pid:"))
+            .and_then(|pid| pid.trim().parse().ok())
+            .filter(|pid: &libc::pid_t| *pid > 0)
+    }
+
     pub(crate) fn kill(&self) {
         if let Some(init) = &self.0 {
             let _ = runpython_sandbox::pidfd_signal(init.as_raw_fd(), libc::SIGKILL);
@@ -43,6 +54,9 @@ impl Drop for Init {
 /// (the template's: keep itself alive meanwhile, then make a replacement fork).
 pub(crate) struct ForkedRun {
     init: Init,
+    /// It passed the host's check of its sandbox: held while the run lives, so that no later run
+    /// is found in one of its namespaces.
+    _verified: runpython_sandbox::VerifiedRun,
     status: tokio::net::unix::pipe::Receiver,
     read: [u8; 4],
     got: usize,
@@ -61,11 +75,13 @@ impl std::fmt::Debug for ForkedRun {
 impl ForkedRun {
     pub(crate) fn new(
         init: Init,
+        verified: runpython_sandbox::VerifiedRun,
         status: tokio::net::unix::pipe::Receiver,
         on_end: Box<dyn FnOnce() + Send + Sync>,
     ) -> Self {
         Self {
             init,
+            _verified: verified,
             status,
             read: [0; 4],
             got: 0,

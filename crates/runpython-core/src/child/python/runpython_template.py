@@ -372,6 +372,8 @@ class Template:
         s = self.sys
         socket = self.socket
         host_end, run_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # The kernel names the run's sender on what it says to the host, which checks that process.
+        host_end.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         init_end, peer_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         init = None
         try:

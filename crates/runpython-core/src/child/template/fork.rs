@@ -128,9 +128,13 @@ impl Template {
         })?;
         let init = Init(got.pop());
         self.forks.fetch_add(1, Ordering::Relaxed);
+        // The kernel names the sender of the run's word (the template set this too, before the run
+        // could speak): the process the host checks is the one that said it was ready.
+        sandbox::pass_credentials(socket.as_raw_fd())
+            .map_err(|e| Error::io_pathless("asking for the run's credentials", e))?;
         let mut socket = async_fd(socket).map_err(|e| Error::io_pathless("the run's socket", e))?;
         // A failure from here on drops `init`, which kills what was forked.
-        let (scratch, egress) = match tokio::time::timeout(
+        let (scratch, egress, sender) = match tokio::time::timeout(
             SETUP_TIMEOUT,
             setup_result(&mut socket, plan.egress.clone()),
         )
@@ -147,8 +151,10 @@ impl Template {
                 })
             }
         };
+        let verified = self.verify(&plan, &init, sender)?;
         Ok(ReadyRun {
             init,
+            verified,
             socket,
             status,
             scratch,
@@ -157,6 +163,27 @@ impl Template {
             isolation: plan.report,
             timeout,
             born: Instant::now(),
+        })
+    }
+
+    /// The host's check of a run that says it is ready, from outside ([`sandbox::ForkCheck`]): a run
+    /// that fails it is dropped (killed) and its template discarded.
+    fn verify(
+        &self,
+        plan: &sandbox::ForkPlan,
+        init: &Init,
+        sender: Option<libc::pid_t>,
+    ) -> Result<sandbox::VerifiedRun, Error> {
+        let unverified = |why: &str| Error::ForkUnverified(why.to_owned());
+        let pid = sender
+            .ok_or_else(|| unverified("the run's word came without its sender's credentials"))?;
+        let init_pid = init
+            .pid()
+            .ok_or_else(|| unverified("the run's init is gone"))?;
+        let dirs = plan.cgroup.as_ref().map_or(&[][..], |c| c.dirs());
+        plan.check.verify(pid, init_pid, dirs).map_err(|e| {
+            self.failed.store(true, Ordering::SeqCst);
+            Error::from(e)
         })
     }
 
@@ -173,6 +200,7 @@ impl Template {
         let (bridge, bridge_child) = runpython_bridge::socket_pair()?;
         let ReadyRun {
             init,
+            verified,
             socket,
             status,
             scratch,
@@ -199,6 +227,7 @@ impl Template {
             spawned: Spawned {
                 process: RunProcess::Forked(ForkedRun::new(
                     init,
+                    verified,
                     tokio::net::unix::pipe::Receiver::from_owned_fd(status)
                         .map_err(io("reading the run's status pipe"))?,
                     // The template lives as long as its runs; when one ends, a fork replaces it.
@@ -240,6 +269,8 @@ impl Template {
 #[derive(Debug)]
 pub(super) struct ReadyRun {
     init: Init,
+    /// It passed the host's check; held while it lives.
+    verified: sandbox::VerifiedRun,
     socket: AsyncFd<OwnedFd>,
     status: OwnedFd,
     scratch: BeneathDir,
@@ -257,12 +288,12 @@ pub(super) struct ReadyRun {
 async fn setup_result(
     socket: &mut AsyncFd<OwnedFd>,
     egress: Option<Arc<sandbox::NetworkPolicy>>,
-) -> Result<(BeneathDir, Option<sandbox::Egress>), Error> {
+) -> Result<(BeneathDir, Option<sandbox::Egress>, Option<libc::pid_t>), Error> {
     let failed = |step: Step, source: std::io::Error| Error::SandboxSetup {
         step: step.describe(),
         source,
     };
-    let (message, fds) = receive_raw(socket)
+    let (message, fds, sender) = receive_raw(socket)
         .await
         .map_err(|e| failed(Step::HandOverScratch, e))?;
     match message.first() {
@@ -306,7 +337,7 @@ async fn setup_result(
                     ))
                 }
             };
-            Ok((scratch, egress))
+            Ok((scratch, egress, sender))
         }
         Some(b'E') => {
             let report: Value = serde_json::from_slice(&message[1..]).unwrap_or(Value::Null);

@@ -158,6 +158,13 @@ impl Templates {
                 Ok(slot) => Ok(Some(slot)),
                 // A required layer is missing: the fresh path would refuse the same way.
                 Err(e @ Error::IsolationUnavailable(_)) => Err(e),
+                // A run that failed the host's check: never silently run another way. The template
+                // is replaced, so the next run is forked from one started afresh.
+                Err(e @ Error::ForkUnverified(_)) => {
+                    template.fork_failed(&e);
+                    self.replace(key, &cell);
+                    Err(e)
+                }
                 Err(e) => {
                     template.fork_failed(&e);
                     self.replace(key, &cell);
@@ -495,7 +502,7 @@ impl Template {
 
 /// The next message on a template's socket, parsed.
 async fn receive(socket: &mut AsyncFd<OwnedFd>) -> std::io::Result<(Value, Vec<OwnedFd>)> {
-    let (data, fds) = receive_raw(socket).await?;
+    let (data, fds, _) = receive_raw(socket).await?;
     if data.is_empty() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -508,14 +515,18 @@ async fn receive(socket: &mut AsyncFd<OwnedFd>) -> std::io::Result<(Value, Vec<O
 }
 
 /// The next message on a `SOCK_SEQPACKET` socket with its descriptors (empty at end of file).
-async fn receive_raw(socket: &mut AsyncFd<OwnedFd>) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+async fn receive_raw(
+    socket: &mut AsyncFd<OwnedFd>,
+) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>, Option<libc::pid_t>)> {
     let mut buf = vec![0u8; MAX_REPLY];
     loop {
         let mut ready = socket.readable().await?;
-        match ready.try_io(|fd| runpython_sandbox::recv_with_fds(fd.as_raw_fd(), &mut buf)) {
-            Ok(Ok((n, fds))) => {
+        match ready
+            .try_io(|fd| runpython_sandbox::recv_with_fds_and_sender(fd.as_raw_fd(), &mut buf))
+        {
+            Ok(Ok((n, fds, sender))) => {
                 buf.truncate(n);
-                return Ok((buf, fds));
+                return Ok((buf, fds, sender));
             }
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
