@@ -105,7 +105,7 @@ impl Error {
     /// A stable, machine-readable name for the kind of failure, for protocols that carry a code beside
     /// the message: `invalid_input` (the caller can fix the request), `not_found` (no such run or
     /// artifact in the store), `config`, `cancelled`, or one of runpython's own failures
-    /// (`interpreter`, `spawn`, `sandbox_setup`, `io`, `store`, `bridge`, `mcp_server`,
+    /// (`interpreter`, `spawn`, `sandbox_setup`, `io`, `store`, `quota_exceeded`, `bridge`, `mcp_server`,
     /// `isolation_unavailable`, `template_unavailable`, `fork_unverified`, `internal`).
     pub fn code(&self) -> &'static str {
         match self {
@@ -115,6 +115,7 @@ impl Error {
             Self::Io { .. } => "io",
             Self::Store(runpython_store::Error::NotFound { .. }) => "not_found",
             Self::Store(runpython_store::Error::InvalidId { .. }) => "invalid_input",
+            Self::Store(runpython_store::Error::QuotaExceeded { .. }) => "quota_exceeded",
             Self::Store(_) => "store",
             Self::Bridge(_) => "bridge",
             Self::Config(_) => "config",

@@ -54,6 +54,8 @@ impl Store {
         );
         let mut hasher = blake3::Hasher::new();
         let mut size = 0u64;
+        // Each chunk is reserved against the tenant's quota before it is sent.
+        let mut reserved = Vec::new();
         loop {
             let mut buf = BytesMut::with_capacity(CHUNK);
             let n = match reader.read_buf(&mut buf).await {
@@ -65,6 +67,13 @@ impl Store {
             };
             if n == 0 {
                 break;
+            }
+            match self.reserve(n as u64).await {
+                Ok(reservation) => reserved.push(reservation),
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(e);
+                }
             }
             hasher.update(&buf);
             size += n as u64;
@@ -88,7 +97,9 @@ impl Store {
             .rename(&staging, &key)
             .await
             .map_err(|e| self.backend_err("rename", &staging, e))?;
-        self.count_written(size);
+        reserved
+            .into_iter()
+            .for_each(crate::quota::Reservation::commit);
         Ok((hash, size))
     }
 

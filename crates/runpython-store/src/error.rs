@@ -56,6 +56,22 @@ pub enum Error {
         /// What object_store reported (boxed: it is large, and errors are the cold path).
         source: Box<object_store::Error>,
     },
+    /// A write would take the tenant past its stored-bytes quota ([`crate::Store::set_quota`]);
+    /// nothing of it was written.
+    #[error(
+        "{tenant} is over its stored-bytes quota: {used} of {quota} bytes are kept or being written and \
+         this write needs {wanted} more; delete runs (gc, or artifacts by id) or raise the tenant's quota"
+    )]
+    QuotaExceeded {
+        /// The tenant (`the default tenant` when it has no name).
+        tenant: String,
+        /// Bytes stored and being written, as this process counts them.
+        used: u64,
+        /// The quota.
+        quota: u64,
+        /// The bytes the refused write needed.
+        wanted: u64,
+    },
     /// The requested object does not exist (never written, deleted, or removed by gc).
     #[error("{what} `{id}` not found in store `{store}`; it was never stored, was deleted, or expired and was collected")]
     NotFound {

@@ -157,8 +157,8 @@ pub(crate) struct Inner {
     pub(crate) tenants: Arc<Mutex<HashMap<String, Store>>>,
     /// A named tenant's record (its name, for listings) is written before its first object.
     pub(crate) recorded: std::sync::atomic::AtomicBool,
-    /// Bytes stored under this tenant's root, as last counted, and when.
-    pub(crate) usage: Mutex<Option<(u64, std::time::Instant)>>,
+    /// Bytes stored under this tenant's root, as last counted, being written, and its quota.
+    pub(crate) usage: Mutex<crate::quota::Usage>,
 }
 
 impl std::fmt::Debug for Store {
@@ -229,7 +229,7 @@ impl Store {
                 tenant: None,
                 tenants: Arc::default(),
                 recorded: true.into(),
-                usage: Mutex::new(None),
+                usage: Mutex::default(),
             }),
         }
     }
@@ -250,7 +250,7 @@ impl Store {
                 recorded: tenant.is_none().into(),
                 tenant,
                 tenants: Arc::clone(&self.inner.tenants),
-                usage: Mutex::new(None),
+                usage: Mutex::default(),
             }),
         }
     }
@@ -309,16 +309,16 @@ impl Store {
 
     /// Writes a whole object in one request (atomic on every backend).
     pub(crate) async fn write(&self, key: &Path, bytes: impl Into<PutPayload>) -> Result<()> {
-        self.record_tenant().await?;
         let payload: PutPayload = bytes.into();
-        let size = payload.content_length() as u64;
+        let reserved = self.reserve(payload.content_length() as u64).await?;
+        self.record_tenant().await?;
         self.inner
             .os
             .put(key, payload)
             .await
             .map(drop)
             .map_err(|e| self.backend_err("put", key, e))?;
-        self.count_written(size);
+        reserved.commit();
         Ok(())
     }
 

@@ -1,8 +1,6 @@
 //! Tenants: a store scoped to one (every key under its own prefix), and what operator tools need to
 //! act on them all.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -95,31 +93,6 @@ impl Store {
         }
     }
 
-    /// Bytes stored under this tenant's root (its runs, artifacts, checkpoints, sessions and memo
-    /// entries), counted by listing them at most every `max_age`; in between, what this store
-    /// wrote is added to the count (an object written again is counted twice until the next
-    /// listing, one deleted still counts until then).
-    pub async fn stored_bytes(&self, max_age: Duration) -> Result<u64> {
-        if let Some((bytes, at)) = *self.inner.usage.lock().unwrap_or_else(|p| p.into_inner()) {
-            if at.elapsed() < max_age {
-                return Ok(bytes);
-            }
-        }
-        let bytes: u64 = self
-            .list(self.layout().root())
-            .await?
-            .iter()
-            .filter(|m| {
-                // A named tenant's root holds only its own; the default tenant's holds the others'.
-                self.inner.tenant.is_some() || !m.location.as_ref().starts_with(layout::TENANTS)
-            })
-            .map(|m| m.size)
-            .sum();
-        *self.inner.usage.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((bytes, std::time::Instant::now()));
-        Ok(bytes)
-    }
-
     /// The tenants other than this store's that hold `id` (a [`Held`] kind): `None` in the list is the
     /// default tenant. For the log of a refused read only (which another tenant's id it was), never
     /// for an answer to the caller: it lists every tenant and looks in each, so it costs one request
@@ -146,19 +119,6 @@ impl Store {
             }
         }
         Ok(found)
-    }
-
-    /// Adds `bytes` this store wrote to the count [`Store::stored_bytes`] keeps.
-    pub(crate) fn count_written(&self, bytes: u64) {
-        if let Some((used, _)) = self
-            .inner
-            .usage
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_mut()
-        {
-            *used = used.saturating_add(bytes);
-        }
     }
 
     /// A named tenant's first write leaves its name beside its objects (for operator listings).

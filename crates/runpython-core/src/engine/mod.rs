@@ -65,10 +65,6 @@ struct Inner {
     quota: Option<u64>,
 }
 
-/// How often a tenant's stored bytes are counted again for its quota (in between, what its engine
-/// writes is added to the count).
-const QUOTA_RECOUNT: Duration = Duration::from_secs(60);
-
 /// A run in progress: its events as they happen, cancellation, and the envelope at the end.
 /// Dropping the handle stops the run and kills its processes.
 #[derive(Debug)]
@@ -204,13 +200,19 @@ impl RunPython {
         self.inner.tenant.as_deref()
     }
 
-    /// This engine with a quota on what its tenant keeps: once the tenant's store holds `bytes` or
-    /// more (counted at most every few seconds), a run still runs, is not kept, and its envelope
-    /// says `kept: false` with why (a run started under the quota may take it over by what one run
-    /// keeps).
+    /// This engine with a quota on what its tenant keeps, held at every write of the tenant's store
+    /// in this process ([`Store::set_quota`]: runs, resumes, session cells, their files and displays,
+    /// checkpoints, memo entries): a write that would pass it is refused before it is made, so runs
+    /// running at once cannot together pass it. A run started when the tenant is already over it
+    /// still runs and is not kept; one whose outputs do not fit is kept as far as they fit (or not at
+    /// all); either way its envelope says `kept: false` with why. Hosts sharing a store see each
+    /// other's writes at their next count ([`runpython_store::QUOTA_RECOUNT`]).
     pub fn with_stored_bytes_quota(&self, bytes: u64) -> RunPython {
         let mut inner = (*self.inner).clone();
         inner.quota = Some(bytes);
+        if let Some(keep) = &inner.keep {
+            keep.store.set_quota(Some(bytes));
+        }
         RunPython {
             inner: Arc::new(inner),
         }
@@ -221,7 +223,11 @@ impl RunPython {
         let (Some(quota), Some(keep)) = (self.inner.quota, &self.inner.keep) else {
             return None;
         };
-        let used = match keep.store.stored_bytes(QUOTA_RECOUNT).await {
+        let used = match keep
+            .store
+            .stored_bytes(runpython_store::QUOTA_RECOUNT)
+            .await
+        {
             Ok(used) => used,
             Err(e) => return Some(format!("the tenant's stored bytes cannot be counted: {e}")),
         };

@@ -1,0 +1,195 @@
+//! A tenant's stored-bytes quota, held at every write: each write reserves its bytes before it is
+//! made (a stream, chunk by chunk), and a write that would take the tenant past its quota is refused
+//! ([`Error::QuotaExceeded`]) before anything is sent. What is reserved and not written is released.
+//!
+//! The count is the tenant's objects, listed at most every [`RECOUNT`], plus what this process wrote
+//! since and what it is writing now. Within one process every handle of a tenant shares the count
+//! (a tenant's store is made once, [`Store::tenant`]), so concurrent writers cannot together pass the
+//! quota. Processes (hosts) sharing a store do not see each other's writes until their next listing:
+//! with `n` hosts a tenant holds at most `n` times its quota, and only until each host has listed
+//! again (one [`RECOUNT`]); after that each refuses what the true total does not allow.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::layout;
+use crate::store::Store;
+
+/// How often a tenant's stored bytes are counted again by listing them (in between, what this
+/// process writes is added to the count).
+pub const RECOUNT: Duration = Duration::from_secs(60);
+
+/// What a tenant's store knows of its usage.
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    /// The quota, when the tenant has one.
+    limit: Option<u64>,
+    /// Bytes counted by the last listing and written since, and when it was listed.
+    counted: Option<(u64, Instant)>,
+    /// Bytes of writes in flight.
+    reserved: u64,
+}
+
+/// Bytes reserved for a write in flight; released on drop unless committed (written).
+#[derive(Debug)]
+pub(crate) struct Reservation<'a> {
+    usage: &'a Mutex<Usage>,
+    bytes: u64,
+}
+
+impl Reservation<'_> {
+    /// The reserved bytes were written: they count as stored.
+    pub(crate) fn commit(mut self) {
+        let mut usage = lock(self.usage);
+        usage.reserved = usage.reserved.saturating_sub(self.bytes);
+        if let Some((used, _)) = usage.counted.as_mut() {
+            *used = used.saturating_add(self.bytes);
+        }
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut usage = lock(self.usage);
+        usage.reserved = usage.reserved.saturating_sub(self.bytes);
+    }
+}
+
+fn lock(usage: &Mutex<Usage>) -> std::sync::MutexGuard<'_, Usage> {
+    usage.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Store {
+    /// Limits what this tenant keeps to `bytes` (`None`: no limit), for every handle of the tenant
+    /// in this process: from now on each write reserves its bytes first, and one that would take
+    /// the tenant past the quota is [`Error::QuotaExceeded`] (see the module docs for the bound
+    /// across hosts).
+    pub fn set_quota(&self, bytes: Option<u64>) {
+        lock(&self.inner.usage).limit = bytes;
+    }
+
+    /// The tenant's quota, when it has one.
+    pub fn quota(&self) -> Option<u64> {
+        lock(&self.inner.usage).limit
+    }
+
+    /// Bytes stored under this tenant's root (its runs, artifacts, checkpoints, sessions and memo
+    /// entries), counted by listing them at most every `max_age`; in between, what this process
+    /// wrote is added to the count (an object written again is counted twice until the next
+    /// listing, one deleted still counts until then).
+    pub async fn stored_bytes(&self, max_age: Duration) -> Result<u64> {
+        if let Some((bytes, at)) = lock(&self.inner.usage).counted {
+            if at.elapsed() < max_age {
+                return Ok(bytes);
+            }
+        }
+        let listed_at = Instant::now();
+        let bytes: u64 = self
+            .list(self.layout().root())
+            .await?
+            .iter()
+            .filter(|m| {
+                // A named tenant's root holds only its own; the default tenant's holds the others'.
+                self.inner.tenant.is_some() || !m.location.as_ref().starts_with(layout::TENANTS)
+            })
+            .map(|m| m.size)
+            .sum();
+        let mut usage = lock(&self.inner.usage);
+        // A listing that started before another finished is not newer than it.
+        if usage.counted.is_none_or(|(_, at)| at <= listed_at) {
+            usage.counted = Some((bytes, listed_at));
+        }
+        Ok(usage.counted.map_or(bytes, |(b, _)| b))
+    }
+
+    /// Reserves `bytes` for a write against the tenant's quota (none: nothing to hold). Refused when
+    /// what is stored, what is being written and `bytes` together pass the quota.
+    pub(crate) async fn reserve(&self, bytes: u64) -> Result<Reservation<'_>> {
+        let usage = &self.inner.usage;
+        if lock(usage).limit.is_some() {
+            // Counted when the count is missing or old: the listing is outside the lock.
+            self.stored_bytes(RECOUNT).await?;
+        }
+        let mut held = lock(usage);
+        if let Some(quota) = held.limit {
+            let used = held.counted.map_or(0, |(b, _)| b) + held.reserved;
+            if used.saturating_add(bytes) > quota {
+                return Err(Error::QuotaExceeded {
+                    tenant: self
+                        .inner
+                        .tenant
+                        .clone()
+                        .unwrap_or_else(|| "the default tenant".into()),
+                    used,
+                    quota,
+                    wanted: bytes,
+                });
+            }
+        }
+        held.reserved += bytes;
+        Ok(Reservation { usage, bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant_with_quota(quota: u64) -> Store {
+        let store = Store::open("memory://").unwrap().tenant("t").unwrap();
+        store.set_quota(Some(quota));
+        store
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn concurrent_writers_of_one_tenant_never_pass_its_quota_together() {
+        let store = tenant_with_quota(1 << 20);
+        // Sixteen writers of 200 KiB at once, each with a handle of its own: at most five fit.
+        let writes = (0..16u8).map(|i| {
+            let store = store.tenant("t").unwrap();
+            tokio::spawn(async move { store.put_blob(vec![i; 200 << 10]).await })
+        });
+        let mut kept = 0;
+        for write in writes {
+            match write.await.unwrap() {
+                Ok(_) => kept += 1,
+                Err(Error::QuotaExceeded { quota, .. }) => assert_eq!(quota, 1 << 20),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(kept, 5);
+        let stored = store.stored_bytes(Duration::ZERO).await.unwrap();
+        assert!(stored <= 1 << 20, "{stored} bytes under a quota of 1 MiB");
+    }
+
+    #[tokio::test]
+    async fn a_stream_past_the_quota_is_refused_and_leaves_nothing() {
+        let store = tenant_with_quota(1 << 20);
+        let big = vec![7u8; 3 << 20];
+        let err = store
+            .put_artifact_stream("big.bin", std::io::Cursor::new(big))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded { .. }), "{err}");
+        assert!(
+            err.to_string().contains("raise the tenant's quota"),
+            "{err}"
+        );
+        // Nothing of it is stored (the tenant's name record is), and what was reserved for it is
+        // free again.
+        assert_eq!(store.stored_bytes(Duration::ZERO).await.unwrap(), 1);
+        store.put_blob(vec![1u8; 512 << 10]).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn another_tenant_and_a_tenant_without_a_quota_are_not_held() {
+        let store = tenant_with_quota(10);
+        assert!(store.put_blob(vec![0u8; 11]).await.is_err());
+        let other = store.tenant("u").unwrap();
+        other.put_blob(vec![0u8; 1 << 16]).await.unwrap();
+        store.set_quota(None);
+        store.put_blob(vec![0u8; 11]).await.unwrap();
+    }
+}
