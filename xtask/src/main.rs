@@ -12,8 +12,8 @@
 //!   measured side by side in one run (a table, or one JSON object).
 //! - `cargo xtask unprivileged` — only the suites that `ci` runs again as an unprivileged user (as root).
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
-//! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): module import cycles, long files that do not
-//!   say why, the Python suites.
+//! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): import cycles at every depth (Rust and
+//!   Python), long files that do not say why, the Python suites.
 //! - `cargo xtask docs` — only the docs test (`docs.rs`): every shell and Python block of README.md and
 //!   docs/ runs and shows what the page says it prints (after `cargo xtask py`, whose venv it uses).
 //! - `cargo xtask py` — only the Python package's checks (`pypkg.rs`; `ci` runs them too): its wheel in a
