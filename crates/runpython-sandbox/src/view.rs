@@ -222,6 +222,16 @@ pub(crate) fn plan(spec: &ViewSpec<'_>) -> Result<View, Error> {
             }
         }
     }
+    // A path through a system directory that is a link in the view (`/bin/sh` on a merged `/usr`)
+    // is reached through that link: what it leads to is bound (a mount point cannot be made
+    // beneath a link).
+    let mut reads: Vec<PathBuf> = reads
+        .into_iter()
+        .filter_map(|p| match through_system_link(&p) {
+            true => std::fs::canonicalize(p).ok(),
+            false => Some(p),
+        })
+        .collect();
     reads.sort_by_key(|p| p.as_os_str().len());
     reads.dedup();
     for path in reads {
@@ -238,6 +248,15 @@ pub(crate) fn plan(spec: &ViewSpec<'_>) -> Result<View, Error> {
     }
     b.read_only(Path::new("/"))?;
     Ok(b.view)
+}
+
+/// Whether `path` lies beneath one of the [`SYSTEM`] directories that is a symbolic link on this host
+/// (and so in the view).
+fn through_system_link(path: &Path) -> bool {
+    SYSTEM.iter().any(|dir| {
+        path.starts_with(dir)
+            && std::fs::symlink_metadata(dir).is_ok_and(|m| m.file_type().is_symlink())
+    })
 }
 
 /// Builds a [`View`]'s operations with paths inside the new root.
@@ -456,5 +475,43 @@ mod tests {
         .unwrap();
         assert!(targets(&view).contains(&format!("{r}/proc")));
         assert!(view.ops.iter().any(|op| matches!(op, Op::Chown(_))));
+    }
+
+    #[test]
+    fn a_read_path_through_a_linked_system_dir_is_bound_where_it_leads() {
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(bin) = std::fs::read_link("/bin") else {
+            eprintln!("skipped: /bin is not a link on this host (no merged /usr)");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let view = plan(&ViewSpec {
+            root: &root,
+            read_paths: &[PathBuf::from("/bin/sh"), PathBuf::from("/bin")],
+            disk_bytes: 1 << 20,
+            owner: None,
+            pid_ns: true,
+            host_network: false,
+            resolver: None,
+        })
+        .unwrap();
+        // Nothing is made beneath the view's /bin, a link (the kernel refuses a mount point there);
+        // /bin/sh is reached through it, in /usr, bound already.
+        let beneath = root.join("bin/");
+        let made: Vec<&Op> = view
+            .ops
+            .iter()
+            .filter(|op| match op {
+                Op::Mkdir { path, .. } | Op::File(path) => {
+                    Path::new(std::ffi::OsStr::from_bytes(path.as_bytes())).starts_with(&beneath)
+                }
+                Op::Bind { target, .. } => {
+                    Path::new(std::ffi::OsStr::from_bytes(target.as_bytes())).starts_with(&beneath)
+                }
+                _ => false,
+            })
+            .collect();
+        assert!(made.is_empty(), "/bin -> {bin:?}: {made:?}");
     }
 }

@@ -99,7 +99,7 @@ impl Store {
             .map_err(|e| self.backend_err("rename", &staging, e))?;
         reserved
             .into_iter()
-            .for_each(crate::quota::Reservation::commit);
+            .for_each(crate::usage::Reservation::commit);
         Ok((hash, size))
     }
 

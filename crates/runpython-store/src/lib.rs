@@ -69,6 +69,7 @@ mod redact;
 mod resumable;
 mod store;
 mod tenants;
+mod usage;
 
 /// The `object_store` this crate is built on, for [`Store::with_backend`]: build a backend with the
 /// same version of the crate.

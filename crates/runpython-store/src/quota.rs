@@ -9,57 +9,16 @@
 //! with `n` hosts a tenant holds at most `n` times its quota, and only until each host has listed
 //! again (one [`RECOUNT`]); after that each refuses what the true total does not allow.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::layout;
 use crate::store::Store;
+use crate::usage::{lock, Reservation};
 
 /// How often a tenant's stored bytes are counted again by listing them (in between, what this
 /// process writes is added to the count).
 pub const RECOUNT: Duration = Duration::from_secs(60);
-
-/// What a tenant's store knows of its usage.
-#[derive(Debug, Default)]
-pub(crate) struct Usage {
-    /// The quota, when the tenant has one.
-    limit: Option<u64>,
-    /// Bytes counted by the last listing and written since, and when it was listed.
-    counted: Option<(u64, Instant)>,
-    /// Bytes of writes in flight.
-    reserved: u64,
-}
-
-/// Bytes reserved for a write in flight; released on drop unless committed (written).
-#[derive(Debug)]
-pub(crate) struct Reservation<'a> {
-    usage: &'a Mutex<Usage>,
-    bytes: u64,
-}
-
-impl Reservation<'_> {
-    /// The reserved bytes were written: they count as stored.
-    pub(crate) fn commit(mut self) {
-        let mut usage = lock(self.usage);
-        usage.reserved = usage.reserved.saturating_sub(self.bytes);
-        if let Some((used, _)) = usage.counted.as_mut() {
-            *used = used.saturating_add(self.bytes);
-        }
-        self.bytes = 0;
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        let mut usage = lock(self.usage);
-        usage.reserved = usage.reserved.saturating_sub(self.bytes);
-    }
-}
-
-fn lock(usage: &Mutex<Usage>) -> std::sync::MutexGuard<'_, Usage> {
-    usage.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl Store {
     /// Limits what this tenant keeps to `bytes` (`None`: no limit), for every handle of the tenant

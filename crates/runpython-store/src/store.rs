@@ -158,7 +158,7 @@ pub(crate) struct Inner {
     /// A named tenant's record (its name, for listings) is written before its first object.
     pub(crate) recorded: std::sync::atomic::AtomicBool,
     /// Bytes stored under this tenant's root, as last counted, being written, and its quota.
-    pub(crate) usage: Mutex<crate::quota::Usage>,
+    pub(crate) usage: Mutex<crate::usage::Usage>,
 }
 
 impl std::fmt::Debug for Store {

@@ -1,27 +1,61 @@
-//! The import graph of one crate's modules, and its cycles.
+//! The import graph of one tree of modules (a crate's Rust, a Python package, the child's Python) and
+//! its cycles, at every depth: inside each module with children, among those children.
+//!
+//! The graph knows no language: [`super::rust`] and [`super::python`] turn files into [`SourceFile`]s
+//! whose references are already absolute module paths.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
-use std::path::Path;
 
-use anyhow::{Context, Result};
-
-use super::rust_files;
-use super::scan::Scan;
-
-/// One crate's source files, each with its module path and the paths it names.
-#[derive(Debug, Default)]
+/// One tree's files, each with its module path, the paths it names and the names it binds.
+#[derive(Debug)]
 pub(super) struct ModuleGraph {
+    /// Where the tree is, for messages (`crates/x/src`).
+    base: String,
+    /// What to call the tree's root in messages, when not `base/`.
+    root_place: Option<String>,
     files: Vec<SourceFile>,
+    /// Every module a file is, and every module above one.
+    modules: BTreeSet<Vec<String>>,
+    /// What a module binds a name to (`use a::B as C;`, `from a import b`): `(module, name)` to the
+    /// absolute path it stands for.
+    bindings: BTreeMap<(Vec<String>, String), Vec<String>>,
 }
 
+/// One file of the tree.
 #[derive(Debug)]
-struct SourceFile {
-    /// Relative to `src/`, for messages.
-    shown: String,
-    /// The module the file is: `[]` for `lib.rs`, `["x"]` for `x.rs` and `x/mod.rs`, `["x", "c"]` …
-    module: Vec<String>,
-    scan: Scan,
+pub(super) struct SourceFile {
+    /// Relative to the workspace root, for messages.
+    pub(super) shown: String,
+    /// The module the file is: `[]` for the tree's root (`lib.rs`), `["x"]` for `x.rs`, `x/mod.rs`,
+    /// `x.py` or `x/__init__.py`, `["x", "c"]` for `x/c.rs` …
+    pub(super) module: Vec<String>,
+    /// Every path the file names that could lead into the tree, resolved to an absolute module path.
+    pub(super) references: Vec<Reference>,
+    /// The names the module itself binds to other paths, resolved: a name used through one of these
+    /// (a re-export) also leads to where it points.
+    pub(super) bindings: Vec<(String, Vec<String>)>,
+}
+
+/// A path one file names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Reference {
+    /// Absolute, from the tree's root.
+    pub(super) path: Vec<String>,
+    pub(super) line: usize,
+    /// As written, for messages (`super::x::Y`, `..x.y`).
+    pub(super) written: String,
+}
+
+/// Modules inside one module that import each other in a circle.
+#[derive(Debug, Clone)]
+pub(super) struct Cycle {
+    /// The module they are children of, as a place (`crates/x/src/egress/`).
+    pub(super) place: String,
+    /// Every module of the circle (its strongly connected component).
+    pub(super) modules: BTreeSet<String>,
+    /// The circle, its edges and where each comes from, and what to do.
+    pub(super) message: String,
 }
 
 /// Where an edge comes from: the first place one module names the other.
@@ -29,116 +63,125 @@ struct SourceFile {
 struct Evidence {
     file: String,
     line: usize,
-    path: String,
+    written: String,
 }
 
 type Edges = BTreeMap<(String, String), Evidence>;
 
+/// How many re-exports a name is followed through before giving up (a chain this long is a loop).
+const MAX_HOPS: usize = 16;
+
 impl ModuleGraph {
-    pub(super) fn scan(src: &Path) -> Result<Self> {
-        let mut paths = Vec::new();
-        rust_files(src, &mut paths)?;
-        let mut files = Vec::new();
-        for path in paths {
-            let relative = path.strip_prefix(src).unwrap_or(&path);
-            let Some(module) = module_of(relative) else {
-                continue;
-            };
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            files.push(SourceFile {
-                shown: relative.display().to_string(),
-                module,
-                scan: Scan::of(&text),
-            });
-        }
-        Ok(Self { files })
-    }
-
-    #[cfg(test)]
-    fn from_sources(sources: &[(&str, &str)]) -> Self {
-        let files = sources
-            .iter()
-            .filter_map(|(path, text)| {
-                Some(SourceFile {
-                    shown: (*path).to_owned(),
-                    module: module_of(Path::new(path))?,
-                    scan: Scan::of(text),
-                })
-            })
-            .collect();
-        Self { files }
-    }
-
-    /// The cycles at the top level and inside each directory module, as messages.
-    pub(super) fn cycles(&self, shown_src: &str) -> Vec<String> {
-        let mut problems = Vec::new();
-        let mut levels = vec![Vec::new()];
-        levels.extend(
-            self.files
-                .iter()
-                .filter(|f| f.module.len() >= 2)
-                .map(|f| f.module[..1].to_vec())
-                .collect::<BTreeSet<_>>(),
-        );
-        for parent in levels {
-            let (nodes, edges) = self.level(&parent);
-            for (cycle, component) in find_cycles(&nodes, &edges) {
-                let place = if parent.is_empty() {
-                    format!("{shown_src}/")
-                } else {
-                    format!("{shown_src}/{}/", parent.join("/"))
-                };
-                let mut text = format!(
-                    "modules of {place} import each other in a circle: {}",
-                    cycle.join(" -> ")
-                );
-                let shown_edge = |text: &mut String, (from, to): &(String, String)| {
-                    if let Some(e) = edges.get(&(from.clone(), to.clone())) {
-                        let _ = write!(
-                            text,
-                            "\n    {from} -> {to}: {shown_src}/{}:{} names `{}`",
-                            e.file, e.line, e.path
-                        );
-                    }
-                };
-                let on_cycle: Vec<(String, String)> = cycle
-                    .windows(2)
-                    .map(|pair| (pair[0].clone(), pair[1].clone()))
-                    .collect();
-                for edge in &on_cycle {
-                    shown_edge(&mut text, edge);
-                }
-                let others: Vec<&(String, String)> = edges
-                    .keys()
-                    .filter(|(from, to)| component.contains(from) && component.contains(to))
-                    .filter(|edge| !on_cycle.contains(edge))
-                    .collect();
-                if !others.is_empty() {
-                    let _ = write!(
-                        text,
-                        "\n  The circle takes in {} modules ({}); the other imports among them:",
-                        component.len(),
-                        component.iter().cloned().collect::<Vec<_>>().join(", ")
-                    );
-                    for edge in others {
-                        shown_edge(&mut text, edge);
-                    }
-                }
-                text.push_str(
-                    "\n  Dependencies between modules must point one way (STYLE.md 14). Move what both \
-                     sides need into a leaf module that both import (types many modules share, like a \
-                     request, an event or a config, belong there, not in the hub that uses them), or \
-                     move a helper into the module that owns its job.",
-                );
-                problems.push(text);
+    /// The graph of `files`, shown in messages under `base`.
+    pub(super) fn new(base: impl Into<String>, files: Vec<SourceFile>) -> Self {
+        let mut modules = BTreeSet::from([Vec::new()]);
+        let mut bindings = BTreeMap::new();
+        for file in &files {
+            for depth in 0..=file.module.len() {
+                modules.insert(file.module[..depth].to_vec());
+            }
+            for (name, target) in &file.bindings {
+                bindings
+                    .entry((file.module.clone(), name.clone()))
+                    .or_insert_with(|| target.clone());
             }
         }
-        problems
+        Self {
+            base: base.into(),
+            root_place: None,
+            files,
+            modules,
+            bindings,
+        }
+    }
+
+    /// The graph, its root called `place` in messages (a tree that is not one directory).
+    pub(super) fn root_shown_as(mut self, place: impl Into<String>) -> Self {
+        self.root_place = Some(place.into());
+        self
+    }
+
+    /// The cycles among the children of every module of the tree, the root first, then by path.
+    pub(super) fn cycles(&self) -> Vec<Cycle> {
+        let followed: Vec<Vec<Vec<Vec<String>>>> = self
+            .files
+            .iter()
+            .map(|f| {
+                f.references
+                    .iter()
+                    .map(|r| self.followed(&r.path))
+                    .collect()
+            })
+            .collect();
+        let mut cycles = Vec::new();
+        for parent in self.modules.iter().filter(|m| self.has_children(m)) {
+            let (nodes, edges) = self.level(parent, &followed);
+            let place = self.place(parent);
+            for (cycle, component) in find_cycles(&nodes, &edges) {
+                let message = describe(&place, &cycle, &component, &edges);
+                cycles.push(Cycle {
+                    place: place.clone(),
+                    modules: component,
+                    message,
+                });
+            }
+        }
+        cycles
+    }
+
+    fn has_children(&self, module: &[String]) -> bool {
+        self.files
+            .iter()
+            .any(|f| f.module.len() > module.len() && f.module[..module.len()] == *module)
+    }
+
+    fn place(&self, parent: &[String]) -> String {
+        if let (true, Some(place)) = (parent.is_empty(), &self.root_place) {
+            place.clone()
+        } else if parent.is_empty() {
+            format!("{}/", self.base)
+        } else {
+            format!("{}/{}/", self.base, parent.join("/"))
+        }
+    }
+
+    /// `path` and every path it leads to through bindings: `crate::Name` where the root binds `Name`
+    /// to `a::Name` also names `a::Name`, and so on down a chain of re-exports.
+    fn followed(&self, path: &[String]) -> Vec<Vec<String>> {
+        let mut all = vec![path.to_vec()];
+        let mut at = path.to_vec();
+        for _ in 0..MAX_HOPS {
+            if self.modules.contains(&at) {
+                break; // a module: nothing bound to follow
+            }
+            // The deepest module the path goes through binds (or defines) its next segment.
+            let Some(depth) = (0..at.len())
+                .rev()
+                .find(|d| self.modules.contains(&at[..*d]))
+            else {
+                break;
+            };
+            let key = (at[..depth].to_vec(), at[depth].clone());
+            let Some(target) = self.bindings.get(&key) else {
+                break; // defined there, or brought in by a glob
+            };
+            let mut next = target.clone();
+            next.extend(at[depth + 1..].iter().cloned());
+            if all.contains(&next) {
+                break;
+            }
+            all.push(next.clone());
+            at = next;
+        }
+        all
     }
 
     /// The nodes (children of module `parent`) and the edges between them.
-    fn level(&self, parent: &[String]) -> (BTreeSet<String>, Edges) {
+    fn level(
+        &self,
+        parent: &[String],
+        followed: &[Vec<Vec<Vec<String>>>],
+    ) -> (BTreeSet<String>, Edges) {
         let depth = parent.len();
         let child_of = |module: &[String]| -> Option<String> {
             (module.len() > depth && module[..depth] == *parent).then(|| module[depth].clone())
@@ -148,49 +191,21 @@ impl ModuleGraph {
             .iter()
             .filter_map(|f| child_of(&f.module))
             .collect();
-        // What the parent's root file (`lib.rs`, `x/mod.rs` or `x.rs`) re-exports from its children.
-        let mut reexports = BTreeMap::new();
-        for file in self.files.iter().filter(|f| f.module == parent) {
-            for (name, path) in &file.scan.uses {
-                let absolute = resolve(&file.module, &path.segments, true);
-                if let Some(from) = absolute.as_deref().and_then(child_of) {
-                    if nodes.contains(&from) && name != &from {
-                        reexports.insert(name.clone(), from);
-                    }
-                }
-            }
-        }
         let mut edges = Edges::new();
-        for file in &self.files {
+        for (file, followed) in self.files.iter().zip(followed) {
             // A file deeper than the level's nodes belongs to one node; the parent's root file to none.
             let Some(from) = child_of(&file.module) else {
                 continue;
             };
-            for (inside, path) in &file.scan.references {
-                let mut module = file.module.clone();
-                module.extend(inside.iter().cloned());
-                let Some(absolute) = resolve(&module, &path.segments, false) else {
-                    continue;
-                };
-                let Some(first) = absolute.get(depth) else {
-                    continue;
-                };
-                if absolute[..depth] != *parent {
-                    continue;
-                }
-                let to = if nodes.contains(first) {
-                    first.clone()
-                } else if let Some(from_module) = reexports.get(first) {
-                    from_module.clone()
-                } else {
-                    continue;
-                };
-                if to != from {
-                    edges.entry((from.clone(), to)).or_insert_with(|| Evidence {
-                        file: file.shown.clone(),
-                        line: path.line,
-                        path: path.segments.join("::"),
-                    });
+            for (reference, paths) in file.references.iter().zip(followed) {
+                for to in paths.iter().filter_map(|p| child_of(p)) {
+                    if to != from && nodes.contains(&to) {
+                        edges.entry((from.clone(), to)).or_insert_with(|| Evidence {
+                            file: file.shown.clone(),
+                            line: reference.line,
+                            written: reference.written.clone(),
+                        });
+                    }
                 }
             }
         }
@@ -198,50 +213,52 @@ impl ModuleGraph {
     }
 }
 
-/// The module a file under `src/` is; `None` for files that are not modules of the library.
-fn module_of(relative: &Path) -> Option<Vec<String>> {
-    let mut parts: Vec<String> = relative
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let last = parts.pop()?;
-    let stem = last.strip_suffix(".rs")?;
-    if parts.first().is_some_and(|p| p == "bin") || (parts.is_empty() && stem == "main") {
-        return None;
-    }
-    if !(parts.is_empty() && stem == "lib") && stem != "mod" {
-        parts.push(stem.to_owned());
-    }
-    Some(parts)
-}
-
-/// The absolute module path `segments` names from inside `module`. `use` paths in a root file may also
-/// start with a child's name (2018 uniform paths), which `bare_is_child` allows.
-fn resolve(module: &[String], segments: &[String], bare_is_child: bool) -> Option<Vec<String>> {
-    let (first, rest) = segments.split_first()?;
-    let mut absolute = match first.as_str() {
-        "crate" => Vec::new(),
-        "self" => module.to_vec(),
-        "super" => {
-            let mut base = module.to_vec();
-            base.pop()?;
-            let mut rest = rest;
-            while rest.first().is_some_and(|s| s == "super") {
-                base.pop()?;
-                rest = &rest[1..];
-            }
-            base.extend(rest.iter().filter(|s| *s != "self").cloned());
-            return Some(base);
+/// The message for one circle: the circle, each of its edges with where it comes from, the other
+/// imports among its modules, and what to do.
+fn describe(place: &str, cycle: &[String], component: &BTreeSet<String>, edges: &Edges) -> String {
+    let mut text = format!(
+        "modules of {place} import each other in a circle: {}",
+        cycle.join(" -> ")
+    );
+    let shown_edge = |text: &mut String, (from, to): &(String, String)| {
+        if let Some(e) = edges.get(&(from.clone(), to.clone())) {
+            let _ = write!(
+                text,
+                "\n    {from} -> {to}: {}:{} names `{}`",
+                e.file, e.line, e.written
+            );
         }
-        _ if bare_is_child => {
-            let mut base = module.to_vec();
-            base.push(first.clone());
-            base
-        }
-        _ => return None,
     };
-    absolute.extend(rest.iter().filter(|s| *s != "self").cloned());
-    Some(absolute)
+    let on_cycle: Vec<(String, String)> = cycle
+        .windows(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    for edge in &on_cycle {
+        shown_edge(&mut text, edge);
+    }
+    let others: Vec<&(String, String)> = edges
+        .keys()
+        .filter(|(from, to)| component.contains(from) && component.contains(to))
+        .filter(|edge| !on_cycle.contains(edge))
+        .collect();
+    if !others.is_empty() {
+        let _ = write!(
+            text,
+            "\n  The circle takes in {} modules ({}); the other imports among them:",
+            component.len(),
+            component.iter().cloned().collect::<Vec<_>>().join(", ")
+        );
+        for edge in others {
+            shown_edge(&mut text, edge);
+        }
+    }
+    text.push_str(
+        "\n  Dependencies between modules must point one way (STYLE.md 14). Move what both sides \
+         need into a leaf module that both import (types many modules share, like a request, an \
+         event or a config, belong there, not in the hub that uses them), or move a helper into the \
+         module that owns its job.",
+    );
+    text
 }
 
 /// One shortest cycle per strongly connected component of more than one node (starting and ending at its
@@ -299,7 +316,7 @@ fn find_cycles(nodes: &BTreeSet<String>, edges: &Edges) -> Vec<(Vec<String>, BTr
                     cycles.push((cycle, members.clone()));
                     break 'search;
                 }
-                if m != start && !parent.contains_key(m) {
+                if !parent.contains_key(m) {
                     parent.insert(m, n);
                     queue.push_back(m);
                 }
@@ -313,152 +330,166 @@ fn find_cycles(nodes: &BTreeSet<String>, edges: &Edges) -> Vec<(Vec<String>, BTr
 mod tests {
     use super::*;
 
+    fn path(dotted: &str) -> Vec<String> {
+        dotted
+            .split('.')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A file of module `module` naming each of `names` (dotted, absolute) on lines 1, 2, …, and
+    /// binding each `(name, dotted)` of `binds`.
+    fn file(module: &str, names: &[&str], binds: &[(&str, &str)]) -> SourceFile {
+        SourceFile {
+            shown: format!("src/{}.x", module.replace('.', "/")),
+            module: path(module),
+            references: names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| Reference {
+                    path: path(n),
+                    line: i + 1,
+                    written: (*n).to_owned(),
+                })
+                .collect(),
+            bindings: binds
+                .iter()
+                .map(|(n, p)| ((*n).to_owned(), path(p)))
+                .collect(),
+        }
+    }
+
+    fn cycles_of(files: Vec<SourceFile>) -> Vec<Cycle> {
+        ModuleGraph::new("src", files).cycles()
+    }
+
     #[test]
-    fn files_map_to_modules() {
-        let m = |p: &str| module_of(Path::new(p));
-        assert_eq!(m("lib.rs"), Some(vec![]));
-        assert_eq!(m("run.rs"), Some(vec!["run".to_owned()]));
-        assert_eq!(m("sandbox/mod.rs"), Some(vec!["sandbox".to_owned()]));
+    fn a_circle_three_modules_down_is_found_among_its_siblings() {
+        let cycles = cycles_of(vec![
+            file("", &[], &[]),
+            file("a", &[], &[]),
+            file("a.b", &[], &[]),
+            file("a.b.c", &[], &[]),
+            file("a.b.c.x", &["a.b.c.y.f"], &[]),
+            file("a.b.c.y", &["a.b.c.x.g"], &[]),
+            file("a.b.c.z", &["a.b.c.x.g"], &[]),
+        ]);
+        assert_eq!(cycles.len(), 1, "{cycles:?}");
+        assert_eq!(cycles[0].place, "src/a/b/c/");
         assert_eq!(
-            m("sandbox/probe.rs"),
-            Some(vec!["sandbox".to_owned(), "probe".to_owned()])
+            cycles[0].modules,
+            BTreeSet::from(["x".to_owned(), "y".to_owned()])
         );
-        assert_eq!(m("main.rs"), None);
-        assert_eq!(m("bin/tool.rs"), None);
-        assert_eq!(m("runner.py"), None);
-    }
-
-    #[test]
-    fn super_and_self_resolve_against_the_module() {
-        let module = ["x".to_owned(), "c".to_owned()];
-        let r = |p: &str| {
-            let segments: Vec<String> = p.split("::").map(str::to_owned).collect();
-            resolve(&module, &segments, false).map(|v| v.join("::"))
-        };
-        assert_eq!(r("super::d::E").as_deref(), Some("x::d::E"));
-        assert_eq!(r("super::super::y").as_deref(), Some("y"));
-        assert_eq!(r("self::inner").as_deref(), Some("x::c::inner"));
-        assert_eq!(r("crate::a::self").as_deref(), Some("a"));
-        assert_eq!(r("super::super::super::too_far"), None);
-        assert_eq!(r("std::fmt"), None);
-    }
-
-    fn cycles_of(sources: &[(&str, &str)]) -> Vec<String> {
-        ModuleGraph::from_sources(sources).cycles("src")
-    }
-
-    #[test]
-    fn a_two_module_circle_is_reported_with_where_each_edge_comes_from() {
-        let problems = cycles_of(&[
-            ("lib.rs", "mod a; mod b; mod c;"),
-            ("a.rs", "use crate::b::Thing;"),
-            ("b.rs", "fn f() {\n    crate::a::helper();\n}"),
-            ("c.rs", "use crate::a::X;"),
-        ]);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        let p = &problems[0];
-        assert!(p.contains("a -> b -> a"), "{p}");
+        let m = &cycles[0].message;
+        assert!(m.contains("modules of src/a/b/c/ import each other in a circle: x -> y -> x"));
         assert!(
-            p.contains("a -> b: src/a.rs:1 names `crate::b::Thing`"),
-            "{p}"
+            m.contains("x -> y: src/a/b/c/x.x:1 names `a.b.c.y.f`"),
+            "{m}"
         );
         assert!(
-            p.contains("b -> a: src/b.rs:2 names `crate::a::helper`"),
-            "{p}"
+            m.contains("y -> x: src/a/b/c/y.x:1 names `a.b.c.x.g`"),
+            "{m}"
         );
-        assert!(p.contains("leaf module"), "{p}");
     }
 
     #[test]
-    fn one_way_imports_pass() {
-        let problems = cycles_of(&[
-            ("lib.rs", "mod a; mod b; pub use a::Thing; use crate::b::*;"),
-            (
-                "a.rs",
-                "use crate::b::Thing; #[cfg(test)] mod tests { use super::*; }",
-            ),
-            ("b.rs", "pub struct Thing; use crate::Error;"),
+    fn a_path_into_a_siblings_descendant_is_an_edge_to_that_sibling() {
+        // p/q/deep/er.x names p/r/s/t; p/r/s.x names p/q/deep: q and r import each other inside p,
+        // though no file of one names the other's own file.
+        let cycles = cycles_of(vec![
+            file("p", &[], &[]),
+            file("p.q", &[], &[]),
+            file("p.q.deep", &[], &[]),
+            file("p.q.deep.er", &["p.r.s.t.Item"], &[]),
+            file("p.r", &[], &[]),
+            file("p.r.s", &["p.q.deep.Thing"], &[]),
+            file("p.r.s.t", &[], &[]),
         ]);
-        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(cycles.len(), 1, "{cycles:?}");
+        assert_eq!(cycles[0].place, "src/p/");
+        assert!(
+            cycles[0].message.contains(": q -> r -> q\n"),
+            "{}",
+            cycles[0].message
+        );
+        assert!(
+            cycles[0]
+                .message
+                .contains("q -> r: src/p/q/deep/er.x:1 names `p.r.s.t.Item`"),
+            "{}",
+            cycles[0].message
+        );
     }
 
     #[test]
-    fn a_name_the_root_re_exports_leads_to_the_module_that_defines_it() {
-        let problems = cycles_of(&[
-            (
-                "lib.rs",
-                "mod a; mod b;\npub use a::{Request as Req, Other};\npub use b::Thing;",
-            ),
-            ("a.rs", "use crate::Thing;"),
-            ("b.rs", "fn f(r: crate::Req) {}"),
-        ]);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains("a -> b -> a"), "{}", problems[0]);
-        assert!(problems[0].contains("`crate::Req`"), "{}", problems[0]);
+    fn a_name_is_followed_through_a_chain_of_re_exports() {
+        // The root binds `Plan` to `a::Plan`, a binds it to `a::inner::Plan`: b naming `crate::Plan`
+        // depends on a (one level) and nothing inside a depends on b.
+        let files = vec![
+            file("", &[], &[("Plan", "a.Plan")]),
+            file("a", &[], &[("Plan", "a.inner.Plan")]),
+            file("a.inner", &["b.Helper"], &[]),
+            file("a.other", &[], &[]),
+            file("b", &["Plan.new"], &[]),
+        ];
+        let graph = ModuleGraph::new("src", files);
+        assert_eq!(
+            graph.followed(&path("Plan.new")),
+            [
+                path("Plan.new"),
+                path("a.Plan.new"),
+                path("a.inner.Plan.new")
+            ]
+        );
+        let cycles = graph.cycles();
+        assert_eq!(cycles.len(), 1, "{cycles:?}");
+        assert!(cycles[0].message.contains(": a -> b -> a\n"));
+        assert!(cycles[0]
+            .message
+            .contains("b -> a: src/b.x:1 names `Plan.new`"));
+    }
+
+    #[test]
+    fn a_binding_loop_ends() {
+        let graph = ModuleGraph::new(
+            "src",
+            vec![
+                file("", &[], &[("A", "m.B")]),
+                file("m", &[], &[("B", "A")]),
+            ],
+        );
+        assert_eq!(graph.followed(&path("A")), [path("A"), path("m.B")]);
     }
 
     #[test]
     fn the_longest_circle_is_shown_as_its_shortest_way_around() {
-        let problems = cycles_of(&[
-            ("lib.rs", ""),
-            ("a.rs", "use crate::b::X; use crate::c::Y;"),
-            ("b.rs", "use crate::c::X;"),
-            ("c.rs", "use crate::a::X;"),
-            ("d.rs", "use crate::a::X;"),
+        let cycles = cycles_of(vec![
+            file("", &[], &[]),
+            file("a", &["b.X", "c.Y"], &[]),
+            file("b", &["c.X"], &[]),
+            file("c", &["a.X"], &[]),
+            file("d", &["a.X"], &[]),
         ]);
-        assert_eq!(problems.len(), 1, "{problems:?}");
-        assert!(problems[0].contains(": a -> c -> a\n"), "{}", problems[0]);
+        assert_eq!(cycles.len(), 1, "{cycles:?}");
+        let m = &cycles[0].message;
+        assert!(m.contains(": a -> c -> a\n"), "{m}");
         assert!(
-            problems[0].contains("takes in 3 modules (a, b, c); the other imports among them:"),
-            "{}",
-            problems[0]
+            m.contains("takes in 3 modules (a, b, c); the other imports among them:"),
+            "{m}"
         );
-        assert!(
-            problems[0].contains("a -> b: src/a.rs:1"),
-            "{}",
-            problems[0]
-        );
-        assert!(
-            !problems[0].contains("d ->"),
-            "d is not in the circle: {}",
-            problems[0]
-        );
+        assert!(m.contains("a -> b: src/a.x:1"), "{m}");
+        assert!(!m.contains("d ->"), "d is not in the circle: {m}");
+        assert!(m.contains("leaf module"), "{m}");
     }
 
     #[test]
-    fn children_of_a_directory_module_are_checked_one_level_down() {
-        let problems = cycles_of(&[
-            ("lib.rs", "mod sandbox; mod run;"),
-            ("run.rs", "use crate::sandbox::Plan;"),
-            (
-                "sandbox/mod.rs",
-                "mod probe; mod decide; pub use decide::Plan;",
-            ),
-            ("sandbox/probe.rs", "use super::decide::Layers;"),
-            ("sandbox/decide.rs", "use crate::sandbox::probe::Probe;"),
-            ("sandbox/seccomp.rs", "use super::Plan;\nuse crate::run::X;"),
+    fn a_root_file_has_no_edges_and_names_outside_the_tree_lead_nowhere() {
+        let cycles = cycles_of(vec![
+            file("", &["a.X", "b.Y"], &[]),
+            file("a", &["b.Y", "std.fmt"], &[]),
+            file("b", &["Missing"], &[]),
         ]);
-        // sandbox <-> run at the top level; probe <-> decide inside sandbox; seccomp -> decide through
-        // the re-export is one way.
-        assert_eq!(problems.len(), 2, "{problems:?}");
-        assert!(
-            problems[0]
-                .contains("modules of src/ import each other in a circle: run -> sandbox -> run"),
-            "{}",
-            problems[0]
-        );
-        assert!(
-            problems[1].contains(
-                "of src/sandbox/ import each other in a circle: decide -> probe -> decide"
-            ),
-            "{}",
-            problems[1]
-        );
-        assert!(
-            problems[1]
-                .contains("probe -> decide: src/sandbox/probe.rs:1 names `super::decide::Layers`"),
-            "{}",
-            problems[1]
-        );
+        assert!(cycles.is_empty(), "{cycles:?}");
     }
 }
