@@ -35,6 +35,7 @@ const LAYERED_CRATES: &[&str] = &[
     "runpython-deps",
     "runpython-store",
     "runpython-bridge",
+    "runpython-mcp",
     "runpython-cli",
     "runpython-py",
 ];

@@ -27,19 +27,12 @@ macro_rules! say_err_raw {
     }};
 }
 
-mod admission;
 mod human;
-mod lines;
-mod listener;
-mod mcp;
 mod network_flags;
-mod oauth;
-mod overload;
 mod repl;
 mod run_flags;
 mod runs;
 mod sandbox_flags;
-mod serve;
 mod store_commands;
 mod tool_flags;
 
@@ -577,10 +570,12 @@ fn parse_format(s: &str) -> Result<ToolFormat, String> {
 
 async fn tool_spec(args: ToolSpecArgs) -> anyhow::Result<ExitCode> {
     let python = args.engine.build().await?;
-    say!(
-        "{}",
-        serde_json::to_string_pretty(&python.tool_spec(args.format))?
-    );
+    // MCP's shape as `tools/list` serves it (with MCP's transport hints); the providers' from core.
+    let spec = match args.format {
+        ToolFormat::Mcp => runpython_mcp::tool_list(&python),
+        format => python.tool_spec(format),
+    };
+    say!("{}", serde_json::to_string_pretty(&spec)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -592,7 +587,7 @@ async fn serve_mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
         .await?
         .pool(PoolConfig::default())
         .build()?;
-    mcp::serve_stdio(args.engine.scoped(engine)?).await?;
+    runpython_mcp::serve_stdio(args.engine.scoped(engine)?).await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -609,9 +604,9 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .await?
         .pool(PoolConfig::default())
         .build()?;
-    serve::serve(
+    let server = runpython_mcp::HttpServer::bind(
         engine,
-        serve::ServeConfig {
+        runpython_mcp::ServeConfig {
             bind: args.bind,
             tokens_file: args.tokens_file,
             max_runs_per_token: args.max_runs_per_token,
@@ -624,7 +619,7 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
             header_timeout: args.header_timeout,
             body_timeout: args.body_timeout,
             max_stored_bytes_per_token: args.max_stored_bytes_per_token,
-            oauth: args.jwks.map(|jwks| oauth::OAuthConfig {
+            oauth: args.jwks.map(|jwks| runpython_mcp::OAuthConfig {
                 jwks,
                 issuer: args.jwt_issuer.unwrap_or_default(),
                 audience: args.jwt_audience.unwrap_or_default(),
@@ -634,6 +629,12 @@ async fn serve_http(args: ServeArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .await?;
+    // The one line a supervisor or test waits for, whatever the log level.
+    say_err!(
+        "runpython serve: listening on http://{}",
+        server.local_addr()
+    );
+    server.run().await?;
     Ok(ExitCode::SUCCESS)
 }
 
