@@ -1,6 +1,7 @@
 //! The crate graph of DESIGN.md, checked against `cargo metadata`: the sandbox depends on no crate of
-//! ours, deps on the sandbox alone, the bridge and the store on nothing of ours; core composes them,
-//! the CLI and the Python package depend on core only, xtask on nothing of ours.
+//! ours, deps on the sandbox alone, the bridge and the store on nothing of ours; core composes them;
+//! the MCP server depends on core alone, the CLI on core and the MCP server, the Python package on
+//! core only, xtask on nothing of ours.
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps; helpers outside #[test] too
 
@@ -77,9 +78,24 @@ fn core_composes_the_leaves_and_the_cli_is_thin() {
     assert_eq!(graph["runpython-core"], composed);
     assert_eq!(
         graph["runpython-cli"],
-        BTreeSet::from(["runpython-core".to_owned()])
+        BTreeSet::from(["runpython-core".to_owned(), "runpython-mcp".to_owned()])
     );
     assert_eq!(graph["xtask"], BTreeSet::new());
+}
+
+#[test]
+fn the_mcp_server_serves_core_and_nothing_depends_on_it_but_the_cli() {
+    let graph = workspace_deps();
+    assert_eq!(
+        graph["runpython-mcp"],
+        BTreeSet::from(["runpython-core".to_owned()])
+    );
+    let dependents: BTreeSet<&str> = graph
+        .iter()
+        .filter(|(_, deps)| deps.contains("runpython-mcp"))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(dependents, BTreeSet::from(["runpython-cli"]));
 }
 
 #[test]

@@ -104,6 +104,15 @@ fn openai_definitions_are_functions_with_parameters() {
 }
 
 #[test]
+fn no_shape_carries_a_transport_hint() {
+    // Core describes tools; MCP's `x-mcp-header` is the MCP server's to add (runpython-mcp).
+    for format in [ToolFormat::Anthropic, ToolFormat::OpenAi, ToolFormat::Mcp] {
+        let spec = engine().tool_spec(format).to_string();
+        assert!(!spec.contains("x-mcp-header"), "{format:?}: {spec}");
+    }
+}
+
+#[test]
 fn mcp_definitions_have_an_input_schema_in_camel_case() {
     let spec = engine().tool_spec(ToolFormat::Mcp);
     let defs: Vec<_> = spec.as_array().unwrap().iter().collect();

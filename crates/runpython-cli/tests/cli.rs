@@ -412,6 +412,28 @@ fn the_hosts_loopback_takes_an_explicit_flag() {
 }
 
 #[test]
+fn tool_spec_in_mcps_shape_marks_session_ids_for_a_header_and_the_providers_do_not() {
+    let spec = |format: &str| {
+        let out = runpython(&["tool-spec", "--format", format, "--no-store"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let mcp = spec("mcp");
+    assert_eq!(mcp[0]["name"], "run_python");
+    assert_eq!(
+        mcp[0]["inputSchema"]["properties"]["session_id"]["x-mcp-header"],
+        "Session-Id"
+    );
+    for format in ["anthropic", "openai"] {
+        let text = spec(format).to_string();
+        assert!(
+            text.contains("session_id") && !text.contains("x-mcp-header"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
 fn a_reader_that_goes_away_is_not_a_panic() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_runpython"))
         .args(["tool-spec", "--format", "mcp", "--no-store"])

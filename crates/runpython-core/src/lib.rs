@@ -79,7 +79,6 @@ struct SessionsDocExamples;
 pub const VALUES_PY: &str = child::code_dir::VALUES_PY;
 pub use engine::tool_spec::{
     ToolDefinition, ToolFormat, CLOSE_SESSION_TOOL, GET_RUN_ARTIFACT_TOOL, RESUME_TOOL,
-    SESSION_ID_HEADER,
 };
 
 /// What an implementer of a [`Tool`] needs: the trait, its arguments and errors, and closures as tools.

@@ -19,10 +19,6 @@ pub const RESUME_TOOL: &str = "resume";
 /// The name of the tool that ends a session.
 pub const CLOSE_SESSION_TOOL: &str = "close_session";
 
-/// The `x-mcp-header` name of a call's `session_id` (SEP-2243): stateless-protocol clients send it as
-/// `Mcp-Param-Session-Id`, which a load balancer can hash on.
-pub const SESSION_ID_HEADER: &str = "Session-Id";
-
 /// Bytes `get_run_artifact` returns when the call gives no `length`: enough to read, small enough
 /// for a context window.
 const DEFAULT_ARTIFACT_SLICE: usize = 64 * 1024;
@@ -74,20 +70,6 @@ pub struct ToolDefinition {
     pub annotations: Value,
 }
 
-/// `schema` without its `x-mcp-header` annotations: an MCP transport hint that the model providers'
-/// schema dialects have no use for (and a strict one may refuse).
-fn without_mcp_headers(schema: &Value) -> Value {
-    let mut schema = schema.clone();
-    if let Some(properties) = schema["properties"].as_object_mut() {
-        for property in properties.values_mut() {
-            if let Some(property) = property.as_object_mut() {
-                property.remove("x-mcp-header");
-            }
-        }
-    }
-    schema
-}
-
 impl ToolDefinition {
     /// The definition in `format`'s shape. Only MCP carries the title, output schema and annotations;
     /// the model providers' shapes have no place for them.
@@ -96,14 +78,14 @@ impl ToolDefinition {
             ToolFormat::Anthropic => json!({
                 "name": self.name,
                 "description": self.description,
-                "input_schema": without_mcp_headers(&self.input_schema),
+                "input_schema": self.input_schema,
             }),
             ToolFormat::OpenAi => json!({
                 "type": "function",
                 "function": {
                     "name": self.name,
                     "description": self.description,
-                    "parameters": without_mcp_headers(&self.input_schema),
+                    "parameters": self.input_schema,
                 },
             }),
             ToolFormat::Mcp => json!({
@@ -157,10 +139,6 @@ impl RunPython {
             "type": "string",
             "pattern": "^[A-Za-z0-9._-]{1,64}$",
             "description": "Keep state across calls: calls with the same id share one live interpreter.",
-            // SEP-2243: clients of the stateless 2026-07-28 protocol mirror it into an
-            // `Mcp-Param-Session-Id` header, so a proxy can route a session's cells by hash without
-            // reading bodies (its state is in the store either way; this only keeps it warm).
-            "x-mcp-header": SESSION_ID_HEADER,
         });
         run_schema["properties"]["reset"] = json!({
             "type": "boolean",
@@ -249,7 +227,7 @@ impl RunPython {
             input_schema: json!({
                 "type": "object",
                 "properties": {
-                    "session_id": {"type": "string", "description": "The session to end.", "x-mcp-header": SESSION_ID_HEADER},
+                    "session_id": {"type": "string", "description": "The session to end."},
                 },
                 "required": ["session_id"],
                 "additionalProperties": false,
@@ -622,33 +600,5 @@ mod tests {
         );
         let v = artifact_slice("a", &[0xff, 0x00], 0, 2);
         assert_eq!(v["base64"], "/wA=");
-    }
-
-    #[test]
-    fn only_mcp_definitions_carry_the_session_header_hint() {
-        let definition = ToolDefinition {
-            name: RUN_PYTHON_TOOL.into(),
-            title: String::new(),
-            description: String::new(),
-            input_schema: json!({"type": "object", "properties": {
-                "session_id": {"type": "string", "x-mcp-header": SESSION_ID_HEADER},
-                "code": {"type": "string"},
-            }}),
-            output_schema: json!({}),
-            annotations: json!({}),
-        };
-        let mcp = definition.to_format(ToolFormat::Mcp);
-        assert_eq!(
-            mcp["inputSchema"]["properties"]["session_id"]["x-mcp-header"],
-            "Session-Id"
-        );
-        let anthropic = definition.to_format(ToolFormat::Anthropic);
-        assert!(anthropic["input_schema"]["properties"]["session_id"]
-            .get("x-mcp-header")
-            .is_none());
-        let openai = definition.to_format(ToolFormat::OpenAi);
-        let session = &openai["function"]["parameters"]["properties"]["session_id"];
-        assert_eq!(session["type"], "string");
-        assert!(session.get("x-mcp-header").is_none());
     }
 }

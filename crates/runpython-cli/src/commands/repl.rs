@@ -8,12 +8,15 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use runpython_core::{Envelope, Event, RunPython, RunRequest};
+use runpython_core::{Envelope, Event, RunRequest};
 use rustyline::error::ReadlineError;
 
+use crate::args::McpArgs;
 use crate::human::{escape_controls, for_terminal};
+use crate::settings;
 
-pub(crate) async fn repl(python: RunPython) -> anyhow::Result<ExitCode> {
+pub(crate) async fn repl(args: McpArgs) -> anyhow::Result<ExitCode> {
+    let python = settings::engine(&args.engine).await?;
     let session = python.session();
     let mut editor = rustyline::DefaultEditor::new()?;
     let history =

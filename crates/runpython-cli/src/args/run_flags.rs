@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
 use serde_json::Value;
 
 /// `--max-upload-bytes`: a size as `512K`, or `0`.
@@ -43,25 +42,6 @@ pub(crate) fn parse_file(s: &str) -> Result<(String, RunFile), String> {
         }
     };
     Ok((name, RunFile::Path(path)))
-}
-
-/// A `--file`'s bytes, read by the host before the run (never a path the code names).
-pub(crate) fn read_run_file(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
-    let meta = std::fs::metadata(path).with_context(|| format!("--file {}", path.display()))?;
-    if !meta.is_file() {
-        anyhow::bail!("--file {}: not a regular file", path.display());
-    }
-    if meta.len() > runpython_core::MAX_INLINE_FILE as u64 {
-        anyhow::bail!(
-            "--file {}: {} bytes, over the {} a run takes directly; store it with `runpython \
-             artifacts put {}` and pass --file @ID=NAME",
-            path.display(),
-            meta.len(),
-            runpython_core::MAX_INLINE_FILE,
-            path.display()
-        );
-    }
-    std::fs::read(path).with_context(|| format!("--file {}", path.display()))
 }
 
 #[derive(Debug, Clone)]

@@ -1,4 +1,4 @@
-//! The stdio transport of `runpython mcp`: newline-delimited JSON-RPC with a cap on a message's size,
+//! The stdio framing of `runpython mcp`: newline-delimited JSON-RPC with a cap on a message's size,
 //! answering what rmcp's own stdio transport drops in silence.
 //!
 //! rmcp 3.11's `AsyncRwTransport` discards a line over its 16 MiB cap and ignores unparsable JSON (a

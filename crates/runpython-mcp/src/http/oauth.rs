@@ -15,10 +15,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use jsonwebtoken::jwk::{Jwk, KeyAlgorithm};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Map, Value};
+
+use crate::error::BoxError;
+use crate::Error;
 
 /// A JWKS fetched by URL is fetched again after this.
 const JWKS_TTL: Duration = Duration::from_secs(600);
@@ -68,7 +70,7 @@ struct Keys {
 
 /// Checks access tokens; cheap to clone.
 #[derive(Clone)]
-pub struct Verifier {
+pub(crate) struct Verifier {
     inner: Arc<VerifierInner>,
 }
 
@@ -81,42 +83,49 @@ struct VerifierInner {
 
 /// Why a token was refused: said in `error_description` and the log, never echoing the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused(pub String);
+pub(crate) struct Refused(pub(crate) String);
 
 impl Verifier {
     /// Loads the key set (a startup error when it cannot be read or holds no usable key).
-    pub async fn new(config: OAuthConfig) -> anyhow::Result<Self> {
+    pub(crate) async fn new(config: OAuthConfig) -> Result<Self, Error> {
         for (flag, value) in [
             ("--jwt-issuer", &config.issuer),
             ("--jwt-audience", &config.audience),
             ("--jwt-tenant-claim", &config.tenant_claim),
         ] {
             if value.trim().is_empty() {
-                bail!("{flag} cannot be empty");
+                return Err(Error::config(format!("{flag} cannot be empty")));
             }
         }
         if let Some(resource) = &config.resource {
-            let url = reqwest::Url::parse(resource)
-                .with_context(|| format!("--resource-url {resource:?} is not a URL"))?;
+            let url = reqwest::Url::parse(resource).map_err(|e| {
+                Error::config_because(format!("--resource-url {resource:?} is not a URL"), e)
+            })?;
             if !matches!(url.scheme(), "http" | "https") {
-                bail!("--resource-url {resource:?} must be an http or https URL");
+                return Err(Error::config(format!(
+                    "--resource-url {resource:?} must be an http or https URL"
+                )));
             }
         }
         let source = if config.jwks.starts_with("http://") || config.jwks.starts_with("https://") {
-            let url = reqwest::Url::parse(&config.jwks)
-                .with_context(|| format!("--jwks {:?} is not a URL", config.jwks))?;
+            let url = reqwest::Url::parse(&config.jwks).map_err(|e| {
+                Error::config_because(format!("--jwks {:?} is not a URL", config.jwks), e)
+            })?;
             let client = reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
-                .context("cannot make the HTTP client that fetches the JWKS")?;
+                .map_err(|e| {
+                    Error::config_because("cannot make the HTTP client that fetches the JWKS", e)
+                })?;
             Source::Url(url, client)
         } else {
             Source::File(PathBuf::from(&config.jwks))
         };
-        let keys = load(&source)
-            .await
-            .with_context(|| format!("cannot load the JWKS {}", config.jwks))?;
+        let keys = load(&source).await.map_err(|failure| Error::Config {
+            message: format!("cannot load the JWKS {}: {}", config.jwks, failure.reason),
+            source: failure.source,
+        })?;
         tracing::info!(jwks = %config.jwks, keys = keys.len(), "access tokens accepted");
         Ok(Self {
             inner: Arc::new(VerifierInner {
@@ -137,7 +146,7 @@ impl Verifier {
     }
 
     /// The tenant `token` is for (`jwt:<claim>`), or why it is refused.
-    pub async fn verify(&self, token: &str) -> Result<String, Refused> {
+    pub(crate) async fn verify(&self, token: &str) -> Result<String, Refused> {
         if token.len() > MAX_TOKEN_BYTES || token.split('.').count() != 3 {
             return Err(Refused(
                 "the bearer token is not one this server accepts".into(),
@@ -256,14 +265,14 @@ impl Verifier {
                 true
             }
             Err(e) => {
-                tracing::warn!(jwks = %self.inner.config.jwks, "cannot fetch the JWKS again (keeping the keys held): {e:#}");
+                tracing::warn!(jwks = %self.inner.config.jwks, "cannot fetch the JWKS again (keeping the keys held): {e}");
                 false
             }
         }
     }
 
     /// This server's resource identifier, for a request that came with `host`.
-    pub fn resource(&self, host: Option<&str>) -> String {
+    pub(crate) fn resource(&self, host: Option<&str>) -> String {
         let config = &self.inner.config;
         if let Some(resource) = &config.resource {
             return resource.clone();
@@ -276,7 +285,7 @@ impl Verifier {
 
     /// Where the resource metadata is for `resource` (RFC 9728: the well-known path inserted
     /// before the resource's path).
-    pub fn metadata_url(&self, host: Option<&str>) -> String {
+    pub(crate) fn metadata_url(&self, host: Option<&str>) -> String {
         let resource = self.resource(host);
         match reqwest::Url::parse(&resource) {
             Ok(url) => {
@@ -289,7 +298,7 @@ impl Verifier {
     }
 
     /// The protected resource metadata document (RFC 9728).
-    pub fn metadata(&self, host: Option<&str>) -> Value {
+    pub(crate) fn metadata(&self, host: Option<&str>) -> Value {
         json!({
             "resource": self.resource(host),
             "authorization_servers": [self.inner.config.issuer],
@@ -321,18 +330,50 @@ fn describe(e: &jsonwebtoken::errors::Error) -> String {
     }
 }
 
+/// Why a key set could not be loaded: what to say, and the error under it.
+struct LoadFailure {
+    reason: String,
+    source: Option<BoxError>,
+}
+
+impl LoadFailure {
+    fn new(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
+    fn because(reason: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self {
+            reason: reason.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+impl std::fmt::Display for LoadFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)?;
+        match &self.source {
+            Some(source) => write!(f, ": {}", runpython_core::error_report(source.as_ref())),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The usable keys of a JWKS: signature keys of the asymmetric kinds; the others (HMAC secrets,
 /// encryption keys, kinds this build does not know) are skipped with a note.
-async fn load(source: &Source) -> anyhow::Result<Vec<Key>> {
+async fn load(source: &Source) -> Result<Vec<Key>, LoadFailure> {
     let bytes = match source {
         Source::File(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let bytes = std::fs::read(path)
+                .map_err(|e| LoadFailure::because(format!("cannot read {}", path.display()), e))?;
             if bytes.len() > MAX_JWKS_BYTES {
-                bail!(
+                return Err(LoadFailure::new(format!(
                     "it is {} bytes, over the {MAX_JWKS_BYTES}-byte limit",
                     bytes.len()
-                );
+                )));
             }
             bytes
         }
@@ -341,23 +382,35 @@ async fn load(source: &Source) -> anyhow::Result<Vec<Key>> {
                 .get(url.clone())
                 .send()
                 .await
-                .context("the request failed")?;
+                .map_err(|e| LoadFailure::because("the request failed", e))?;
             if !response.status().is_success() {
-                bail!("the server answered {}", response.status());
+                return Err(LoadFailure::new(format!(
+                    "the server answered {}",
+                    response.status()
+                )));
             }
             let mut bytes = Vec::new();
-            while let Some(chunk) = response.chunk().await.context("the response broke off")? {
+            while let Some(chunk) = response
+                .chunk()
+                .await
+                .map_err(|e| LoadFailure::because("the response broke off", e))?
+            {
                 bytes.extend_from_slice(&chunk);
                 if bytes.len() > MAX_JWKS_BYTES {
-                    bail!("the response is over the {MAX_JWKS_BYTES}-byte limit");
+                    return Err(LoadFailure::new(format!(
+                        "the response is over the {MAX_JWKS_BYTES}-byte limit"
+                    )));
                 }
             }
             bytes
         }
     };
-    let set: Value = serde_json::from_slice(&bytes).context("it is not JSON")?;
+    let set: Value =
+        serde_json::from_slice(&bytes).map_err(|e| LoadFailure::because("it is not JSON", e))?;
     let Some(entries) = set.get("keys").and_then(Value::as_array) else {
-        bail!("it is not a JWK set (an object with a \"keys\" array)");
+        return Err(LoadFailure::new(
+            "it is not a JWK set (an object with a \"keys\" array)",
+        ));
     };
     let mut keys = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
@@ -403,7 +456,9 @@ async fn load(source: &Source) -> anyhow::Result<Vec<Key>> {
         }
     }
     if keys.is_empty() {
-        bail!("it holds no usable signature key (RSA, EC P-256/P-384 or Ed25519)");
+        return Err(LoadFailure::new(
+            "it holds no usable signature key (RSA, EC P-256/P-384 or Ed25519)",
+        ));
     }
     Ok(keys)
 }
@@ -427,7 +482,7 @@ fn signing_algorithm(alg: KeyAlgorithm) -> Option<Algorithm> {
 }
 
 /// A value safe inside an HTTP quoted-string.
-pub fn quoted(text: &str) -> String {
+pub(crate) fn quoted(text: &str) -> String {
     text.chars()
         .filter(|c| !c.is_control() && *c != '"' && *c != '\\')
         .collect()

@@ -1,104 +1,17 @@
-//! The commands over the store alone: `artifacts list|get` and `gc`, and the `--store` flag.
+//! `runpython artifacts list|put|get`: what kept runs produced, and host files put in the store.
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Args, Subcommand};
-use runpython_core::{default_local_url, Store};
+use runpython_core::Store;
 
+use crate::args::store_flags::ArtifactsCommand;
 use crate::human::escape_controls;
-
-#[derive(Debug, Subcommand)]
-pub(crate) enum ArtifactsCommand {
-    /// List artifacts, of one run or of all kept runs.
-    List {
-        /// Only this run's artifacts.
-        #[arg(long = "run", value_name = "RUN_ID")]
-        run_id: Option<String>,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Store a host file as an artifact and print its id (for `run --file @ID=NAME`, `--input
-    /// NAME=@ID`, MCP's `files`). It is kept as a run of its own: 24 hours, or until deleted with
-    /// --persistent.
-    Put {
-        /// The file.
-        file: std::path::PathBuf,
-        /// Its name in the store (default: the file's own name).
-        #[arg(long, value_name = "NAME")]
-        name: Option<String>,
-        /// Keep it until deleted instead of 24 hours.
-        #[arg(long)]
-        persistent: bool,
-        /// Print JSON (`{"id", "name", "bytes", "run_id"}`) instead of the id alone.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-    /// Write an artifact's bytes to stdout.
-    Get {
-        /// The artifact id (from the envelope or `artifacts list`).
-        id: String,
-        #[command(flatten)]
-        store: StoreArgs,
-    },
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct StoreArgs {
-    /// Where runs are kept: file:///DIR, memory://, s3://BUCKET/PREFIX (default: a directory under the
-    /// user's data dir).
-    #[arg(long, value_name = "URL")]
-    pub(crate) store: Option<String>,
-    /// The tenant: a `serve` token's name, or `jwt:<claim>` for an access token's. `runs`,
-    /// `artifacts` and `gc` act on that tenant's only (without it: on every tenant's); `run`,
-    /// `resume`, `repl` and `mcp` run as it (without it: as the default tenant, the local one).
-    #[arg(long, value_name = "NAME")]
-    pub(crate) tenant: Option<String>,
-}
-
-impl StoreArgs {
-    /// The store as a whole (the default tenant's, from which the others are reached).
-    pub(crate) fn open_base(&self) -> anyhow::Result<Store> {
-        let url = match &self.store {
-            Some(url) => url.clone(),
-            None => default_local_url()
-                .context("cannot find the default store directory; pass --store URL")?,
-        };
-        Store::open(&url).with_context(|| format!("cannot open the store {url}"))
-    }
-
-    /// The store, scoped to `--tenant` when given.
-    pub(crate) fn open(&self) -> anyhow::Result<Store> {
-        let store = self.open_base()?;
-        match &self.tenant {
-            Some(name) => store
-                .tenant(name)
-                .with_context(|| format!("--tenant {name:?}")),
-            None => Ok(store),
-        }
-    }
-
-    /// What an operator command acts on: `--tenant`'s store, else every tenant's.
-    pub(crate) async fn stores(&self) -> anyhow::Result<Vec<Store>> {
-        let store = self.open()?;
-        if self.tenant.is_some() {
-            return Ok(vec![store]);
-        }
-        store
-            .every_tenant()
-            .await
-            .context("cannot list the store's tenants")
-    }
-}
+use crate::settings;
 
 /// How a tenant is shown: its name, `-` for the default tenant.
-pub(crate) fn tenant_label(store: &Store) -> &str {
+fn tenant_label(store: &Store) -> &str {
     store.tenant_name().unwrap_or("-")
 }
 
@@ -109,7 +22,7 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
             json,
             store,
         } => {
-            let stores = store.stores().await?;
+            let stores = settings::stores(&store).await?;
             let named = stores.iter().any(|s| s.tenant_name().is_some());
             let mut items = Vec::new();
             for store in &stores {
@@ -159,11 +72,11 @@ pub(crate) async fn artifacts(command: ArtifactsCommand) -> anyhow::Result<ExitC
             persistent,
             json,
             store,
-        } => put(&file, name, persistent, json, &store.open()?).await?,
+        } => put(&file, name, persistent, json, &settings::store(&store)?).await?,
         ArtifactsCommand::Get { id, store } => {
             let mut found = None;
             let mut last = None;
-            for store in store.stores().await? {
+            for store in settings::stores(&store).await? {
                 match store.get_run_artifact(&id).await {
                     Ok(bytes) => {
                         found = Some(bytes);
@@ -248,35 +161,4 @@ async fn put(
         say!("{}", artifact.id);
     }
     Ok(())
-}
-
-pub(crate) async fn gc(store: StoreArgs) -> anyhow::Result<ExitCode> {
-    let stores = store.stores().await?;
-    let now = std::time::SystemTime::now();
-    for store in &stores {
-        let report = store
-            .gc(now)
-            .await
-            .with_context(|| match store.tenant_name() {
-                Some(name) => format!("gc of tenant {name} failed"),
-                None => "gc failed".to_owned(),
-            })?;
-        let whose = match store.tenant_name() {
-            Some(name) => format!("tenant {}: ", escape_controls(name)),
-            None if stores.len() > 1 => "default tenant: ".to_owned(),
-            None => String::new(),
-        };
-        say!(
-            "{whose}removed {} expired runs, {} unreferenced blobs ({} bytes), {} staging leftovers, {} expired memo entries",
-            report.expired_runs.len(),
-            report.deleted_blobs,
-            report.freed_bytes,
-            report.deleted_staging,
-            report.expired_memos
-        );
-        for key in &report.unreadable {
-            say_err!("runpython: gc left an unreadable record in place: {key}");
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }

@@ -3,10 +3,7 @@
 //! command that makes runs.
 
 use clap::Args;
-use runpython_core::{HostPattern, Network, NetworkPolicy, RunPythonBuilder, Secret};
-
-/// How many bytes of a request body `--secret-in-body` buffers to put a value in.
-const SECRET_BODY_LIMIT: usize = 1 << 20;
+use runpython_core::{HostPattern, Secret};
 
 /// What the code may reach.
 #[derive(Debug, Args)]
@@ -16,7 +13,7 @@ pub(crate) struct NetworkArgs {
     /// addresses, however spelled, unless an --allow-host names them. Every connection and lookup is
     /// decided on the host.
     #[arg(long)]
-    allow_network: bool,
+    pub(crate) allow_network: bool,
     /// Only these (repeatable): a name, `*.name`, an IP or a CIDR, each with or without a port.
     #[arg(
         long = "allow-host",
@@ -26,34 +23,34 @@ pub(crate) struct NetworkArgs {
                 (IPv6 in brackets: [2001:db8::1]:443). With --allow-network, these add to the public \
                 internet (a private database, say)."
     )]
-    allow_hosts: Vec<HostPattern>,
+    pub(crate) allow_hosts: Vec<HostPattern>,
     /// What NAME resolves to inside runs (repeatable, as curl's --resolve): the host's resolver is
     /// not asked for it. Allows nothing by itself.
     #[arg(long = "resolve", value_name = "NAME=IP", value_parser = parse_pin)]
-    resolve: Vec<(String, std::net::IpAddr)>,
+    pub(crate) resolve: Vec<(String, std::net::IpAddr)>,
     /// off: no network (the default without --allow-network or --allow-host); host: share the host's
     /// network namespace, everything the host reaches (reported as network "host").
     #[arg(long, value_name = "MODE", value_parser = ["off", "host"],
           conflicts_with_all = ["allow_network", "allow_hosts"])]
-    network: Option<String>,
+    pub(crate) network: Option<String>,
     /// A credential the code may use but never read (repeatable): NAME:HOST[,HOST...] takes the
     /// value from the host's variable NAME, NAME=VAR:HOSTS from VAR. The code's NAME holds a
     /// placeholder; the host puts the value into request headers (Basic auth included) to those
     /// hosts only, intercepting their HTTPS with a CA of the run's own. Each host must be allowed
     /// (--allow-host or --allow-network).
     #[arg(long = "secret", value_name = "NAME[=VAR]:HOSTS", value_parser = parse_secret)]
-    secrets: Vec<Secret>,
+    pub(crate) secrets: Vec<Secret>,
     /// Also put secret NAME's value into request query strings (repeatable; off by default).
     #[arg(long = "secret-in-query", value_name = "NAME")]
-    secret_in_query: Vec<String>,
+    pub(crate) secret_in_query: Vec<String>,
     /// Also put secret NAME's value into request bodies of up to 1 MiB (repeatable; off by
     /// default; a larger body to its hosts is refused).
     #[arg(long = "secret-in-body", value_name = "NAME")]
-    secret_in_body: Vec<String>,
+    pub(crate) secret_in_body: Vec<String>,
     /// A PEM bundle trusted, besides the host's roots, for the host's TLS to a secret's hosts
     /// (repeatable): a private upstream's CA.
     #[arg(long = "upstream-ca", value_name = "FILE")]
-    upstream_cas: Vec<std::path::PathBuf>,
+    pub(crate) upstream_cas: Vec<std::path::PathBuf>,
 }
 
 /// `NAME:HOSTS` or `NAME=VAR:HOSTS`, the value read from the host's environment now. An error
@@ -97,56 +94,4 @@ fn parse_pin(s: &str) -> Result<(String, std::net::IpAddr), String> {
         .parse()
         .map_err(|_| format!("{ip:?} in {s:?} is not an IP address"))?;
     Ok((name.trim().to_ascii_lowercase(), ip))
-}
-
-impl NetworkArgs {
-    /// The network these flags describe.
-    pub(crate) fn network(&self) -> Network {
-        match self.network.as_deref() {
-            Some("host") => return Network::Host,
-            Some(_) => return Network::Off,
-            None => {}
-        }
-        if !self.allow_network && self.allow_hosts.is_empty() {
-            return Network::Off;
-        }
-        Network::Policy(NetworkPolicy {
-            public: self.allow_network,
-            allow: self.allow_hosts.clone(),
-            resolve: self.resolve.clone(),
-            ..NetworkPolicy::default()
-        })
-    }
-
-    /// The network and the secrets, on `builder` (which checks them against each other).
-    pub(crate) fn apply(&self, mut builder: RunPythonBuilder) -> Result<RunPythonBuilder, String> {
-        builder = builder.network(self.network());
-        for name in self.secret_in_query.iter().chain(&self.secret_in_body) {
-            if !self.secrets.iter().any(|s| &s.name == name) {
-                return Err(format!(
-                    "--secret-in-query/--secret-in-body {name}: no --secret {name}:HOSTS declares it"
-                ));
-            }
-        }
-        for secret in &self.secrets {
-            let mut secret = secret.clone();
-            secret.in_query = self.secret_in_query.contains(&secret.name);
-            if self.secret_in_body.contains(&secret.name) {
-                secret.body_limit = Some(SECRET_BODY_LIMIT);
-            }
-            builder = builder.secret(secret);
-        }
-        for path in &self.upstream_cas {
-            let pem = std::fs::read(path)
-                .map_err(|e| format!("--upstream-ca {}: cannot read it ({e})", path.display()))?;
-            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                return Err(format!(
-                    "--upstream-ca {}: not a PEM bundle (no BEGIN CERTIFICATE line)",
-                    path.display()
-                ));
-            }
-            builder = builder.upstream_ca(pem);
-        }
-        Ok(builder)
-    }
 }

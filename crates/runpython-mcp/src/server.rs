@@ -1,6 +1,6 @@
-//! The MCP server: `run_python`, `get_run_artifact` and (on durable engines) `resume`, with the runs'
-//! artifacts as resources. One handler serves stdio (`runpython mcp`, [`serve_stdio`]) and Streamable
-//! HTTP (`runpython serve`, `crate::serve`).
+//! The MCP handler: `run_python`, `get_run_artifact`, `close_session` and (on durable engines)
+//! `resume`, with the runs' artifacts as resources. One handler serves stdio ([`crate::serve_stdio`])
+//! and Streamable HTTP ([`crate::HttpServer`]).
 //!
 //! A run's envelope is the tool's result whatever its status (the code raising or timing out is an
 //! outcome the model should read): `structuredContent` is the envelope (the tools declare it as their
@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use base64::Engine as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, ErrorData, Implementation,
@@ -25,18 +24,17 @@ use rmcp::model::{
     ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
-use rmcp::{ServerHandler, ServiceExt};
+use rmcp::ServerHandler;
 use runpython_core::{
-    DepsProgress, DisplayImage, Error, Event, RunPython, ToolFormat, RESUME_TOOL, RUN_PYTHON_TOOL,
+    DepsProgress, DisplayImage, Error, Event, RunPython, RESUME_TOOL, RUN_PYTHON_TOOL,
 };
 use serde_json::{json, Map, Value};
 
-pub use crate::admission::{ClientScope, RunGate};
-use crate::admission::{Refusal, OVER_CAPACITY};
-use crate::lines::{LineTransport, MAX_LINE_BYTES};
-
-/// The URI scheme of artifacts served as resources: `runpython://artifact/<id>`.
-pub const ARTIFACT_URI_PREFIX: &str = "runpython://artifact/";
+use crate::admission::{ClientScope, Refusal, RunGate, OVER_CAPACITY};
+use crate::content::{
+    failure, resource_json, result_status, sniff_mime_type, success, ARTIFACT_URI_PREFIX,
+};
+use crate::tools::{check_arguments, tool_list};
 
 /// Resources listed per `resources/list` page (newest runs first).
 const RESOURCES_PAGE: usize = 100;
@@ -50,7 +48,7 @@ const OUTPUT_PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// The MCP handler. Cheap to clone (the HTTP transport makes one per session).
 #[derive(Clone)]
-pub struct Server {
+pub(crate) struct Server {
     shared: Arc<Shared>,
 }
 
@@ -66,17 +64,16 @@ struct Shared {
 impl Server {
     /// A handler for `python`'s tools, admitting runs through `gate`; each token's runs are its own
     /// tenant's, keeping at most `quota` bytes in the store.
-    pub fn new(python: RunPython, gate: Arc<RunGate>, quota: Option<u64>) -> anyhow::Result<Self> {
+    pub(crate) fn new(
+        python: RunPython,
+        gate: Arc<RunGate>,
+        quota: Option<u64>,
+    ) -> Result<Self, crate::Error> {
         let mut tools = Vec::new();
         let mut schemas = HashMap::new();
-        for spec in python
-            .tool_spec(ToolFormat::Mcp)
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let tool: Tool = serde_json::from_value(spec.clone())
-                .context("the tool definitions are not MCP tools")?;
+        for spec in tool_list(&python).as_array().into_iter().flatten() {
+            let tool: Tool =
+                serde_json::from_value(spec.clone()).map_err(crate::Error::ToolDefinitions)?;
             schemas.insert(tool.name.to_string(), spec["inputSchema"].clone());
             tools.push(tool);
         }
@@ -447,236 +444,4 @@ fn deps_message(step: &DepsProgress) -> Option<String> {
         DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
         _ => return None,
     })
-}
-
-/// A served call: the value as structured content and as JSON text; an envelope's display images
-/// as `image` content (what a client shows a vision model) and its artifacts as resource links.
-fn success(value: Value, envelope: bool, images: &[DisplayImage]) -> CallToolResult {
-    let mut content = vec![json!({"type": "text", "text": value.to_string()})];
-    for image in images {
-        content.push(json!({"type": "image", "data": image.data, "mimeType": image.mime}));
-    }
-    if envelope {
-        for artifact in value["artifacts"].as_array().into_iter().flatten() {
-            if let Ok(artifact) = serde_json::from_value(artifact.clone()) {
-                let mut link = resource_json(&artifact);
-                link["type"] = json!("resource_link");
-                content.push(link);
-            }
-        }
-    }
-    let result = json!({
-        "content": content,
-        "structuredContent": value,
-        "isError": false,
-        "resultType": "complete",
-    });
-    serde_json::from_value(result).unwrap_or_else(|e| {
-        CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
-            "internal error: the result is not an MCP result: {e}"
-        ))])
-    })
-}
-
-/// A call that could not be served, with its machine-readable code.
-fn failure(code: &str, message: &str) -> CallToolResult {
-    let result = json!({
-        "content": [{"type": "text", "text": message}],
-        "structuredContent": {"error": {"code": code, "message": message}},
-        "isError": true,
-        "resultType": "complete",
-    });
-    serde_json::from_value(result).unwrap_or_else(|_| {
-        CallToolResult::error(vec![rmcp::model::ContentBlock::text(message.to_owned())])
-    })
-}
-
-/// How a call ended, for the log line: the envelope's status, or the error's code.
-fn result_status(result: &CallToolResult) -> String {
-    let structured = result.structured_content.as_ref();
-    if result.is_error == Some(true) {
-        let code = structured
-            .and_then(|v| v["error"]["code"].as_str())
-            .unwrap_or("error");
-        return format!("error {code}");
-    }
-    structured
-        .and_then(|v| v["status"].as_str())
-        .unwrap_or("ok")
-        .to_owned()
-}
-
-fn resource_json(artifact: &runpython_core::Artifact) -> Value {
-    json!({
-        "uri": format!("{ARTIFACT_URI_PREFIX}{}", artifact.id),
-        "name": artifact.name,
-        "mimeType": mime_type(&artifact.name),
-        "size": artifact.bytes,
-    })
-}
-
-/// The MIME type of binary content read by id (no name to go by): the formats runs make most.
-fn sniff_mime_type(bytes: &[u8]) -> &'static str {
-    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-        "image/png"
-    } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
-        "image/jpeg"
-    } else if bytes.starts_with(b"%PDF-") {
-        "application/pdf"
-    } else if bytes.starts_with(b"PAR1") {
-        "application/vnd.apache.parquet"
-    } else {
-        "application/octet-stream"
-    }
-}
-
-/// A MIME type from a file name's extension (what clients need to render CSVs and plots).
-fn mime_type(name: &str) -> &'static str {
-    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
-    match ext.as_deref() {
-        Some("csv") => "text/csv",
-        Some("json") => "application/json",
-        Some("txt" | "log") => "text/plain",
-        Some("py") => "text/x-python",
-        Some("md") => "text/markdown",
-        Some("html" | "htm") => "text/html",
-        Some("png") => "image/png",
-        Some("jpg" | "jpeg") => "image/jpeg",
-        Some("svg") => "image/svg+xml",
-        Some("pdf") => "application/pdf",
-        Some("parquet") => "application/vnd.apache.parquet",
-        _ => "application/octet-stream",
-    }
-}
-
-/// Checks call arguments against a tool's declared input schema (the flat object schemas of
-/// `runpython_core::ToolDefinition`): required properties, `additionalProperties: false`, each
-/// property's `type`, `items.type` of arrays, `minimum`/`exclusiveMinimum`.
-fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), String> {
-    let properties = schema["properties"].as_object();
-    for required in schema["required"].as_array().into_iter().flatten() {
-        if let Some(key) = required.as_str() {
-            if !args.contains_key(key) {
-                return Err(format!("`{key}` is required"));
-            }
-        }
-    }
-    for (key, value) in args {
-        let Some(property) = properties.and_then(|p| p.get(key)) else {
-            if schema["additionalProperties"] == json!(false) {
-                let known: Vec<&str> = properties
-                    .map(|p| p.keys().map(String::as_str).collect())
-                    .unwrap_or_default();
-                return Err(format!(
-                    "unknown argument `{key}`; the arguments are {}",
-                    known.join(", ")
-                ));
-            }
-            continue;
-        };
-        if value.is_null()
-            && !schema["required"]
-                .as_array()
-                .is_some_and(|r| r.contains(&json!(key)))
-        {
-            continue; // an optional argument given as null is the same as absent
-        }
-        if !has_type(value, &property["type"]) {
-            return Err(format!("`{key}` must be {}, not {value}", property["type"]));
-        }
-        if let Some(item_type) = property["items"].get("type") {
-            for item in value.as_array().into_iter().flatten() {
-                if !has_type(item, item_type) {
-                    return Err(format!("`{key}` items must be {item_type}, not {item}"));
-                }
-            }
-        }
-        if let (Some(n), Some(min)) = (value.as_f64(), property["minimum"].as_f64()) {
-            if n < min {
-                return Err(format!("`{key}` must be at least {min}, not {value}"));
-            }
-        }
-        if let (Some(n), Some(min)) = (value.as_f64(), property["exclusiveMinimum"].as_f64()) {
-            if n <= min {
-                return Err(format!("`{key}` must be more than {min}, not {value}"));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn has_type(value: &Value, expected: &Value) -> bool {
-    match expected {
-        Value::String(t) => match t.as_str() {
-            "string" => value.is_string(),
-            "integer" => value.is_i64() || value.is_u64(),
-            "number" => value.is_number(),
-            "boolean" => value.is_boolean(),
-            "object" => value.is_object(),
-            "array" => value.is_array(),
-            "null" => value.is_null(),
-            _ => true,
-        },
-        Value::Array(types) => types.iter().any(|t| has_type(value, t)),
-        _ => true,
-    }
-}
-
-/// Serves on stdin and stdout until the client closes stdin.
-pub async fn serve_stdio(python: RunPython) -> anyhow::Result<()> {
-    let server = Server::new(python, RunGate::new(0, 0), None)?;
-    let transport = LineTransport::new(tokio::io::stdin(), tokio::io::stdout(), MAX_LINE_BYTES);
-    let running = server
-        .serve(transport)
-        .await
-        .context("the MCP handshake on stdio failed")?;
-    running.waiting().await.context("the MCP server stopped")?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    fn schema() -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "code": {"type": "string"},
-                "dependencies": {"type": "array", "items": {"type": "string"}},
-                "timeout": {"type": "number", "exclusiveMinimum": 0},
-                "offset": {"type": "integer", "minimum": 0},
-            },
-            "required": ["code"],
-            "additionalProperties": false,
-        })
-    }
-
-    fn check(args: Value) -> Result<(), String> {
-        check_arguments(&schema(), args.as_object().unwrap())
-    }
-
-    #[test]
-    fn arguments_outside_the_declared_schema_are_refused() {
-        assert!(check(json!({"code": "1", "timeout": 2.5, "dependencies": ["six"]})).is_ok());
-        assert!(check(json!({"code": "1", "timeout": null})).is_ok());
-        let unknown = check(json!({"code": "1", "source": "x"})).unwrap_err();
-        assert!(unknown.contains("unknown argument `source`"), "{unknown}");
-        assert!(check(json!({"timeout": 1}))
-            .unwrap_err()
-            .contains("`code` is required"));
-        assert!(check(json!({"code": 1})).is_err());
-        assert!(check(json!({"code": "1", "dependencies": [1]})).is_err());
-        assert!(check(json!({"code": "1", "timeout": 0})).is_err());
-        assert!(check(json!({"code": "1", "offset": -1})).is_err());
-        assert!(check(json!({"code": "1", "offset": 1.5})).is_err());
-    }
-
-    #[test]
-    fn artifacts_get_the_mime_types_clients_render() {
-        assert_eq!(mime_type("out/table.CSV"), "text/csv");
-        assert_eq!(mime_type("plot_1.png"), "image/png");
-        assert_eq!(mime_type("blob"), "application/octet-stream");
-    }
 }

@@ -8,8 +8,9 @@ use anyhow::Context;
 use runpython_core::{ResumableState, Store};
 use serde_json::{json, Value};
 
+use crate::args::store_flags::StoreArgs;
 use crate::human::escape_controls;
-use crate::store_commands::StoreArgs;
+use crate::settings;
 
 /// How to continue `run_id`, as a command line; the tool flags the run had must be given again.
 pub(crate) fn resume_command(
@@ -40,7 +41,7 @@ fn shell_word(text: &str) -> String {
 /// `--tenant`'s runs (JSON: `{"tenant", "stored_bytes", "runs"}`) or every tenant's (JSON: the runs,
 /// each naming its tenant); the human form starts with each tenant's stored bytes.
 pub(crate) async fn list(json: bool, args: StoreArgs) -> anyhow::Result<ExitCode> {
-    let stores = args.stores().await?;
+    let stores = settings::stores(&args).await?;
     let mut items: Vec<Value> = Vec::new();
     let mut usage = Vec::new();
     let mut rows = Vec::new();

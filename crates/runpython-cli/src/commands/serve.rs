@@ -1,0 +1,26 @@
+//! `runpython serve`: the MCP server over Streamable HTTP, each token a tenant of its own.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+
+use crate::args::ServeArgs;
+use crate::settings;
+
+pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if args.engine.store.tenant.is_some() {
+        bail!(
+            "serve gives each token a tenant of its own (its name, or jwt:<claim>); --tenant is for \
+             the local commands"
+        );
+    }
+    let engine = settings::server_engine(&args.engine).await?;
+    let server = runpython_mcp::HttpServer::bind(engine, settings::serve_config(&args)).await?;
+    // The one line a supervisor or test waits for, whatever the log level.
+    say_err!(
+        "runpython serve: listening on http://{}",
+        server.local_addr()
+    );
+    server.run().await?;
+    Ok(ExitCode::SUCCESS)
+}
