@@ -1,7 +1,7 @@
 //! `cargo xtask tidy`: checks that fail the build on drift in how the code is laid out.
 //!
 //! - **Import graph.** In each library crate whose modules must depend on each other one way (sandbox,
-//!   core, deps, store, bridge), the nodes are the top-level modules of `src/` (`src/x.rs` or `src/x/`), and module y
+//!   egress, core, deps, store, bridge), the nodes are the top-level modules of `src/` (`src/x.rs` or `src/x/`), and module y
 //!   depends on x when y's files name a path into x: `crate::x::…` (in `use` trees and inline), `super::…`
 //!   and `self::…` paths that resolve there, and `crate::Name` where the crate root re-exports `Name` from
 //!   x. `lib.rs` is the root and has no edges of its own. Inside each directory module the same holds one
@@ -31,6 +31,7 @@ use graph::ModuleGraph;
 /// The crates whose module graphs must have no cycle: every crate of the workspace.
 const LAYERED_CRATES: &[&str] = &[
     "runpython-sandbox",
+    "runpython-egress",
     "runpython-core",
     "runpython-deps",
     "runpython-store",

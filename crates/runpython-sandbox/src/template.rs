@@ -33,9 +33,10 @@ pub struct ForkPlan {
     pub landlock: Option<OwnedFd>,
     /// The command's fields that say what the run takes (`runpython_template.py`'s `_setup`).
     pub command: serde_json::Map<String, Value>,
-    /// The network policy the host enforces for the run: it then sends its resolver's and relay's
-    /// sockets and its connect notifier's listener with its scratch ([`crate::EgressFds`]).
-    pub egress: Option<std::sync::Arc<crate::NetworkPolicy>>,
+    /// The host mediates the run's network: the run then sends its resolver's and relay's sockets
+    /// and its connect notifier's listener with its scratch ([`crate::EgressFds`]), for the caller
+    /// to serve with its policy.
+    pub egress: bool,
 }
 
 impl ForkPlan {
@@ -108,10 +109,7 @@ pub fn prepare_fork(
             .map(|(path, access)| json!([path.to_string_lossy(), access]))
             .collect::<Vec<_>>()
     });
-    let egress = match (&config.network, decision.egress) {
-        (crate::Network::Policy(policy), true) => Some(std::sync::Arc::new(policy.clone())),
-        _ => None,
-    };
+    let egress = decision.egress;
     let mut report = decision.report(config, host_uid, cpu);
     report.start = START_TEMPLATE.into();
     let owner = inside_template.unwrap_or(0);
@@ -127,7 +125,7 @@ pub fn prepare_fork(
         "rlimits": rlimits,
         "landlock": landlock_rules,
         "seccomp": seccomp,
-        "egress": egress.as_ref().map(|_| json!({
+        "egress": egress.then(|| json!({
             "notifier": hex(&crate::egress::setup::program_bytes()),
             "relay_port": crate::egress::setup::RELAY_PORT,
             "dns_port": crate::egress::setup::DNS_PORT,
