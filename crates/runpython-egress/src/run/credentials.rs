@@ -18,7 +18,7 @@ pub(crate) const TRUST_BUNDLE_PATH: &str = "/tmp/.runpython-trust.pem";
 /// (the host's roots and the run's own CA).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TrustBundle {
-    /// Where the runner writes it ([`TRUST_BUNDLE_PATH`], which the trust variables name).
+    /// Where the runner writes it (`/tmp/.runpython-trust.pem`, which the trust variables name).
     pub path: &'static str,
     /// The host's roots, then the run's CA.
     pub pem: String,
