@@ -7,10 +7,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
+use runpython_core::Sandbox;
 use runpython_deps::{
     EnvProvider, Environments, InstallPolicy, Interpreter, Requirement, UvProvider,
 };
-use runpython_sandbox::Sandbox;
 use serde_json::{json, Map, Value};
 
 use crate::stats::{p50, round3};

@@ -72,15 +72,19 @@ impl RunPython {
             installer,
             uv: runpython_deps::UvProvider::find().map(|uv| uv.program().to_path_buf()),
             // With the hosts of the installer's configuration, as an install gets them.
-            install_isolation: runpython_sandbox::report(
-                &runpython_sandbox::Sandbox {
-                    network: runpython_deps::install_network(&policy.sandbox.network, &[]),
-                    ..policy.sandbox.clone()
-                },
-                deps.timeout(),
-                false,
-            )
-            .map_err(|e| e.to_string()),
+            install_isolation: {
+                let network = runpython_deps::install_network(&policy.sandbox.network, &[]);
+                runpython_sandbox::report(
+                    &policy.sandbox.map_network(|_| network.mechanism()),
+                    deps.timeout(),
+                    false,
+                )
+                .map(|mut report| {
+                    network.describe(&mut report);
+                    report
+                })
+                .map_err(|e| e.to_string())
+            },
             source_builds: policy.source_builds,
             allowed_packages: policy.allowed_packages.clone(),
             store: self.store().map(|store| store.url().to_owned()),

@@ -1,7 +1,8 @@
 //! runpython-core: the engine that runs LLM-authored Python and returns a compact JSON envelope.
 //!
 //! It composes the leaves — interpreter discovery from `runpython-deps`, the tool bridge from
-//! `runpython-bridge` — and owns the rest of a run: the [`RunPython`] builder (limits, environment
+//! `runpython-bridge`, each run's network from `runpython-egress` (served with the engine's policy
+//! from the descriptors `runpython-sandbox` hands out) — and owns the rest of a run: the [`RunPython`] builder (limits, environment
 //! policy, tools), spawning the child (a fresh private run directory as its cwd, a scrubbed environment,
 //! its own process group killed when the run ends however it ends), the runner (`child/python/runpython_runner.py` and its sibling modules, embedded),
 //! bounded output capture, and the [`Envelope`]. It is the only crate that spawns the
@@ -48,10 +49,12 @@ pub use result::envelope::{
     LimitReport, ListTruncation, RefusedDependency, RlimitReport, Status, StreamTruncation,
     Truncated,
 };
-pub use runpython_sandbox::Error as SandboxError;
-pub use runpython_sandbox::{
-    HostPattern, KernelReport, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
+pub use runpython_egress::Error as EgressError;
+pub use runpython_egress::{
+    HostPattern, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
 };
+pub use runpython_sandbox::Error as SandboxError;
+pub use runpython_sandbox::KernelReport;
 pub use session::SessionConfig;
 pub use tools::command_tool::{CommandTool, CALL_ID_ENV};
 #[cfg(feature = "mcp")]

@@ -109,7 +109,7 @@ pub struct RunRequest {
     pub env: BTreeMap<String, String>,
     /// Narrows the engine's network policy for this run: only these of what the engine allows (none:
     /// no network). It never widens it: a connection must pass both. `None`: the engine's policy.
-    pub allow_hosts: Option<Vec<runpython_sandbox::HostPattern>>,
+    pub allow_hosts: Option<Vec<runpython_egress::HostPattern>>,
     /// Files put in the run's working directory before the code runs, read-only, by name.
     pub files: Vec<(String, FileSource)>,
 }
@@ -168,7 +168,7 @@ impl RunRequest {
 
     /// Narrows the engine's network policy for this run to `patterns` (see
     /// [`RunRequest::allow_hosts`]).
-    pub fn allow_hosts(mut self, patterns: Vec<runpython_sandbox::HostPattern>) -> Self {
+    pub fn allow_hosts(mut self, patterns: Vec<runpython_egress::HostPattern>) -> Self {
         self.allow_hosts = Some(patterns);
         self
     }

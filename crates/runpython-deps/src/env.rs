@@ -209,7 +209,7 @@ impl Environments {
             .map(|r| r.name().to_owned())
             .collect();
         let reads = install_reads(requirements);
-        let sandbox = runpython_sandbox::Sandbox {
+        let sandbox = runpython_egress::Sandbox {
             network: install_network(&self.policy.sandbox.network, requirements),
             ..self.policy.sandbox.clone()
         };

@@ -88,7 +88,7 @@ pub struct InstallJob<'a> {
     pub progress: &'a ProgressFn<'a>,
     /// The sandbox the installer runs in (see the crate's docs: its scratch holds the install and the
     /// installer's cache; its limits are the install's).
-    pub sandbox: &'a runpython_sandbox::Sandbox,
+    pub sandbox: &'a runpython_egress::Sandbox,
     /// What the installer may read besides the system, the interpreter and itself: the operator's
     /// local indexes, find-links directories and wheel files.
     pub reads: &'a [PathBuf],

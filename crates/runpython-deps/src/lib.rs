@@ -18,7 +18,9 @@
 //! indexes read-only, writes only a size-capped scratch of its own (the install and its cache), and
 //! the host copies the installed tree out beneath a descriptor it held. What the code asked for
 //! installs wheels only; the operator's own requirements may be built from source ([`Source`],
-//! [`InstallPolicy`]). It depends on no runpython crate but runpython-sandbox. The caller (runpython-core) starts the interpreter with `-I -S` and calls
+//! [`InstallPolicy`]). Its network is the installer's own configuration's hosts, a policy whose
+//! connections runpython-egress serves from the descriptors the sandbox hands out. It depends on no
+//! runpython crate but runpython-sandbox and runpython-egress. The caller (runpython-core) starts the interpreter with `-I -S` and calls
 //! `site.addsitedir(site_dir)` before the user's code.
 //!
 //! ```no_run

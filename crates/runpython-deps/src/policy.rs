@@ -12,7 +12,7 @@ use crate::Error;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallPolicy {
     /// The sandbox every installer runs in ([`InstallPolicy::default_sandbox`]).
-    pub sandbox: runpython_sandbox::Sandbox,
+    pub sandbox: runpython_egress::Sandbox,
     /// Any package may be built from source (`--allow-source-builds`); by default only the
     /// operator's requirements ([`Source::Operator`](crate::Source::Operator)) may be, and everything else installs wheels.
     pub source_builds: bool,
@@ -37,17 +37,17 @@ impl InstallPolicy {
     /// requirements' hosts: see [`install_network`]), 2 GiB of scratch for the install and the
     /// installer's cache, 4 GiB of memory in all (the scratch's pages included), 512 processes and
     /// threads.
-    pub fn default_sandbox() -> runpython_sandbox::Sandbox {
-        runpython_sandbox::Sandbox {
+    pub fn default_sandbox() -> runpython_egress::Sandbox {
+        runpython_egress::Sandbox {
             // The index hosts are added for each install (an empty allowlist until then).
-            network: runpython_sandbox::Network::Policy(runpython_sandbox::NetworkPolicy::default()),
+            network: runpython_egress::Network::Policy(runpython_egress::NetworkPolicy::default()),
             disk_bytes: 2 << 30,
             run_memory_bytes: 4 << 30,
             memory_bytes: 16 << 30,
             file_size_bytes: 2 << 30,
             open_files: 4096,
             processes: 512,
-            ..runpython_sandbox::Sandbox::default()
+            ..runpython_egress::Sandbox::default()
         }
     }
 
@@ -74,10 +74,10 @@ impl InstallPolicy {
 /// `files.pythonhosted.org` when no index replaces it) and the hosts of the operator's `name @ URL`
 /// requirements (never the code's). Off or the host's network: as configured.
 pub fn install_network(
-    configured: &runpython_sandbox::Network,
+    configured: &runpython_egress::Network,
     requirements: &[Requirement],
-) -> runpython_sandbox::Network {
-    use runpython_sandbox::{HostPattern, Network};
+) -> runpython_egress::Network {
+    use runpython_egress::{HostPattern, Network};
     let Network::Policy(policy) = configured else {
         return configured.clone();
     };
@@ -139,7 +139,7 @@ pub fn install_network(
         }
     }
     allow.dedup();
-    Network::Policy(runpython_sandbox::NetworkPolicy {
+    Network::Policy(runpython_egress::NetworkPolicy {
         allow,
         ..policy.clone()
     })
@@ -254,7 +254,7 @@ mod tests {
         let code = Requirement::parse("evil @ https://attacker.example/evil.whl")
             .unwrap()
             .with_source(Source::Script);
-        let runpython_sandbox::Network::Policy(policy) =
+        let runpython_egress::Network::Policy(policy) =
             install_network(&InstallPolicy::default_sandbox().network, &[operator, code])
         else {
             panic!("an install's network is a policy");
@@ -280,8 +280,8 @@ mod tests {
         }
         // The host's network or none: as configured.
         assert_eq!(
-            install_network(&runpython_sandbox::Network::Host, &[]),
-            runpython_sandbox::Network::Host
+            install_network(&runpython_egress::Network::Host, &[]),
+            runpython_egress::Network::Host
         );
     }
 }

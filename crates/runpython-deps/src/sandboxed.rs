@@ -15,7 +15,9 @@
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use runpython_egress::{Egress, Network};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
 use crate::job::{installer_env, InstallJob, Progress, ProgressFn};
@@ -63,7 +65,7 @@ pub(crate) async fn run(installer: Installer<'_>, job: &InstallJob<'_>) -> Resul
     }
     // Under a network policy the host's relay takes the host's proxy itself: the installer connects
     // as if direct, and its hosts are the policy's to decide.
-    let relayed = matches!(job.sandbox.network, runpython_sandbox::Network::Policy(_));
+    let relayed = matches!(job.sandbox.network, Network::Policy(_));
     for (name, value) in installer_env() {
         // The installer's HOME is its scratch's (the sandbox sets it), never the host's.
         if name == "HOME" {
@@ -80,12 +82,26 @@ pub(crate) async fn run(installer: Installer<'_>, job: &InstallJob<'_>) -> Resul
             command = command.env(name, value);
         }
     }
-    let mut child = command.spawn(job.sandbox).map_err(|e| {
-        failed(
-            format!("could not be started in its sandbox: {e}"),
-            String::new(),
-        )
-    })?;
+    let mut child = command
+        .spawn(&job.sandbox.map_network(Network::mechanism))
+        .map_err(|e| {
+            failed(
+                format!("could not be started in its sandbox: {e}"),
+                String::new(),
+            )
+        })?;
+    // The sandbox hands the install's network out; the host serves it with the install's policy
+    // until the installer is done (dropped before the child, whose drop kills what is left).
+    let _egress =
+        match (child.take_egress(), job.sandbox.network.policy()) {
+            (None, _) => None,
+            (Some(channel), Some(policy)) => Some(Egress::start(channel, Arc::new(policy.clone()))),
+            (Some(_), None) => return Err(failed(
+                "could not be started: its sandbox mediates its network, and no policy was given"
+                    .into(),
+                String::new(),
+            )),
+        };
     let (Some(stdout), Some(stderr)) = (child.take_stdout(), child.take_stderr()) else {
         return Err(failed(
             "started without its output pipes".into(),

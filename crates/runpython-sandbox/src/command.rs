@@ -197,6 +197,13 @@ impl Sandboxed {
         &self.isolation
     }
 
+    /// With [`crate::Network::Mediated`] in force: the host's end of the socket its egress
+    /// descriptors arrive through (once), for the caller to serve with its policy; its connects wait
+    /// until then.
+    pub fn take_egress(&mut self) -> Option<crate::EgressChannel> {
+        self.child.egress.take()
+    }
+
     /// Its stdout, to read as it comes (once).
     pub fn take_stdout(&mut self) -> Option<tokio::net::unix::pipe::Receiver> {
         self.child.stdout.take()

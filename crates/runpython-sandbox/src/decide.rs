@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::probe::{Kernel, NS_NAMES};
 use super::seccomp::Extra;
 use super::{Network, Sandbox};
-use crate::report::{CpuReport, Isolation, LimitReport, RlimitReport};
+use crate::report::{CpuReport, Isolation, LimitReport, RlimitReport, NETWORK_MEDIATED};
 
 /// Who the host is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,15 +81,13 @@ impl Decision {
                 (false, false) => "off".into(),
                 (false, true) => "unavailable".into(),
             },
-            network: match (&config.network, self.egress) {
-                (Network::Policy(policy), true) => policy.mode().into(),
-                _ if self.unshare & libc::CLONE_NEWNET != 0 => "off".into(),
-                _ => "host".into(),
+            // The policy's mode and rules are its holder's to name (`Isolation::set_network_policy`).
+            network: match self.egress {
+                true => NETWORK_MEDIATED.into(),
+                false if self.unshare & libc::CLONE_NEWNET != 0 => "off".into(),
+                false => "host".into(),
             },
-            network_rules: match (&config.network, self.egress) {
-                (Network::Policy(policy), true) => Some(policy.rules()),
-                _ => None,
-            },
+            network_rules: None,
             uid,
             kill: if self.pid_ns {
                 "pid-namespace"
@@ -303,7 +301,7 @@ pub(crate) fn decide(
     // A policy needs the run's own network namespace (its only way out is the host's relay) and the
     // kernel's connect notifications; without either the run has no network at all.
     let egress = match &config.network {
-        Network::Policy(_) => {
+        Network::Mediated => {
             let netns = unshare & (libc::CLONE_NEWNET | libc::CLONE_NEWUSER)
                 == libc::CLONE_NEWNET | libc::CLONE_NEWUSER;
             match (&kernel.egress, netns) {

@@ -112,11 +112,11 @@ fn join_netns(plan: &Plan) -> Result<(), StepError> {
     Ok(())
 }
 
-/// With a network policy: the host's endpoints in the run's network namespace (see
+/// With a mediated network: the host's endpoints in the run's network namespace (see
 /// [`crate::egress::setup`]), made by a process that still holds the capabilities there.
 fn egress_sockets(plan: &Plan) -> Result<(), StepError> {
-    match (&plan.egress, &plan.egress_sock) {
-        (Some(_), Some(sock)) => crate::egress::setup::make_sockets(sock.as_raw_fd()),
+    match (plan.egress, &plan.egress_sock) {
+        (true, Some(sock)) => crate::egress::setup::make_sockets(sock.as_raw_fd()),
         _ => Ok(()),
     }
 }
@@ -212,7 +212,7 @@ fn restrict_interpreter(plan: &Plan) -> Result<(), StepError> {
     if let Some(filter) = plan.seccomp {
         seccomp::install(filter)?;
     }
-    if let (Some(_), Some(sock)) = (&plan.egress, &plan.egress_sock) {
+    if let (true, Some(sock)) = (plan.egress, &plan.egress_sock) {
         // Last: from here on every connect of the run is the host's to decide.
         if !plan.no_new_privs {
             // SAFETY: prctl with integer arguments.

@@ -6,6 +6,12 @@
 //! runpython-core runs its interpreters (runs, sessions, templates) under it and runpython-deps its
 //! installers.
 //!
+//! Its network is mechanism, not policy: off, the host's, or [`Network::Mediated`], where the run's
+//! first process makes the host's endpoints in the run's empty namespace and the interpreter installs
+//! a filter handing every `connect(2)` to the host, and the sandbox hands their descriptors out
+//! ([`Child::egress`], [`EgressFds`]). What may be reached is decided and served by runpython-egress,
+//! which depends on this crate; nothing here parses a host name or speaks DNS, HTTP or TLS.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), runpython_sandbox::Error> {
 //! use runpython_sandbox::{Command, Sandbox};
@@ -91,6 +97,9 @@
 //!   sees an allowlisted view, runpython's code and environments read-only in it.
 //! - The code never runs as host root when `drop_privileges` is on (root is exempt from `RLIMIT_NPROC`).
 //! - Every layer that is off or refused is reported in `isolation`; nothing degrades silently.
+//! - With a mediated network the code never holds a socket of the host's namespace, nor the
+//!   descriptors of the host's endpoints or of the connect notifier's listener (the processes that
+//!   make them send them to the host and close their own copies).
 
 mod cgroup;
 mod clone_vm;
@@ -105,7 +114,6 @@ mod landlock;
 mod layers;
 mod mounts;
 mod netns;
-mod network;
 mod plan;
 mod probe;
 mod report;
@@ -123,13 +131,11 @@ use std::path::PathBuf;
 pub use cgroup::RunCgroup;
 pub use command::{Command, Output, Sandboxed, Scratch};
 pub use copy::CopyReport;
-pub use egress::credentials::TRUST_BUNDLE_PATH;
-pub use egress::{Egress, EgressFds, EgressQuery, LogEntry, Mark, NetworkReport, Refusal};
+pub use egress::{EgressChannel, EgressFds};
 pub use error::Error;
 pub use fork_check::{ForkCheck, VerifiedRun};
 pub use init::enter;
 pub use netns::refill as refill_netns;
-pub use network::{HostAddrs, HostPattern, Network, NetworkPolicy, Secret, Verdict};
 pub use plan::{kernel_report, prepare, report, template_eligible, Plan, Role, Target};
 pub use probe::KernelReport;
 pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};
@@ -144,16 +150,34 @@ pub use template::{prepare_fork, ForkPlan};
 pub use userns::{is_run_uid, kill_all_of_uid};
 pub use view::{SCRATCH, SCRATCH_DIRS};
 
+/// How a sandboxed process reaches the network: the mechanism only. What a mediated run may reach is
+/// its caller's policy (runpython-egress), served from the descriptors the run hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Network {
+    /// No network: the run's namespace has loopback only.
+    #[default]
+    Off,
+    /// The run's namespace is empty but for its loopback, where it makes the host's endpoints (a
+    /// resolver, a relay); every `connect(2)` of its interpreter is handed to the host, which decides.
+    /// The host's end of it is [`Child::egress`] ([`EgressFds`] for a run forked from a template).
+    Mediated,
+    /// The host's network namespace, unfiltered.
+    Host,
+}
+
 /// The sandbox layers asked for, and the limits it sets. Every layer can be
 /// turned off (to measure it, or where a host provides its own); [`Sandbox::require`] refuses to run
 /// when a requested layer is unavailable instead of degrading.
+///
+/// The sandbox takes `Sandbox<Network>`. A caller that holds more than the mechanism for the network
+/// (runpython-egress's `Network`, a policy in it) keeps its own `N` and gives the sandbox its share
+/// with [`Sandbox::map_network`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sandbox {
+pub struct Sandbox<N = Network> {
     /// User, PID, mount, IPC, UTS (and network, unless allowed) namespaces (default on).
     pub namespaces: bool,
-    /// What the code may reach (default [`Network::Off`]: an empty network namespace). With a
-    /// [`NetworkPolicy`], every connection and lookup is the host's decision (see [`Egress`]).
-    pub network: Network,
+    /// What the code may reach (default off: an empty network namespace).
+    pub network: N,
     /// Landlock: writes only in the run directory and the private tmp, reads of the system, the
     /// interpreter and runpython's code only (default on).
     pub landlock: bool,
@@ -196,11 +220,11 @@ pub struct Sandbox {
     pub read_paths: Vec<PathBuf>,
 }
 
-impl Default for Sandbox {
+impl<N: Default> Default for Sandbox<N> {
     fn default() -> Self {
         Self {
             namespaces: true,
-            network: Network::Off,
+            network: N::default(),
             landlock: true,
             rlimits: true,
             seccomp: true,
@@ -219,7 +243,7 @@ impl Default for Sandbox {
     }
 }
 
-impl Sandbox {
+impl<N: Default> Sandbox<N> {
     /// Every layer off: the child only gets its process group, PDEATHSIG and a scrubbed environment.
     pub fn off() -> Self {
         Self {
@@ -230,6 +254,31 @@ impl Sandbox {
             drop_privileges: false,
             cgroups: false,
             ..Self::default()
+        }
+    }
+}
+
+impl<N> Sandbox<N> {
+    /// The same layers and limits with the network `network` makes of this one's (the sandbox's share
+    /// of a caller's network configuration).
+    pub fn map_network<M>(&self, network: impl FnOnce(&N) -> M) -> Sandbox<M> {
+        Sandbox {
+            namespaces: self.namespaces,
+            network: network(&self.network),
+            landlock: self.landlock,
+            rlimits: self.rlimits,
+            seccomp: self.seccomp,
+            drop_privileges: self.drop_privileges,
+            require: self.require,
+            memory_bytes: self.memory_bytes,
+            run_memory_bytes: self.run_memory_bytes,
+            disk_bytes: self.disk_bytes,
+            cgroups: self.cgroups,
+            file_size_bytes: self.file_size_bytes,
+            open_files: self.open_files,
+            processes: self.processes,
+            cpu_millis: self.cpu_millis,
+            read_paths: self.read_paths.clone(),
         }
     }
 }

@@ -19,8 +19,7 @@ use crate::report::Isolation;
 use crate::sys::{dup_high, getegid, geteuid};
 use crate::userns::{self, IdMaps};
 use crate::view::{self, cstring, View, ViewSpec};
-use crate::{seccomp, Network, NetworkPolicy, Sandbox};
-use std::sync::Arc;
+use crate::{seccomp, Network, Sandbox};
 
 /// The most hierarchies a run's cgroup spans (v1: memory, pids, cpu).
 const MAX_CGROUPS: usize = 3;
@@ -61,8 +60,9 @@ pub struct Plan {
     pub(crate) cgroup_procs: [RawFd; MAX_CGROUPS],
     /// The child's end of the socket the scratch's descriptor is handed to the host through.
     pub(crate) handoff: Option<OwnedFd>,
-    /// The network policy the host enforces for the run (its egress), when there is one.
-    pub(crate) egress: Option<Arc<NetworkPolicy>>,
+    /// The host mediates the run's network: its processes make the host's endpoints and install the
+    /// connect notifier, and send their descriptors over `egress_sock`.
+    pub(crate) egress: bool,
     /// The child's end of the socket the run's egress descriptors reach the host through.
     pub(crate) egress_sock: Option<OwnedFd>,
     /// Where the host's argv and environment lie in memory (copied into S by the fork): zeroed before
@@ -230,13 +230,10 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
 
     // A run whose connections the host decides looks names up through the host's resolver in its
     // namespace; a template needs none (it never runs code, and its runs bring their own).
-    let egress = match (&config.network, decision.egress, role) {
-        (Network::Policy(policy), true, Role::Run) => Some(Arc::new(policy.clone())),
-        _ => None,
-    };
+    let egress = decision.egress && role == Role::Run;
     let resolver = match (&config.network, decision.egress) {
         // A template's view is its runs' view: they look names up through their resolver too.
-        (Network::Policy(_), true) if decision.view => {
+        (Network::Mediated, true) if decision.view => {
             let path = run_dir.join("resolv.conf");
             std::fs::write(&path, RESOLV_CONF).map_err(|source| {
                 Error::io("writing the run's resolver configuration", &path, source)
@@ -440,14 +437,9 @@ impl Plan {
         }
     }
 
-    /// The network policy the host must enforce for the run, when it has one: the spawner starts the
-    /// run's [`crate::Egress`] with it.
-    pub fn egress_policy(&self) -> Option<&Arc<NetworkPolicy>> {
-        self.egress.as_ref()
-    }
-
-    /// The socket the run's processes send their egress descriptors through (the child's end).
-    pub fn set_egress_sock(&mut self, child_end: OwnedFd) {
+    /// The socket the run's processes send their egress descriptors through (the child's end; only
+    /// when the host mediates the run's network).
+    pub(crate) fn set_egress_sock(&mut self, child_end: OwnedFd) {
         self.egress_sock = Some(child_end);
     }
 

@@ -19,6 +19,8 @@ pub struct Isolation {
     /// `"off"` (an empty network namespace), `"allowlist"` (only what the operator's patterns name,
     /// every connection and lookup decided on the host), `"public"` (the public internet, never the
     /// host nor private networks, plus what patterns name) or `"host"` (the host's network, shared).
+    /// The sandbox itself says `"mediated"` for the two modes of a policy, which whoever holds the
+    /// policy names ([`Isolation::set_network_policy`]).
     pub network: String,
     /// The network policy's rules (patterns and pinned names), with `"allowlist"` or `"public"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,4 +108,67 @@ pub struct RlimitReport {
 
 fn fresh() -> String {
     "fresh".into()
+}
+
+/// What the sandbox says of a run whose network the host mediates, until the policy's holder names
+/// the policy's mode ([`Isolation::set_network_policy`]).
+pub(crate) const NETWORK_MEDIATED: &str = "mediated";
+
+impl Isolation {
+    /// Names the policy a mediated network is decided by: its mode (`"allowlist"`, `"public"`) and
+    /// how many rules it has. Nothing changes when the run's network is not mediated (off, the host's,
+    /// or a policy that could not be put in force: `missing` says why).
+    pub fn set_network_policy(&mut self, mode: &str, rules: usize) {
+        if self.network == NETWORK_MEDIATED {
+            self.network = mode.to_owned();
+            self.network_rules = Some(rules);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Sandbox;
+
+    fn report_for(network: crate::Network) -> Isolation {
+        let config = Sandbox {
+            network,
+            ..Sandbox::default()
+        };
+        crate::report(&config, std::time::Duration::from_secs(1), false).unwrap()
+    }
+
+    #[test]
+    fn only_a_mediated_network_is_named_by_the_policy_holder() {
+        for (network, before) in [(crate::Network::Off, "off"), (crate::Network::Host, "host")] {
+            let mut report = report_for(network);
+            assert_eq!(report.network, before);
+            report.set_network_policy("public", 3);
+            assert_eq!(
+                (report.network.as_str(), report.network_rules),
+                (before, None)
+            );
+        }
+        let mut report = report_for(crate::Network::Mediated);
+        // Where this kernel cannot mediate, the run has no network and `missing` says why.
+        if report.network == NETWORK_MEDIATED {
+            assert_eq!(report.network_rules, None);
+            report.set_network_policy("allowlist", 2);
+            assert_eq!(
+                (report.network.as_str(), report.network_rules),
+                ("allowlist", Some(2))
+            );
+        } else {
+            assert_eq!(report.network, "off");
+            assert!(
+                report
+                    .missing
+                    .iter()
+                    .any(|m| m.starts_with("network policy")),
+                "{:?}",
+                report.missing
+            );
+        }
+    }
 }

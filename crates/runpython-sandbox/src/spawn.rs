@@ -10,6 +10,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::cgroup::RunCgroup;
+use crate::egress::EgressChannel;
 use crate::error::Error;
 use crate::plan::Plan;
 use crate::sys::{dup_high, seqpacket_pair, StepError};
@@ -88,8 +89,11 @@ pub struct Child {
     /// With a filesystem view: the host's end of the socket the scratch's descriptor arrives through
     /// (its first process sends it before the command starts; [`crate::recv_fd`]).
     pub handoff: Option<OwnedFd>,
-    /// With a network policy: the host's side of the run's network, serving until dropped.
-    pub egress: Option<crate::Egress>,
+    /// With [`crate::Network::Mediated`] (when it is in force): the host's end of the socket the
+    /// run's egress descriptors arrive through (its first process sends the sockets before the command
+    /// starts, the interpreter the notifier's listener; [`EgressChannel::receive`]). The caller serves
+    /// them (runpython-egress, with its policy); until it does, the run's connects wait.
+    pub egress: Option<EgressChannel>,
 }
 
 /// Starts `spawn` under `plan`, in a new process group, with PDEATHSIG (it dies with the host), in
@@ -116,15 +120,14 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
     } else {
         None
     };
-    let egress = match plan.egress_policy().cloned() {
-        Some(policy) => {
-            let (host, child) = seqpacket_pair().map_err(|e| {
-                Error::io_pathless("creating the socket the run's network comes through", e)
-            })?;
-            plan.set_egress_sock(child);
-            Some((host, policy))
-        }
-        None => None,
+    let egress = if plan.egress {
+        let (host, child) = seqpacket_pair().map_err(|e| {
+            Error::io_pathless("creating the socket the run's network comes through", e)
+        })?;
+        plan.set_egress_sock(child);
+        Some(EgressChannel(host))
+    } else {
+        None
     };
     plan.exec_with(program, args, env)?;
     // Above the fixed slots, so that placing one cannot clobber another.
@@ -170,7 +173,6 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
     let mut process = command
         .spawn()
         .map_err(|source| spawn_error(program, source))?;
-    let egress = egress.map(|(host, policy)| crate::Egress::start(host, policy));
     // The child holds the only copies of what it inherited now: end of file comes when it exits.
     drop(placed);
     let pid = process.id().ok_or_else(|| {

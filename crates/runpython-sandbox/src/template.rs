@@ -34,9 +34,10 @@ pub struct ForkPlan {
     pub landlock: Option<OwnedFd>,
     /// The command's fields that say what the run takes (`runpython_template.py`'s `_setup`).
     pub command: serde_json::Map<String, Value>,
-    /// The network policy the host enforces for the run: it then sends its resolver's and relay's
-    /// sockets and its connect notifier's listener with its scratch ([`crate::EgressFds`]).
-    pub egress: Option<std::sync::Arc<crate::NetworkPolicy>>,
+    /// The host mediates the run's network: the run then sends its resolver's and relay's sockets
+    /// and its connect notifier's listener with its scratch ([`crate::EgressFds`]), for the caller
+    /// to serve with its policy.
+    pub egress: bool,
     /// What the host checks of the run's interpreter from outside before it gets code.
     pub check: ForkCheck,
 }
@@ -115,18 +116,14 @@ pub fn prepare_fork(
             .map(|(path, access)| json!([path.to_string_lossy(), access]))
             .collect::<Vec<_>>()
     });
-    let egress = match (&config.network, decision.egress) {
-        (crate::Network::Policy(policy), true) => Some(std::sync::Arc::new(policy.clone())),
-        _ => None,
-    };
+    let egress = decision.egress;
     let host_gid = if geteuid() == 0 { host_uid } else { getegid() };
     let check = ForkCheck {
         own_namespaces: own_namespaces(decision.unshare),
         uid_map: (userns::INSIDE_ID, host_uid),
         gid_map: (userns::INSIDE_ID, host_gid),
         no_new_privs: true,
-        seccomp_filters: Some(u32::from(seccomp.is_some()) + u32::from(egress.is_some()))
-            .filter(|n| *n > 0),
+        seccomp_filters: Some(u32::from(seccomp.is_some()) + u32::from(egress)).filter(|n| *n > 0),
         limits: limits
             .iter()
             .copied()
@@ -150,7 +147,7 @@ pub fn prepare_fork(
         "rlimits": rlimits,
         "landlock": landlock_rules,
         "seccomp": seccomp,
-        "egress": egress.as_ref().map(|_| json!({
+        "egress": egress.then(|| json!({
             "notifier": hex(&crate::egress::setup::program_bytes()),
             "relay_port": crate::egress::setup::RELAY_PORT,
             "dns_port": crate::egress::setup::DNS_PORT,

@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "namespaces_host_net",
             Sandbox {
                 namespaces: true,
-                network: runpython_sandbox::Network::Host,
+                network: runpython_core::Network::Host,
                 ..off.clone()
             },
         ),
@@ -74,7 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (
             "all_host_net",
             Sandbox {
-                network: runpython_sandbox::Network::Host,
+                network: runpython_core::Network::Host,
                 ..Sandbox::default()
             },
         ),

@@ -25,14 +25,7 @@ pub(super) struct KnownCycle {
 /// its entry goes, and the list ends empty. An entry names its circle exactly: a circle not listed
 /// fails, one that gained or lost a module fails, and an entry whose circle no longer exists fails,
 /// so the list cannot go stale.
-pub(super) const KNOWN_CYCLES: &[KnownCycle] = &[
-    // The proxy calls rewrite's request and response rewriting; rewrite takes the proxy's `Body`,
-    // `Conn` and `full` back. Goes when egress moves to a crate of its own.
-    KnownCycle {
-        place: "crates/runpython-sandbox/src/egress/secrets/",
-        modules: &["proxy", "rewrite"],
-    },
-];
+pub(super) const KNOWN_CYCLES: &[KnownCycle] = &[];
 
 /// What messages call the child's code directory.
 const CHILD_CODE: &str = "the child's code directory (the .py files under crates/*/src/)";

@@ -80,7 +80,7 @@ fn parse_secret(s: &str) -> Result<Secret, String> {
 
 fn parse_pattern(s: &str) -> Result<HostPattern, String> {
     s.parse()
-        .map_err(|e: runpython_core::SandboxError| e.to_string())
+        .map_err(|e: runpython_core::EgressError| e.to_string())
 }
 
 fn parse_pin(s: &str) -> Result<(String, std::net::IpAddr), String> {

@@ -30,7 +30,7 @@ pub(crate) use template::Templates;
 
 use crate::error::Error;
 use crate::result::envelope::Isolation;
-use runpython_sandbox::Sandbox;
+use runpython_egress::{Network, Sandbox};
 
 /// An interpreter started for a run (cold, or ahead of time by the pool).
 #[derive(Debug)]
@@ -106,7 +106,7 @@ impl SlotSpec {
         reads.extend_from_slice(env_reads);
         let plan = runpython_sandbox::prepare(
             runpython_sandbox::Role::Run,
-            &self.sandbox,
+            &self.sandbox.map_network(Network::mechanism),
             &runpython_sandbox::Target {
                 program: python,
                 program_prefix: true,
@@ -115,7 +115,8 @@ impl SlotSpec {
                 timeout: self.timeout,
             },
         )?;
-        let isolation = plan.isolation().clone();
+        let mut isolation = plan.isolation().clone();
+        self.sandbox.network.describe(&mut isolation);
         // The scratch as the code sees it: inside the view, or the host's run directory.
         let scratch_path = if plan.has_view() {
             PathBuf::from(runpython_sandbox::SCRATCH)
@@ -153,6 +154,7 @@ impl SlotSpec {
                 bridge: Some(bridge_child),
                 control: control_child,
             },
+            self.sandbox.network.policy(),
         )?;
         let scratch = match (held, spawned.handoff.take()) {
             (Some(held), _) => held,

@@ -28,7 +28,7 @@ pub(crate) struct RunnerRequest<'a> {
     /// Environment variables set for the code (the request's own, then the secrets' placeholders).
     pub env: BTreeMap<String, String>,
     /// The trust bundle to write (the host's roots and the run's own CA), with secrets only.
-    pub trust_bundle: Option<TrustBundle>,
+    pub trust_bundle: Option<runpython_egress::TrustBundle>,
     /// Artifacts bound as globals: base64 inline, or `{"id", "bytes"}` to read through the bridge.
     pub input_artifacts: Map<String, Value>,
     /// Files written read-only into the working directory, in the same two forms.
@@ -47,13 +47,6 @@ pub(crate) struct RunnerRequest<'a> {
     pub repr: bool,
     /// The tool bridge, when the run has tools.
     pub bridge: Option<runpython_bridge::ClientSpec>,
-}
-
-/// The run's trust bundle, written read-only at `path` (where the trust variables point).
-#[derive(Debug, Serialize)]
-pub(crate) struct TrustBundle {
-    pub path: &'static str,
-    pub pem: String,
 }
 
 /// A message on a session interpreter's control socket. Each is one frame; a cell's frame carries
@@ -97,7 +90,7 @@ mod tests {
             inputs,
             typed: true,
             env: BTreeMap::from([("A".into(), "b".into())]),
-            trust_bundle: Some(TrustBundle {
+            trust_bundle: Some(runpython_egress::TrustBundle {
                 path: "/tmp/t.pem",
                 pem: "pem".into(),
             }),

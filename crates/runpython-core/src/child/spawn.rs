@@ -2,7 +2,9 @@
 
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::sync::Arc;
 
+use runpython_egress::{Egress, NetworkPolicy};
 use runpython_sandbox::{GroupGuard, StdinFrom};
 
 use crate::error::Error;
@@ -65,7 +67,7 @@ pub(crate) struct Spawned {
     /// With a filesystem view: the host's end of the socket the run's scratch arrives through.
     pub handoff: Option<OwnedFd>,
     /// With a network policy: the host's side of the run's network.
-    pub egress: Option<runpython_sandbox::Egress>,
+    pub egress: Option<Egress>,
 }
 
 /// The descriptors a child gets besides its pipes: its end of the tool bridge (as fd 4) and, for a
@@ -86,6 +88,7 @@ pub(crate) fn spawn_runner(
     env: &[(String, String)],
     plan: runpython_sandbox::Plan,
     fds: ChildFds,
+    policy: Option<&NetworkPolicy>,
 ) -> Result<Spawned, Error> {
     let ChildFds { bridge, control } = fds;
     let mut args: Vec<&std::ffi::OsStr> = vec![
@@ -129,6 +132,16 @@ pub(crate) fn spawn_runner(
         handoff,
         egress,
     } = child;
+    // The sandbox hands the run's network out; the host serves it with the engine's policy.
+    let egress = match (egress, policy) {
+        (None, _) => None,
+        (Some(channel), Some(policy)) => Some(Egress::start(channel, Arc::new(policy.clone()))),
+        (Some(_), None) => {
+            return Err(Error::Internal(
+                "the sandbox mediates a run's network, and no policy was given for it".into(),
+            ))
+        }
+    };
     Ok(Spawned {
         process: RunProcess::Child {
             child: process,
@@ -152,7 +165,7 @@ pub(crate) struct SpawnedParts {
     cgroup: Option<runpython_sandbox::RunCgroup>,
     run_dir: Option<tempfile::TempDir>,
     /// With a network policy: the host's side of the interpreter's network.
-    pub egress: Option<runpython_sandbox::Egress>,
+    pub egress: Option<Egress>,
 }
 
 impl SpawnedParts {

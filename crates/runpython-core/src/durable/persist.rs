@@ -68,10 +68,10 @@ pub(crate) async fn collect_run_files(
 pub(crate) fn redactor(
     passthrough: &[String],
     run_env: &BTreeMap<String, String>,
-    sandbox: &runpython_sandbox::Sandbox,
+    sandbox: &runpython_egress::Sandbox,
 ) -> Redactor {
     let mut redactor = Redactor::from_env(std::env::vars());
-    if let runpython_sandbox::Network::Policy(policy) = &sandbox.network {
+    if let runpython_egress::Network::Policy(policy) = &sandbox.network {
         for secret in &policy.secrets {
             redactor.add(&secret.name, &secret.value);
         }
@@ -296,7 +296,7 @@ pub(crate) async fn keep_run(
     (files, stored): (CollectedFiles, Vec<runpython_store::Artifact>),
     interpreter: &Interpreter,
     env: Option<&PreparedEnv>,
-    (passthrough, sandbox): (&[String], &runpython_sandbox::Sandbox),
+    (passthrough, sandbox): (&[String], &runpython_egress::Sandbox),
 ) -> Result<(), Error> {
     let redactor = redactor(passthrough, &request.env, sandbox);
     let streamed = |kind| {

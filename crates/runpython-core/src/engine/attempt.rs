@@ -67,7 +67,7 @@ pub(super) struct Attempt {
     pub uploads: Vec<OutputUpload>,
     /// With a network policy, when the run used the network: what it did, and its whole log
     /// (JSON lines).
-    pub network: Option<(runpython_sandbox::NetworkReport, Vec<u8>)>,
+    pub network: Option<(runpython_egress::NetworkReport, Vec<u8>)>,
 }
 
 /// One whole output stream on its way to the store (see [`FullStream`]).
@@ -292,7 +292,7 @@ impl RunPython {
         // The secrets' placeholders and the trust bundle naming the run's CA: the runner's only
         // (never in the request, so neither memo keys nor journals hold a placeholder).
         let (runner_env, trust_bundle) =
-            crate::policy::secrets::runner_env(&request.env, spawned.egress.as_ref());
+            runpython_egress::runner_env(&request.env, spawned.egress.as_ref());
         let runner_request = crate::child::protocol::to_line(&RunnerRequest {
             code_dir,
             code: &request.code,
@@ -458,10 +458,10 @@ impl RunPython {
             _ => None,
         };
         let network = egress.and_then(|egress| {
-            let report = egress.report_since(runpython_sandbox::Mark::default());
+            let report = egress.report_since(runpython_egress::Mark::default());
             report
                 .used()
-                .then(|| (report, egress.log_since(runpython_sandbox::Mark::default())))
+                .then(|| (report, egress.log_since(runpython_egress::Mark::default())))
         });
         let oom_killed = cgroup.as_ref().is_some_and(|cg| cg.oom_killed());
         drop(cgroup); // removed once its processes are gone, off this task

@@ -15,7 +15,7 @@ use crate::durable::persist::Keeping;
 use crate::error::Error;
 use crate::request::{Limits, RUN_PYTHON_TOOL};
 use crate::tools::nested::Nesting;
-use runpython_sandbox::{Network, NetworkPolicy, Sandbox, Secret};
+use runpython_egress::{Network, NetworkPolicy, Sandbox, Secret};
 
 /// Builds a [`RunPython`].
 #[derive(Debug, Default)]

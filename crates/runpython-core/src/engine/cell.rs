@@ -90,8 +90,7 @@ impl RunPython {
             egress.narrow(request.allow_hosts.clone());
             egress.rotate_secrets();
         }
-        let (runner_env, trust_bundle) =
-            crate::policy::secrets::runner_env(&request.env, live.egress());
+        let (runner_env, trust_bundle) = runpython_egress::runner_env(&request.env, live.egress());
         let tools = match (&events, quiet) {
             (Some(events), false) => super::tools::announced(&tools, events)?,
             _ => tools,
@@ -168,7 +167,7 @@ impl RunPython {
             .take()
             .ok_or_else(|| Error::Internal("a session cell without an interpreter".into()))?;
         let run_id = new_run_id();
-        let mark = live.egress().map(runpython_sandbox::Egress::mark);
+        let mark = live.egress().map(runpython_egress::Egress::mark);
         let ran = self
             .run_live_cell(
                 e, &mut live, request, &run_id, replay, events, cancel, false,

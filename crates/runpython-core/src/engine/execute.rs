@@ -133,7 +133,7 @@ impl RunPython {
         let started = Instant::now();
         let limits = &self.inner.limits;
         if request.allow_hosts.is_some()
-            && matches!(self.inner.sandbox.network, runpython_sandbox::Network::Host)
+            && matches!(self.inner.sandbox.network, runpython_egress::Network::Host)
         {
             return Err(Error::InvalidInput(
                 "allow_hosts narrows a network policy, and this engine shares the host's network \

@@ -31,7 +31,7 @@ use crate::error::Error;
 use crate::request::{Event, Limits, RunRequest};
 use crate::result::envelope::{BridgeReport, Envelope, Isolation};
 use crate::tools::nested::{NestEngine, Nesting};
-use runpython_sandbox::Sandbox;
+use runpython_egress::{Network, Sandbox};
 
 /// Runs LLM-authored Python in an isolated CPython subprocess and returns an [`Envelope`].
 ///
@@ -130,8 +130,13 @@ impl RunPython {
     /// anything. `Err` when the sandbox requires a layer that is missing.
     pub fn isolation_report(&self) -> Result<Isolation, Error> {
         let templates = self.inner.templates.as_ref().is_some_and(|t| t.eligible());
-        let report =
-            runpython_sandbox::report(&self.inner.sandbox, self.inner.limits.timeout, templates)?;
+        let sandbox = &self.inner.sandbox;
+        let mut report = runpython_sandbox::report(
+            &sandbox.map_network(Network::mechanism),
+            self.inner.limits.timeout,
+            templates,
+        )?;
+        sandbox.network.describe(&mut report);
         Ok(Isolation {
             bridge: Some(self.bridge_report()),
             ..report

@@ -133,7 +133,7 @@ impl RunPython {
         }
         // Tools or the network let the code reach beyond the sandbox.
         let open_world = !self.tools().is_empty()
-            || !matches!(self.sandbox().network, runpython_sandbox::Network::Off);
+            || !matches!(self.sandbox().network, runpython_egress::Network::Off);
         let mut run_schema = run_python_schema();
         run_schema["properties"]["session_id"] = json!({
             "type": "string",
@@ -152,7 +152,7 @@ impl RunPython {
                 self.limits().timeout.as_secs_f64()
             ),
         });
-        if let runpython_sandbox::Network::Policy(policy) = &self.sandbox().network {
+        if let runpython_egress::Network::Policy(policy) = &self.sandbox().network {
             run_schema["properties"]["allow_hosts"] = json!({
                 "type": "array",
                 "items": {"type": "string"},
@@ -434,7 +434,7 @@ fn run_python_request_from(input: &Map<String, Value>) -> Result<RunRequest, Err
                 let text = item.as_str().ok_or_else(|| {
                     Error::InvalidInput(format!("`allow_hosts` items must be strings, not {item}"))
                 })?;
-                patterns.push(text.parse().map_err(|e: runpython_sandbox::Error| {
+                patterns.push(text.parse().map_err(|e: runpython_egress::Error| {
                     Error::InvalidInput(format!("`allow_hosts`: {e}"))
                 })?);
             }

@@ -1,6 +1,5 @@
-//! Who may see what: secrets the code uses but never reads (`secrets`), tenants apart in one store
-//! (`tenancy`), and the environment variables runpython itself reads (`env_vars`).
+//! Who may see what: tenants apart in one store (`tenancy`), and the environment variables runpython
+//! itself reads (`env_vars`). Secrets the code uses but never reads are runpython-egress's.
 
 pub(crate) mod env_vars;
-pub(crate) mod secrets;
 pub(crate) mod tenancy;

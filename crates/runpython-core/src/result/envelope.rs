@@ -118,7 +118,7 @@ pub struct Envelope {
     /// each way, lookups, and the first few refusals (host, port, reason). The whole log is kept
     /// with the run as the artifact `network-log.jsonl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<runpython_sandbox::NetworkReport>,
+    pub network: Option<runpython_egress::NetworkReport>,
 }
 
 /// The envelope's `dependencies`: what the run's environment holds, or what an install refused.

@@ -115,7 +115,7 @@ impl Live {
     }
 
     /// With a network policy: the host's side of the interpreter's network.
-    pub(crate) fn egress(&self) -> Option<&runpython_sandbox::Egress> {
+    pub(crate) fn egress(&self) -> Option<&runpython_egress::Egress> {
         self.parts.egress.as_ref()
     }
 

@@ -2,7 +2,7 @@
 //! host why, and names the rule in the `PermissionError`.
 
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError};
-use runpython_sandbox::EgressQuery;
+use runpython_egress::EgressQuery;
 use serde_json::Value;
 
 /// Name of the hidden tool the runner calls after a connect failed with `EACCES`.

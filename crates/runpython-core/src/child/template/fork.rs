@@ -18,7 +18,8 @@ use super::super::{code_dir, Slot};
 use super::{async_fd, receive_raw, Template};
 use crate::error::Error;
 use crate::result::envelope::Isolation;
-use runpython_sandbox::{self as sandbox, RunCgroup, Sandbox, Step, StepError};
+use runpython_egress::{Egress, Network, NetworkPolicy, Sandbox};
+use runpython_sandbox::{self as sandbox, RunCgroup, Step, StepError};
 
 /// How long a forked run may take to set itself up (mounts and namespaces on a busy machine).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -100,7 +101,23 @@ impl Template {
         let code_dir = code_dir()?;
         let mut reads: Vec<&Path> = vec![code_dir];
         reads.extend(self.key.1.as_deref());
-        let plan = sandbox::prepare_fork(config, &self.key.0, &reads, timeout)?;
+        let mut plan = sandbox::prepare_fork(
+            &config.map_network(Network::mechanism),
+            &self.key.0,
+            &reads,
+            timeout,
+        )?;
+        config.network.describe(&mut plan.report);
+        // The run hands its network out with its scratch; the host serves it with the policy.
+        let policy =
+            match (plan.egress, config.network.policy()) {
+                (false, _) => None,
+                (true, Some(policy)) => Some(Arc::new(policy.clone())),
+                (true, None) => return Err(Error::Internal(
+                    "the sandbox mediates a forked run's network, and no policy was given for it"
+                        .into(),
+                )),
+            };
         let (status, status_w) = runpython_sandbox::pipe_pair()
             .map_err(|e| Error::io_pathless("creating a run's status pipe", e))?;
         let mut named: Vec<(&str, RawFd)> = vec![("status", status_w.as_raw_fd())];
@@ -134,23 +151,19 @@ impl Template {
             .map_err(|e| Error::io_pathless("asking for the run's credentials", e))?;
         let mut socket = async_fd(socket).map_err(|e| Error::io_pathless("the run's socket", e))?;
         // A failure from here on drops `init`, which kills what was forked.
-        let (scratch, egress, sender) = match tokio::time::timeout(
-            SETUP_TIMEOUT,
-            setup_result(&mut socket, plan.egress.clone()),
-        )
-        .await
-        {
-            Ok(result) => result?,
-            Err(_) => {
-                return Err(Error::SandboxSetup {
-                    step: Step::ForkedSetup.describe(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("the run did not finish its setup within {SETUP_TIMEOUT:?}"),
-                    ),
-                })
-            }
-        };
+        let (scratch, egress, sender) =
+            match tokio::time::timeout(SETUP_TIMEOUT, setup_result(&mut socket, policy)).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(Error::SandboxSetup {
+                        step: Step::ForkedSetup.describe(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("the run did not finish its setup within {SETUP_TIMEOUT:?}"),
+                        ),
+                    })
+                }
+            };
         let verified = self.verify(&plan, &init, sender)?;
         Ok(ReadyRun {
             init,
@@ -275,7 +288,7 @@ pub(super) struct ReadyRun {
     status: OwnedFd,
     scratch: BeneathDir,
     /// With a network policy: the host's side of the run's network, serving from the fork on.
-    egress: Option<sandbox::Egress>,
+    egress: Option<Egress>,
     cgroup: Option<RunCgroup>,
     isolation: Isolation,
     /// The run's timeout its CPU limit was set for.
@@ -287,8 +300,8 @@ pub(super) struct ReadyRun {
 /// network's descriptors, whose host side starts now), or the step that failed.
 async fn setup_result(
     socket: &mut AsyncFd<OwnedFd>,
-    egress: Option<Arc<sandbox::NetworkPolicy>>,
-) -> Result<(BeneathDir, Option<sandbox::Egress>, Option<libc::pid_t>), Error> {
+    egress: Option<Arc<NetworkPolicy>>,
+) -> Result<(BeneathDir, Option<Egress>, Option<libc::pid_t>), Error> {
     let failed = |step: Step, source: std::io::Error| Error::SandboxSetup {
         step: step.describe(),
         source,
@@ -325,7 +338,7 @@ async fn setup_result(
                     let relay4 = rest.remove(2);
                     let dns_tcp = rest.remove(1);
                     let dns_udp = rest.remove(0);
-                    Some(sandbox::Egress::start_with(
+                    Some(Egress::start_with(
                         sandbox::EgressFds {
                             dns_udp,
                             dns_tcp,

@@ -38,7 +38,8 @@ use super::spawn::{self, RunProcess, Spawned, SpawnedParts};
 use super::{code_dir, env, HeadTail, PoolKey, Slot, SlotSpec};
 use crate::error::Error;
 use fork::ReadyRun;
-use runpython_sandbox::{self as sandbox, Sandbox};
+use runpython_egress::{Network, Sandbox};
+use runpython_sandbox as sandbox;
 
 /// How long a template may take to start (its warm imports included).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -116,7 +117,7 @@ impl Templates {
 
     /// Whether runs of this engine will be forked from templates (for the isolation report).
     pub(crate) fn eligible(&self) -> bool {
-        sandbox::template_eligible(&self.spec.sandbox).is_ok()
+        sandbox::template_eligible(&self.spec.sandbox.map_network(Network::mechanism)).is_ok()
     }
 
     /// A run forked from the template for `key` (started now if there is none yet), with its
@@ -127,7 +128,9 @@ impl Templates {
         key: &PoolKey,
         timeout: Duration,
     ) -> Result<Option<Slot>, Error> {
-        if let Err(why) = sandbox::template_eligible(&self.spec.sandbox) {
+        if let Err(why) =
+            sandbox::template_eligible(&self.spec.sandbox.map_network(Network::mechanism))
+        {
             // The configuration rules templates out (no namespaces, say): the fresh path is the
             // one these runs have, even when templates are required.
             tracing::debug!("runs take the fresh path: {why}");
@@ -310,7 +313,7 @@ impl Template {
         let (run_dir, _) = sandbox::create_run_dir().map_err(|e| e.to_string())?;
         let plan = sandbox::prepare(
             sandbox::Role::Template,
-            &spec.sandbox,
+            &spec.sandbox.map_network(Network::mechanism),
             &sandbox::Target {
                 program: python,
                 program_prefix: true,
@@ -337,6 +340,8 @@ impl Template {
                 bridge: None,
                 control: Some(child_ctl),
             },
+            // A template serves no network of its own: each run forked from it hands out its own.
+            None,
         )
         .map_err(|e| e.to_string())?;
         // Nothing of a template's own scratch is ever read.

@@ -2,14 +2,52 @@
 //! environment (a placeholder per secret, the trust variables naming the run's bundle), the bundle
 //! itself (the host's roots plus the run's own CA), and where a misuse is reported.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
+
+use serde::Serialize;
 
 use super::secrets::{Misuse, RunSecrets};
 use super::{Egress, Shared};
 
 /// Where the runner writes the run's trust bundle (in the run's own `/tmp`), read-only.
-pub const TRUST_BUNDLE_PATH: &str = "/tmp/.runpython-trust.pem";
+pub(crate) const TRUST_BUNDLE_PATH: &str = "/tmp/.runpython-trust.pem";
+
+/// The trust bundle a run with secrets gets, as its runner writes it: where (read-only), and the PEM
+/// (the host's roots and the run's own CA).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrustBundle {
+    /// Where the runner writes it (`/tmp/.runpython-trust.pem`, which the trust variables name).
+    pub path: &'static str,
+    /// The host's roots, then the run's CA.
+    pub pem: String,
+}
+
+/// What a run's or cell's runner gets for its secrets: the environment for the code (its request's
+/// variables, then each secret's placeholder and the trust variables) and the trust bundle to write
+/// (`None` without secrets). The runner's only: never part of the request's own `env`, so neither
+/// memo keys nor journals hold a placeholder.
+pub fn runner_env(
+    request_env: &BTreeMap<String, String>,
+    egress: Option<&Egress>,
+) -> (BTreeMap<String, String>, Option<TrustBundle>) {
+    let mut env = request_env.clone();
+    let Some(egress) = egress else {
+        return (env, None);
+    };
+    let Some(pem) = egress.trust_bundle() else {
+        return (env, None);
+    };
+    env.extend(egress.secret_env());
+    (
+        env,
+        Some(TrustBundle {
+            path: TRUST_BUNDLE_PATH,
+            pem,
+        }),
+    )
+}
 
 /// The variables TLS clients read their roots from, each set to [`TRUST_BUNDLE_PATH`] in a run
 /// with secrets: OpenSSL (Python's `ssl`, curl), requests, curl, Node and pip.
@@ -73,7 +111,7 @@ impl Egress {
     /// What the runner adds to the code's environment for this run or cell: each secret's
     /// placeholder under its name, and the trust variables naming [`TRUST_BUNDLE_PATH`]. Empty
     /// without secrets.
-    pub fn secret_env(&self) -> Vec<(String, String)> {
+    fn secret_env(&self) -> Vec<(String, String)> {
         let Some(secrets) = self.run_secrets() else {
             return Vec::new();
         };
@@ -88,7 +126,7 @@ impl Egress {
 
     /// The run's trust bundle: the host's roots and the run's CA, which signs the certificates the
     /// host shows for a secret's hosts. `None` without secrets.
-    pub fn trust_bundle(&self) -> Option<String> {
+    fn trust_bundle(&self) -> Option<String> {
         let secrets = self.run_secrets()?;
         let roots = host_roots();
         let sep = if roots.is_empty() || roots.ends_with('\n') {
@@ -105,16 +143,5 @@ impl Egress {
         if let Some(secrets) = self.run_secrets() {
             secrets.rotate();
         }
-    }
-
-    /// The secrets' values, for masking what is kept of the run (a server that echoes a request
-    /// back could hand the code its value).
-    pub fn secret_values(&self) -> Vec<(String, String)> {
-        self.shared
-            .policy
-            .secrets
-            .iter()
-            .map(|s| (s.name.clone(), s.value.clone()))
-            .collect()
     }
 }

@@ -39,7 +39,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
-use crate::network::{effective_ip, HostAddrs, NetworkPolicy, Verdict};
+use crate::policy::{effective_ip, HostAddrs, NetworkPolicy, Verdict};
 
 /// The TTL of every answer, in seconds: short, so a program that caches answers asks again soon.
 pub const ANSWER_TTL: u32 = 30;

@@ -16,10 +16,14 @@ use std::sync::Arc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use runpython_sandbox::EgressFds;
+
 use super::relay::{Pending, Upstreaming};
-use super::setup::RELAY_PORT;
 use super::Shared;
-use crate::network::{effective_ip, Verdict};
+use crate::policy::{effective_ip, Verdict};
+
+/// The relay's port in the run's namespace.
+const RELAY_PORT: u16 = EgressFds::RELAY_PORT;
 
 /// `PIDFD_THREAD` (Linux 6.9): a pidfd for a thread, not only a thread group's leader.
 const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;

@@ -20,6 +20,7 @@
 //! [`Misuse`]: they are only ever written into a request to the secret's own hosts.
 
 mod classify;
+mod http;
 mod proxy;
 mod rewrite;
 mod tls;
@@ -36,7 +37,7 @@ use memchr::memmem;
 use tokio::net::TcpStream;
 
 use super::Counters;
-pub use crate::network::Secret;
+pub use crate::policy::Secret;
 
 /// What every placeholder starts with.
 const PREFIX: &[u8] = b"rp_";

@@ -11,7 +11,7 @@ use hyper::http::request::Parts;
 use hyper::http::uri::{Authority, PathAndQuery};
 use hyper::{StatusCode, Uri};
 
-use super::proxy::{full, Body, Conn};
+use super::http::{full, Body, Dest};
 use super::{replace_all, Misuse, Secret};
 
 /// Headers that describe one hop, not the message: dropped when a request or response crosses
@@ -53,21 +53,21 @@ type ForHost<'a> = [(&'a Secret, String)];
 
 /// Checks and rewrites the request's head, and returns the body to forward.
 pub(super) async fn request(
-    conn: &Conn,
+    dest: &Dest<'_>,
     parts: &mut Parts,
     body: Incoming,
 ) -> Result<Body, Refused> {
-    check_host(conn, parts)?;
+    check_host(dest, parts)?;
     for text in texts(parts) {
-        misplaced(conn, &text)?;
+        misplaced(dest, &text)?;
     }
-    let matching = conn.secrets.for_host(&conn.host, conn.port);
+    let matching = dest.secrets.for_host(dest.host, dest.port);
     if matching.is_empty() {
         return Ok(body.boxed());
     }
     substitute_headers(&mut parts.headers, &matching)?;
     substitute_query(&mut parts.uri, &matching)?;
-    substitute_body(conn, &mut parts.headers, body, &matching).await
+    substitute_body(dest, &mut parts.headers, body, &matching).await
 }
 
 /// A host as compared: lowercase, without a trailing dot or an IPv6 address's brackets.
@@ -108,7 +108,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// The request must be for the connection's destination (its target's authority and its `Host`):
 /// one connection, one host, so a request cannot ride a secret's connection to another.
-fn check_host(conn: &Conn, parts: &Parts) -> Result<(), Refused> {
+fn check_host(dest: &Dest<'_>, parts: &Parts) -> Result<(), Refused> {
     let mut hosts = Vec::new();
     if let Some(authority) = parts.uri.authority() {
         hosts.push(authority.host().to_owned());
@@ -133,14 +133,14 @@ fn check_host(conn: &Conn, parts: &Parts) -> Result<(), Refused> {
             })?;
         hosts.push(authority.host().to_owned());
     }
-    match hosts.iter().find(|h| normalize_host(h) != conn.host) {
+    match hosts.iter().find(|h| normalize_host(h) != dest.host) {
         None => Ok(()),
         Some(other) => Err(Refused::plain(
             StatusCode::MISDIRECTED_REQUEST,
             &format!(
                 "runpython: this connection is to {}; a request for {other} needs a connection \
                  of its own",
-                conn.host
+                dest.host
             ),
         )),
     }
@@ -161,8 +161,8 @@ fn texts(parts: &Parts) -> Vec<Vec<u8>> {
 }
 
 /// Refuses (403, reported) a text holding a placeholder of a secret not for this host.
-fn misplaced(conn: &Conn, text: &[u8]) -> Result<(), Refused> {
-    let Some(secret) = conn.secrets.misplaced_in(text, &conn.host, conn.port) else {
+fn misplaced(dest: &Dest<'_>, text: &[u8]) -> Result<(), Refused> {
+    let Some(secret) = dest.secrets.misplaced_in(text, dest.host, dest.port) else {
         return Ok(());
     };
     let hosts: Vec<String> = secret.hosts.iter().map(ToString::to_string).collect();
@@ -171,15 +171,15 @@ fn misplaced(conn: &Conn, text: &[u8]) -> Result<(), Refused> {
         status: StatusCode::FORBIDDEN,
         body: format!(
             "runpython: {} is a secret for {hosts}, not for {}:{}; the request was not sent",
-            secret.name, conn.host, conn.port
+            secret.name, dest.host, dest.port
         ),
         misuse: Some(Misuse {
             secret: secret.name.clone(),
-            host: conn.host.clone(),
-            port: conn.port,
+            host: dest.host.to_owned(),
+            port: dest.port,
             reason: format!(
                 "its placeholder was sent to {}:{}, which is not among its hosts ({hosts})",
-                conn.host, conn.port
+                dest.host, dest.port
             ),
         }),
     })
@@ -294,7 +294,7 @@ fn percent_encode(bytes: &[u8]) -> String {
 /// Buffers the body, when a secret for this host opted in to bodies, and fills those secrets in;
 /// a body over the largest such limit is refused (413, reported).
 async fn substitute_body(
-    conn: &Conn,
+    dest: &Dest<'_>,
     headers: &mut HeaderMap,
     mut body: Incoming,
     matching: &ForHost<'_>,
@@ -318,8 +318,8 @@ async fn substitute_body(
         ),
         misuse: Some(Misuse {
             secret: secret.name.clone(),
-            host: conn.host.clone(),
-            port: conn.port,
+            host: dest.host.to_owned(),
+            port: dest.port,
             reason: format!("body over {limit} bytes"),
         }),
     };
@@ -346,7 +346,7 @@ async fn substitute_body(
             buffered.extend_from_slice(&data);
         }
     }
-    misplaced(conn, &buffered)?;
+    misplaced(dest, &buffered)?;
     for (secret, placeholder) in matching {
         if secret.body_limit.is_some_and(|l| buffered.len() <= l) {
             if let Some(new) =

@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use std::net::IpAddr;
-//! use runpython_sandbox::{HostAddrs, NetworkPolicy, Verdict};
+//! use runpython_egress::{HostAddrs, NetworkPolicy, Verdict};
 //!
 //! let policy = NetworkPolicy::allowing(["*.example.com:443"])?;
 //! let host = HostAddrs::from_list(vec![]);
@@ -52,7 +52,8 @@ const ALLOW_HOST_FLAG: &str = "--allow-host";
 /// The flag that allows the public internet; refusals name it.
 const ALLOW_NETWORK_FLAG: &str = "--allow-network";
 
-/// How a sandboxed process reaches the network.
+/// How a sandboxed process reaches the network, as its caller configures it (the sandbox's share is
+/// [`Network::mechanism`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Network {
@@ -64,6 +65,38 @@ pub enum Network {
     /// The host's network, unfiltered.
     Host,
 }
+
+impl Network {
+    /// What the sandbox is asked for: no network, the host's, or one the host mediates (a policy).
+    pub fn mechanism(&self) -> runpython_sandbox::Network {
+        match self {
+            Network::Off => runpython_sandbox::Network::Off,
+            Network::Policy(_) => runpython_sandbox::Network::Mediated,
+            Network::Host => runpython_sandbox::Network::Host,
+        }
+    }
+
+    /// The policy the host decides with, when it mediates.
+    pub fn policy(&self) -> Option<&NetworkPolicy> {
+        match self {
+            Network::Policy(policy) => Some(policy),
+            _ => None,
+        }
+    }
+
+    /// Names the policy in a sandbox's isolation report (its mode and rule count), where the sandbox
+    /// put it in force; any other report is left as it is.
+    pub fn describe(&self, isolation: &mut runpython_sandbox::Isolation) {
+        if let Network::Policy(policy) = self {
+            isolation.set_network_policy(policy.mode(), policy.rules());
+        }
+    }
+}
+
+/// A sandbox's layers and limits with the network as its caller configures it, a policy included:
+/// what runpython-core and runpython-deps are given. The sandbox takes
+/// `config.map_network(Network::mechanism)`.
+pub type Sandbox = runpython_sandbox::Sandbox<Network>;
 
 /// What a run may reach: the public internet or not, plus patterns and name pins.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -309,11 +342,8 @@ impl HostAddrs {
     /// The addresses of this host's interfaces now. Interfaces change (DHCP, VPNs, containers),
     /// so take this per run rather than once per process.
     pub fn current() -> Result<Self, Error> {
-        let interfaces = nix::ifaddrs::getifaddrs().map_err(|e| {
-            Error::Internal(format!(
-                "cannot list this host's network addresses (getifaddrs): {e}"
-            ))
-        })?;
+        let interfaces =
+            nix::ifaddrs::getifaddrs().map_err(|e| Error::HostAddrs(std::io::Error::from(e)))?;
         let ips = interfaces
             .filter_map(|interface| interface.address)
             .filter_map(|address| {
@@ -720,6 +750,48 @@ mod tests {
              --allow-host 10.0.0.1 would allow it"
         );
         assert!(NetworkPolicy::public_internet().answerable("x.test", ip("1.1.1.1"), &host));
+    }
+
+    #[test]
+    fn the_sandbox_is_asked_for_the_mechanism_and_the_report_names_the_policy() {
+        use runpython_sandbox::Network as Mechanism;
+        let policy = NetworkPolicy::allowing(["a.test", "b.test"]).unwrap();
+        let network = Network::Policy(policy.clone());
+        assert_eq!(network.mechanism(), Mechanism::Mediated);
+        assert_eq!(network.policy(), Some(&policy));
+        assert_eq!(Network::Off.mechanism(), Mechanism::Off);
+        assert_eq!(Network::Host.mechanism(), Mechanism::Host);
+        assert_eq!(Network::Host.policy(), None);
+        let config = Sandbox {
+            network: network.clone(),
+            ..Sandbox::default()
+        };
+        assert_eq!(
+            config.map_network(Network::mechanism).network,
+            Mechanism::Mediated
+        );
+        let mut report = runpython_sandbox::report(
+            &config.map_network(Network::mechanism),
+            std::time::Duration::from_secs(1),
+            false,
+        )
+        .unwrap();
+        let mediated = report
+            .missing
+            .iter()
+            .all(|m| !m.starts_with("network policy"));
+        network.describe(&mut report);
+        match mediated {
+            true => assert_eq!(
+                (report.network.as_str(), report.network_rules),
+                ("allowlist", Some(2))
+            ),
+            // Without the kernel's help the run has no network, and the report keeps saying so.
+            false => assert_eq!(
+                (report.network.as_str(), report.network_rules),
+                ("off", None)
+            ),
+        }
     }
 
     #[test]

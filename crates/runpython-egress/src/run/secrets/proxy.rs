@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::{Bytes, Incoming};
 use hyper::client::conn::{http1 as client1, http2 as client2};
 use hyper::header::{self, HeaderMap, HeaderValue};
@@ -27,13 +26,11 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::server::Acceptor;
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
+use super::http::{full, Body, Dest};
 use super::rewrite::{self, Refused};
 use super::tls::H2;
 use super::{Misuse, RunSecrets};
-use crate::egress::Counters;
-
-/// Bodies both ways: streamed from the other side, or made here.
-pub(super) type Body = BoxBody<Bytes, hyper::Error>;
+use crate::run::Counters;
 
 /// The host's connection to the destination.
 enum Upstream {
@@ -74,13 +71,13 @@ impl Drop for Tasks {
 }
 
 /// What one intercepted connection shares between its requests.
-pub(super) struct Conn {
+struct Conn {
     /// The run's secrets.
-    pub(super) secrets: Arc<RunSecrets>,
+    secrets: Arc<RunSecrets>,
     /// The destination's name or address, normalized (lowercase, no trailing dot, no brackets).
-    pub(super) host: String,
+    host: String,
     /// The destination's port.
-    pub(super) port: u16,
+    port: u16,
     /// Whether the run's side is TLS (and so the destination's).
     tls: bool,
     /// Whether the run's side speaks HTTP/2.
@@ -205,6 +202,15 @@ where
 }
 
 impl Conn {
+    /// What each request on this connection is checked against.
+    fn dest(&self) -> Dest<'_> {
+        Dest {
+            secrets: &self.secrets,
+            host: &self.host,
+            port: self.port,
+        }
+    }
+
     /// Answers one request of the run's: refused here, or forwarded.
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         match self.forward(req).await {
@@ -229,7 +235,7 @@ impl Conn {
         let upgrade = !self.h2 && rewrite::is_upgrade(req.headers());
         let run_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let body = rewrite::request(self, &mut parts, body).await?;
+        let body = rewrite::request(&self.dest(), &mut parts, body).await?;
         if upgrade {
             self.upgrading.store(true, Ordering::SeqCst);
         }
@@ -451,11 +457,6 @@ pub(super) fn text(status: StatusCode, body: &str, close: bool) -> Response<Body
         headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
-}
-
-/// A body made here.
-pub(super) fn full(bytes: Bytes) -> Body {
-    Full::new(bytes).map_err(|never| match never {}).boxed()
 }
 
 /// The run's end of the connection, counting what the code sent (read from it) and received

@@ -97,8 +97,10 @@ impl FromStr for HostPattern {
     type Err = Error;
 
     fn from_str(text: &str) -> Result<Self, Error> {
-        parse_pattern(text.trim())
-            .map_err(|why| Error::InvalidInput(format!("host pattern {text:?} {why}")))
+        parse_pattern(text.trim()).map_err(|why| Error::InvalidPattern {
+            text: text.to_owned(),
+            why,
+        })
     }
 }
 
@@ -335,7 +337,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::network::{Network, NetworkPolicy};
+    use crate::policy::{Network, NetworkPolicy};
 
     fn pattern(text: &str) -> HostPattern {
         text.parse().unwrap()

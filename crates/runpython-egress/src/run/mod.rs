@@ -1,0 +1,474 @@
+//! One run's egress: the network it needs, decided on the host for every connection and every
+//! lookup.
+//!
+//! A run whose network the sandbox mediates has a network namespace of its own, empty but for its
+//! loopback, on which the host holds three endpoints the run's first process made for it (the
+//! sandbox's `egress/setup.rs`, handed out as [`EgressFds`]): a resolver on `127.0.0.1:53` (UDP and
+//! TCP), and a relay on `127.0.0.1:1` and `[::1]:1`. The interpreter runs under a seccomp filter
+//! that hands every `connect(2)` to the host (a user notification):
+//!
+//! - TCP to anywhere but the run's own loopback: the host decides with the [`NetworkPolicy`], on the
+//!   address and on the names this run resolved to it ([`crate::policy`]). Refused: the connect fails at once
+//!   with `EACCES` (the runner names the rule in the exception). Allowed: the host connects to the
+//!   destination itself (through `HTTPS_PROXY` when the host has one), then connects the run's own
+//!   socket (a copy of its descriptor, `pidfd_getfd`) to the relay inside the run's namespace, and
+//!   the relay joins the two, counting bytes. A blocking connect returns once the destination
+//!   answered, with its real error if it did not; a non-blocking one (Python's sockets with a timeout,
+//!   asyncio) returns `EINPROGRESS` at once and a destination that then refuses resets the
+//!   connection.
+//! - UDP: to the run's resolver or its own loopback only; anything else is refused (QUIC falls back
+//!   to TCP). Unix sockets and the run's own loopback: the kernel's own connect, which cannot leave
+//!   the run's namespace.
+//! - Names: the resolver answers what the policy lets resolve, from the host's resolver (or a pin),
+//!   keeping only addresses the policy could allow; a refused name does not resolve.
+//!
+//! Why this way and not a TUN device with a user-space TCP/IP stack (smoltcp), or proxy variables:
+//! proxy variables leave every client that ignores them (a raw socket, a database driver) to fail or
+//! to need special handling, and a TUN device needs `/dev/net/tun`, which an unprivileged host often
+//! cannot open, and a second TCP stack per connection. Here the code keeps the kernel's sockets with
+//! their real semantics, the host decides every connection before a packet leaves, and the run never
+//! holds a socket of the host's namespace, so nothing it does to a socket (reconnecting it, TCP Fast
+//! Open, another architecture's system calls, a race on the address it passed) can reach past the
+//! relay: its namespace has no route anywhere. It works the same for a root and an unprivileged host.
+
+pub(crate) mod credentials;
+mod dns;
+mod notify;
+mod relay;
+mod report;
+pub(crate) mod secrets;
+mod upstream;
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use runpython_sandbox::{EgressChannel, EgressFds};
+
+use crate::policy::{HostAddrs, HostPattern, NetworkPolicy, Verdict};
+
+pub(crate) use report::Counters;
+use report::Log;
+pub use report::{LogEntry, Mark, NetworkReport, Refusal};
+
+/// Log entries a run keeps; past them, connections and lookups are counted, not listed.
+const MAX_LOG_ENTRIES: usize = 10_000;
+
+/// Refusals the envelope names; past them, they are counted.
+const MAX_REFUSED_LISTED: usize = 16;
+
+/// Connections one run may hold through the relay at once.
+pub(crate) const MAX_LIVE_CONNECTIONS: usize = 256;
+
+/// What the notification handler, the relay and the resolver share for one run.
+pub(crate) struct Shared {
+    pub policy: Arc<NetworkPolicy>,
+    pub host: Arc<HostAddrs>,
+    /// Why the host's addresses are unknown, when they are: every connection is refused.
+    pub host_unknown: Option<String>,
+    pub resolved: Arc<dns::Resolved>,
+    pub upstream: upstream::Upstream,
+    pub pairing: relay::Pairing,
+    started: Instant,
+    log: Mutex<Log>,
+    /// The latest refusals, for the runner's exception message.
+    reasons: Mutex<std::collections::VecDeque<Remembered>>,
+    live: AtomicU64,
+    /// Set when the run's egress is dropped: every relayed connection closes.
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// A run's narrowing of the policy (its request's hosts): a connection must pass both.
+    narrow: Mutex<Option<Arc<NetworkPolicy>>>,
+    /// The run's secrets (placeholders, its CA), when the policy has any.
+    pub secrets: Option<Arc<secrets::RunSecrets>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Logs a lookup.
+    pub(crate) fn lookup(&self, lookup: dns::Lookup) {
+        let entry = LogEntry {
+            at_ms: self.elapsed_ms(),
+            kind: "lookup",
+            name: Some(lookup.name),
+            addr: None,
+            port: None,
+            decision: if lookup.refused.is_some() {
+                "refused"
+            } else {
+                "allowed"
+            },
+            rule: None,
+            reason: lookup.refused,
+            answers: lookup.answered,
+            bytes_out: 0,
+            bytes_in: 0,
+            counters: None,
+        };
+        self.push(entry);
+    }
+
+    /// Logs a refused connect and remembers why, for the runner.
+    pub(crate) fn refused(
+        &self,
+        kind: &'static str,
+        name: Option<String>,
+        addr: IpAddr,
+        port: u16,
+        reason: String,
+    ) {
+        {
+            let mut reasons = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
+            if reasons.len() >= REMEMBERED {
+                reasons.pop_front();
+            }
+            reasons.push_back(Remembered {
+                addr: addr.to_string(),
+                name: name.clone(),
+                port,
+                reason: reason.clone(),
+            });
+        }
+        self.push(LogEntry {
+            at_ms: self.elapsed_ms(),
+            kind,
+            name,
+            addr: Some(addr),
+            port: Some(port),
+            decision: "refused",
+            rule: None,
+            reason: Some(reason),
+            answers: Vec::new(),
+            bytes_out: 0,
+            bytes_in: 0,
+            counters: None,
+        });
+    }
+
+    /// Logs an allowed connection; the relay counts its bytes into what this returns.
+    pub(crate) fn connected(
+        &self,
+        name: Option<String>,
+        dest: SocketAddr,
+        rule: Option<String>,
+    ) -> (Arc<Counters>, usize) {
+        let counters = Arc::new(Counters::default());
+        let index = self.push(LogEntry {
+            at_ms: self.elapsed_ms(),
+            kind: "connect",
+            name,
+            addr: Some(dest.ip()),
+            port: Some(dest.port()),
+            decision: "allowed",
+            rule,
+            reason: None,
+            answers: Vec::new(),
+            bytes_out: 0,
+            bytes_in: 0,
+            counters: Some(Arc::clone(&counters)),
+        });
+        (counters, index)
+    }
+
+    /// An allowed connection whose destination did not answer: its entry says so.
+    pub(crate) fn failed(&self, index: usize, why: String) {
+        let mut log = self.lock();
+        if let Some(entry) = log.entries.get_mut(index) {
+            entry.decision = "failed";
+            entry.reason = Some(why);
+        }
+    }
+
+    fn push(&self, entry: LogEntry) -> usize {
+        let mut log = self.lock();
+        if log.entries.len() >= MAX_LOG_ENTRIES {
+            log.dropped += 1;
+            match (entry.kind, entry.decision) {
+                (_, "refused") => log.dropped_refusals += 1,
+                ("lookup", _) => log.dropped_lookups += 1,
+                _ => log.dropped_connections += 1,
+            }
+            return usize::MAX;
+        }
+        log.entries.push(entry);
+        log.entries.len() - 1
+    }
+
+    /// The decision on a TCP connect to `ip:port`, reached through `names`: the policy's, and the
+    /// run's narrowing of it.
+    pub(crate) fn decide(&self, ip: IpAddr, port: u16, names: &[&str]) -> Verdict {
+        if let Some(why) = &self.host_unknown {
+            return Verdict::Refuse {
+                reason: why.clone(),
+            };
+        }
+        let verdict = self.policy.decide(ip, port, names, &self.host);
+        let narrow = self
+            .narrow
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match (verdict, narrow) {
+            (Verdict::Allow { rule }, Some(narrow)) => {
+                match narrow.decide(ip, port, names, &self.host) {
+                    Verdict::Allow { .. } => Verdict::Allow { rule },
+                    Verdict::Refuse { .. } => Verdict::Refuse {
+                        reason: format!(
+                            "{} is not among the hosts this run was given (its allow_hosts)",
+                            match names.first() {
+                                Some(name) =>
+                                    format!("{}:{port} ({name})", SocketAddr::new(ip, port)),
+                                None => SocketAddr::new(ip, port).to_string(),
+                            }
+                        ),
+                    },
+                }
+            }
+            (verdict, _) => verdict,
+        }
+    }
+
+    /// A relayed connection started (false: the run is at its limit).
+    pub(crate) fn enter_live(&self) -> bool {
+        if self.live.fetch_add(1, Ordering::SeqCst) >= MAX_LIVE_CONNECTIONS as u64 {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// A relayed connection ended.
+    pub(crate) fn leave_live(&self) {
+        self.live.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A run's egress: the host's side of its network, running until dropped.
+pub struct Egress {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Egress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Egress")
+            .field("mode", &self.shared.policy.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Egress {
+    fn drop(&mut self) {
+        self.task.abort();
+        // The relay's connections end with it.
+        let _ = self.shared.shutdown.send(true);
+    }
+}
+
+impl Egress {
+    /// Starts the host's side for a run whose processes send their descriptors over `channel` (a
+    /// spawned sandbox's `Child::egress`): the sockets first, then the notifier's listener. Must be
+    /// called within a tokio runtime.
+    pub fn start(channel: EgressChannel, policy: Arc<NetworkPolicy>) -> Egress {
+        let shared = Shared::new(policy);
+        let task = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                // No descriptors: the run failed to set up, which its spawn reports.
+                if let Ok(fds) = channel.receive().await {
+                    serve(fds, shared).await;
+                }
+            })
+        };
+        Egress { shared, task }
+    }
+
+    /// Starts the host's side for descriptors already received (a run forked from a template sends
+    /// them with its other descriptors). Must be called within a tokio runtime.
+    pub fn start_with(fds: EgressFds, policy: Arc<NetworkPolicy>) -> Egress {
+        let shared = Shared::new(policy);
+        let task = tokio::spawn(serve(fds, Arc::clone(&shared)));
+        Egress { shared, task }
+    }
+
+    /// Narrows the policy for what runs next (a run's or a cell's own hosts; `None`: the whole
+    /// policy). It can only narrow: a connection must pass the policy too.
+    pub fn narrow(&self, patterns: Option<Vec<HostPattern>>) {
+        let narrowed = patterns.map(|allow| {
+            Arc::new(NetworkPolicy {
+                public: false,
+                allow,
+                resolve: self.shared.policy.resolve.clone(),
+                ..NetworkPolicy::default()
+            })
+        });
+        *self.shared.narrow.lock().unwrap_or_else(|p| p.into_inner()) = narrowed;
+    }
+
+    /// A handle answering why connections were refused, for the run's tools.
+    pub fn query(&self) -> EgressQuery {
+        EgressQuery {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Asks a run's egress why a connection was refused (cheap to clone; outlives nothing).
+#[derive(Clone)]
+pub struct EgressQuery {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EgressQuery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressQuery").finish_non_exhaustive()
+    }
+}
+
+impl EgressQuery {
+    /// Why the latest connect to `host` (an address, or the name the code passed) and `port` was
+    /// refused: by address, else by name, else the latest refusal on that port.
+    pub fn refusal_reason(&self, host: &str, port: u16) -> Option<String> {
+        let host = host
+            .parse::<IpAddr>()
+            .map(|ip| crate::policy::effective_ip(ip).to_string())
+            .unwrap_or_else(|_| host.trim_end_matches('.').to_ascii_lowercase());
+        let reasons = self
+            .shared
+            .reasons
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        reasons
+            .iter()
+            .rev()
+            .find(|r| r.addr == host && r.port == port)
+            .or_else(|| {
+                reasons
+                    .iter()
+                    .rev()
+                    .find(|r| r.name.as_deref() == Some(host.as_str()) && r.port == port)
+            })
+            .or_else(|| reasons.iter().rev().find(|r| r.port == port))
+            .map(|r| r.reason.clone())
+    }
+}
+
+/// A refusal remembered for the runner's exception message.
+struct Remembered {
+    addr: String,
+    name: Option<String>,
+    port: u16,
+    reason: String,
+}
+
+/// Refusals remembered for the runner.
+const REMEMBERED: usize = 64;
+
+impl Shared {
+    fn new(policy: Arc<NetworkPolicy>) -> Arc<Shared> {
+        // Without the host's own addresses no address can be told apart from them: every
+        // connection is then refused, with why, rather than one of them let through.
+        let host = HostAddrs::current();
+        let mut host_unknown = host.as_ref().err().map(|e| {
+            format!("the host's own addresses cannot be read ({e}), so no connection is allowed")
+        });
+        let secrets = if policy.secrets.is_empty() {
+            None
+        } else {
+            match secrets::RunSecrets::new(policy.secrets.clone(), &policy.upstream_cas) {
+                Ok(secrets) => Some(Arc::new(secrets)),
+                Err(e) => {
+                    host_unknown.get_or_insert(format!(
+                        "the run's secrets could not be prepared ({e}), so no connection is allowed"
+                    ));
+                    None
+                }
+            }
+        };
+        Arc::new(Shared {
+            host: Arc::new(host.unwrap_or_else(|_| HostAddrs::from_list(Vec::new()))),
+            host_unknown,
+            resolved: Arc::new(dns::Resolved::new()),
+            upstream: upstream::Upstream::from_env(),
+            pairing: relay::Pairing::default(),
+            started: Instant::now(),
+            log: Mutex::new(Log::default()),
+            reasons: Mutex::new(std::collections::VecDeque::new()),
+            live: AtomicU64::new(0),
+            shutdown: tokio::sync::watch::channel(false).0,
+            narrow: Mutex::new(None),
+            secrets,
+            policy,
+        })
+    }
+}
+
+/// The run's resolver on its two sockets, each lookup logged.
+async fn serve_dns(udp: OwnedFd, tcp: OwnedFd, shared: Arc<Shared>) {
+    let sockets = (|| -> std::io::Result<_> {
+        let udp = std::net::UdpSocket::from(udp);
+        udp.set_nonblocking(true)?;
+        let tcp = std::net::TcpListener::from(tcp);
+        tcp.set_nonblocking(true)?;
+        Ok((
+            tokio::net::UdpSocket::from_std(udp)?,
+            tokio::net::TcpListener::from_std(tcp)?,
+        ))
+    })();
+    let Ok((udp, tcp)) = sockets else {
+        return std::future::pending().await;
+    };
+    let log = Arc::clone(&shared);
+    let secrets = shared.secrets.clone();
+    dns::serve(
+        udp,
+        tcp,
+        Arc::clone(&shared.policy),
+        Arc::clone(&shared.host),
+        Arc::new(dns::HostResolver),
+        Arc::clone(&shared.resolved),
+        dns::Hooks {
+            on_lookup: Arc::new(move |lookup| log.lookup(lookup)),
+            screen: Arc::new(move |name: &str| {
+                let secret = secrets.as_ref()?.placeholder_in(name.as_bytes())?;
+                Some(format!(
+                    "secret {secret}: its placeholder is in the name looked up; a lookup reaches \
+                 whoever serves the name, so it was not sent"
+                ))
+            }),
+        },
+    )
+    .await;
+}
+
+/// Serves the run's network until its processes are gone (or the handle is dropped).
+async fn serve(fds: EgressFds, shared: Arc<Shared>) {
+    let EgressFds {
+        dns_udp,
+        dns_tcp,
+        relay4,
+        relay6,
+        listener,
+    } = fds;
+    shared
+        .pairing
+        .v6
+        .store(relay6.is_some(), std::sync::atomic::Ordering::Relaxed);
+    let resolver = serve_dns(dns_udp, dns_tcp, Arc::clone(&shared));
+    let relay = relay::serve(relay4, relay6, Arc::clone(&shared));
+    let notify = notify::serve(listener, Arc::clone(&shared));
+    // The notifier ends when no process of the run is left to notify; the others serve until then.
+    tokio::select! {
+        () = notify => {}
+        () = resolver => {}
+        () = relay => {}
+    }
+}
