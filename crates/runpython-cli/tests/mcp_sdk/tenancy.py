@@ -209,7 +209,7 @@ async def two_tokens(store, label, tmp):
 async def quota(tmp):
     store = f"file://{tmp}/quota"
     tokens = {"alice": new_token(), "bob": new_token()}
-    with Serve("--store", store, "--max-stored-bytes-per-token", "150000", "--timeout", "60", tokens=tokens) as serve:
+    with Serve("--store", store, "--max-stored-bytes-per-token", "300000", "--timeout", "60", tokens=tokens) as serve:
         async with serve.client("alice") as alice, serve.client("bob") as bob:
             big = "import os\nopen('big.bin', 'wb').write(os.urandom(200_000))\n'big'"
             first = envelope_of(await alice.call_tool("run_python", {"code": big}))
