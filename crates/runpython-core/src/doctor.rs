@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::engine::RunPython;
-use crate::result::envelope::Isolation;
+use crate::protocol::envelope::Isolation;
+use crate::RunPython;
 use runpython_sandbox::KernelReport;
 
 /// A host's readiness for runs of one engine.
@@ -45,51 +45,49 @@ pub struct Doctor {
     pub open_files: (u64, u64),
 }
 
-impl RunPython {
-    /// What this host and this engine's configuration give runs, without running anything.
-    pub async fn doctor(&self) -> Doctor {
-        let (isolation, isolation_error) = match self.isolation_report() {
-            Ok(report) => (Some(report), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        let python = match self.interpreter().await {
-            Ok(found) => {
-                let (major, minor, patch) = found.version;
-                format!("{} ({major}.{minor}.{patch})", found.executable.display())
-            }
-            Err(e) => format!("not found: {e}"),
-        };
-        let deps = self.deps();
-        let (installer, environments) = deps.installer();
-        let policy = deps.policy();
-        Doctor {
-            kernel: runpython_sandbox::kernel_report(),
-            isolation,
-            isolation_error,
-            python,
-            cache_dir: crate::policy::env_vars::cache_dir(),
-            environments,
-            installer,
-            uv: runpython_deps::UvProvider::find().map(|uv| uv.program().to_path_buf()),
-            // With the hosts of the installer's configuration, as an install gets them.
-            install_isolation: {
-                let network = runpython_deps::install_network(&policy.sandbox.network, &[]);
-                runpython_sandbox::report(
-                    &policy.sandbox.map_network(|_| network.mechanism()),
-                    deps.timeout(),
-                    false,
-                )
-                .map(|mut report| {
-                    network.describe(&mut report);
-                    report
-                })
-                .map_err(|e| e.to_string())
-            },
-            source_builds: policy.source_builds,
-            allowed_packages: policy.allowed_packages.clone(),
-            store: self.store().map(|store| store.url().to_owned()),
-            open_files: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-                .unwrap_or((0, 0)),
+/// What this host and this engine's configuration give runs, without running anything.
+pub async fn doctor(engine: &RunPython) -> Doctor {
+    let (isolation, isolation_error) = match engine.isolation_report() {
+        Ok(report) => (Some(report), None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let python = match engine.interpreter().await {
+        Ok(found) => {
+            let (major, minor, patch) = found.version;
+            format!("{} ({major}.{minor}.{patch})", found.executable.display())
         }
+        Err(e) => format!("not found: {e}"),
+    };
+    let deps = engine.deps();
+    let (installer, environments) = deps.installer();
+    let policy = deps.policy();
+    Doctor {
+        kernel: runpython_sandbox::kernel_report(),
+        isolation,
+        isolation_error,
+        python,
+        cache_dir: crate::policy::env_vars::cache_dir(),
+        environments,
+        installer,
+        uv: runpython_deps::UvProvider::find().map(|uv| uv.program().to_path_buf()),
+        // With the hosts of the installer's configuration, as an install gets them.
+        install_isolation: {
+            let network = runpython_deps::install_network(&policy.sandbox.network, &[]);
+            runpython_sandbox::report(
+                &policy.sandbox.map_network(|_| network.mechanism()),
+                deps.timeout(),
+                false,
+            )
+            .map(|mut report| {
+                network.describe(&mut report);
+                report
+            })
+            .map_err(|e| e.to_string())
+        },
+        source_builds: policy.source_builds,
+        allowed_packages: policy.allowed_packages.clone(),
+        store: engine.store().map(|store| store.url().to_owned()),
+        open_files: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .unwrap_or((0, 0)),
     }
 }

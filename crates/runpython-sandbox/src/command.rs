@@ -3,15 +3,16 @@
 //! output, its end.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use crate::copy::{copy_tree, open_dir_beneath, CopyReport};
 use crate::error::Error;
+use crate::fd::copy::copy_tree;
+use crate::fd::{BeneathDir, CopyReport};
 use crate::plan::{prepare, Role, Target};
 use crate::report::Isolation;
 use crate::run_dir::{create_run_dir, discard_run_dir};
@@ -154,7 +155,7 @@ impl Command {
         let scratch = match (held, child.handoff.take()) {
             (Some(held), _) => held,
             (None, Some(handoff)) => {
-                crate::sys::recv_fd(handoff.as_raw_fd()).map_err(|source| Error::Setup {
+                crate::fd::pass::recv_fd(handoff.as_raw_fd()).map_err(|source| Error::Setup {
                     step: "handing the scratch directory to the host",
                     source,
                 })?
@@ -163,7 +164,7 @@ impl Command {
         };
         Ok(Sandboxed {
             child,
-            scratch: Scratch(scratch),
+            scratch: Scratch(BeneathDir::from_owned(scratch)),
             isolation,
             run_dir: Some(run_dir),
         })
@@ -300,23 +301,23 @@ impl Drop for Sandboxed {
 /// A sandboxed process's scratch, as the host holds it: a descriptor taken before the process
 /// started, read beneath only.
 #[derive(Debug)]
-pub struct Scratch(OwnedFd);
+pub struct Scratch(BeneathDir);
 
 impl Scratch {
     /// Copies the tree `from` (relative: `work/site`) to the new host directory `to`: regular files
     /// and directories only, at most `max_bytes` (blocking; see [`CopyReport`]).
     pub fn copy_out(&self, from: &Path, to: &Path, max_bytes: u64) -> Result<CopyReport, Error> {
-        copy_tree(self.0.as_fd(), from, to, max_bytes)
+        copy_tree(&self.0, from, to, max_bytes)
     }
 
     /// Whether `rel` is a directory beneath the scratch.
     pub fn has_dir(&self, rel: &Path) -> bool {
-        open_dir_beneath(self.0.as_fd(), rel).is_ok()
+        self.0.path(rel).is_ok()
     }
 
-    /// The descriptor.
-    pub fn as_fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
+    /// The scratch, read beneath only.
+    pub fn dir(&self) -> &BeneathDir {
+        &self.0
     }
 
     /// Another handle on the same scratch (for a blocking task).

@@ -13,9 +13,10 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 
+use super::fd::pass::send_fd;
 use super::plan::Exec;
 use super::sys::{
-    cloexec_from, close_from, cvt, exit_like, read_exact_fd, send_fd, set_pdeathsig, set_rlimit,
+    cloexec_from, close_from, cvt, exit_like, read_exact_fd, set_pdeathsig, set_rlimit,
     write_all_fd, zero_host_args, AtStep, Step, StepError,
 };
 use super::userns::{drop_ids, forbid_nested_user_namespaces};
@@ -24,7 +25,12 @@ use super::{cgroup, landlock, mounts, seccomp, Plan};
 /// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
 /// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
 /// A failure reaches the host's `spawn` as an `io::Error` that [`StepError::from_io`] decodes.
-pub fn enter(plan: &Plan) -> io::Result<()> {
+///
+/// # Safety
+///
+/// Only between fork and exec, in the child: it unshares, mounts, changes credentials and may
+/// never return from a process that is a copy of the host.
+pub(crate) unsafe fn enter(plan: &Plan) -> io::Result<()> {
     enter_steps(plan).map_err(StepError::to_io)
 }
 

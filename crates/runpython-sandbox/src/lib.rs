@@ -31,7 +31,7 @@
 //! (`probe::kernel`, probed once per process) and who the host is into a `decide::Decision` (pure
 //! data: `RunPython::isolation_report` prints it without building anything); [`prepare`] builds that
 //! decision into a [`Plan`] (the uid, the mount plan, the Landlock ruleset, the rlimits, a network
-//! namespace made ahead of time); [`init::enter`] runs between fork and exec and makes plain system
+//! namespace made ahead of time); `init::enter` runs between fork and exec and makes plain system
 //! calls on the plan's precomputed C strings. A failure in any process of the run names its step
 //! ([`sys::StepError`]).
 //!
@@ -89,7 +89,7 @@
 //! - Nothing a run starts outlives it: with a PID namespace G SIGKILLs every other process of the run
 //!   before the host is told the run ended, and the kernel kills any left when G dies (G dies with S via
 //!   PDEATHSIG, S with the host or the group kill); without one, the group is killed and, with a run
-//!   uid, every process of that uid is swept ([`kill_all_of_uid`]).
+//!   uid, every process of that uid is swept (`userns::kill_all_of_uid`).
 //! - PDEATHSIG is set again after every fork and credential change (both clear it).
 //! - S and G close every descriptor, so pipes reach end of file when H's last holder exits; H keeps
 //!   only stdin, stdout, stderr, the result pipe (3) and the bridge (4).
@@ -104,10 +104,10 @@
 mod cgroup;
 mod clone_vm;
 mod command;
-mod copy;
 mod decide;
 mod egress;
 mod error;
+pub mod fd;
 mod fork_check;
 mod init;
 mod landlock;
@@ -130,25 +130,18 @@ use std::path::PathBuf;
 
 pub use cgroup::RunCgroup;
 pub use command::{Command, Output, Sandboxed, Scratch};
-pub use copy::CopyReport;
 pub use egress::{EgressChannel, EgressFds};
 pub use error::Error;
+pub use fd::{BeneathDir, CollectLimits, CopyReport};
 pub use fork_check::{ForkCheck, VerifiedRun};
-pub use init::enter;
-pub use netns::refill as refill_netns;
 pub use plan::{kernel_report, prepare, report, template_eligible, Plan, Role, Target};
 pub use probe::KernelReport;
 pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};
 pub use run_dir::{create_run_dir, discard_run_dir};
 pub use spawn::{spawn, Child, GroupGuard, Spawn, StdinFrom};
-pub use sys::{
-    close_from, dup_high, exit_like, pass_credentials, pidfd_signal, pipe as pipe_pair, recv_fd,
-    recv_with_fds, recv_with_fds_and_sender, send_with_fds, seqpacket_pair, set_pdeathsig, Step,
-    StepError,
-};
+pub use sys::{close_from, exit_like, set_pdeathsig, Step, StepError};
 pub use template::{prepare_fork, ForkPlan};
-pub use userns::{is_run_uid, kill_all_of_uid};
-pub use view::{SCRATCH, SCRATCH_DIRS};
+pub use view::SCRATCH;
 
 /// How a sandboxed process reaches the network: the mechanism only. What a mediated run may reach is
 /// its caller's policy (runpython-egress), served from the descriptors the run hands out.

@@ -16,7 +16,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::sys::{cvt, getegid, geteuid, in_forked_child, open_high, pipe, wait_exit_code};
+use super::fd::pass::pipe;
+use super::sys::{cvt, getegid, geteuid, in_forked_child, open_high, wait_exit_code};
 use super::sys::{AtStep, Step, StepError};
 use super::userns::IdMaps;
 

@@ -207,7 +207,7 @@ fn run() -> Kernel {
 
 /// Whether a process can install the connect notifier (and so hand the host its connects).
 fn probe_egress() -> Result<(), String> {
-    let (host, child) = super::sys::seqpacket_pair().map_err(|e| e.to_string())?;
+    let (host, child) = super::fd::pass::seqpacket_pair().map_err(|e| e.to_string())?;
     let result = in_forked_child(Step::Fork, || {
         // SAFETY: prctl with integer arguments.
         cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(Step::NoNewPrivs)?;

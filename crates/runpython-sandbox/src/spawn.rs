@@ -12,8 +12,9 @@ use nix::unistd::Pid;
 use crate::cgroup::RunCgroup;
 use crate::egress::EgressChannel;
 use crate::error::Error;
+use crate::fd::pass::seqpacket_pair;
 use crate::plan::Plan;
-use crate::sys::{dup_high, seqpacket_pair, StepError};
+use crate::sys::{dup_high, StepError};
 
 /// Kills the sandboxed process's whole process group when dropped, so a timeout, a cancellation or a
 /// dropped future leaves no survivor behind (children that stay in the group included). Without a
@@ -87,7 +88,7 @@ pub struct Child {
     /// Its cgroup: removed when dropped, after the group is killed.
     pub cgroup: Option<RunCgroup>,
     /// With a filesystem view: the host's end of the socket the scratch's descriptor arrives through
-    /// (its first process sends it before the command starts; [`crate::recv_fd`]).
+    /// (its first process sends it before the command starts; [`crate::fd::recv_fd`]).
     pub handoff: Option<OwnedFd>,
     /// With [`crate::Network::Mediated`] (when it is in force): the host's end of the socket the
     /// run's egress descriptors arrive through (its first process sends the sockets before the command

@@ -45,8 +45,8 @@ pub(crate) fn template_userns() -> Result<&'static std::os::fd::OwnedFd, String>
 
 fn make_template_userns() -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::AsRawFd;
-    let (ready_r, ready_w) = super::sys::pipe()?;
-    let (release_r, release_w) = super::sys::pipe()?;
+    let (ready_r, ready_w) = super::fd::pass::pipe()?;
+    let (release_r, release_w) = super::fd::pass::pipe()?;
     let mut args = Helper {
         close: [ready_r.as_raw_fd(), release_w.as_raw_fd()],
         ready: ready_w.as_raw_fd(),

@@ -209,3 +209,21 @@ mod tests {
         );
     }
 }
+
+/// A file to keep with a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFile {
+    /// Path relative to the run directory, `/`-separated.
+    pub name: String,
+    /// Its content.
+    pub bytes: Vec<u8>,
+}
+
+/// A file that was not kept, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedFile {
+    /// Path relative to the run directory.
+    pub name: String,
+    /// Why it was skipped (`symlink`, `larger than 10485760 bytes`, ...).
+    pub reason: String,
+}

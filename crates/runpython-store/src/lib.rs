@@ -55,7 +55,6 @@
 mod artifact;
 mod backend;
 mod blobs;
-mod collect;
 pub mod conformance;
 mod error;
 mod gc;
@@ -75,12 +74,8 @@ mod usage;
 /// same version of the crate.
 pub use object_store;
 
-pub use artifact::{Artifact, ArtifactKind, ListedArtifact};
+pub use artifact::{Artifact, ArtifactKind, ListedArtifact, RunFile, SkippedFile};
 pub use backend::{default_local_url, StoreOptions};
-pub use collect::{
-    collect_files, collect_files_in, BeneathDir, CollectLimits, CollectedFiles, RunFile,
-    SkippedFile, MAX_SKIPPED_NAMED,
-};
 pub use error::{error_report, Error};
 pub use gc::GcReport;
 pub use layout::LAYOUT_VERSION;

@@ -9,9 +9,8 @@ use futures_util::stream::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::artifact::{Artifact, ArtifactKind, ListedArtifact};
+use crate::artifact::{Artifact, ArtifactKind, ListedArtifact, RunFile, SkippedFile};
 use crate::backend::{self, StoreOptions};
-use crate::collect::{RunFile, SkippedFile};
 use crate::error::{Error, Result};
 use crate::layout::{self, Layout};
 use crate::memo_cache::{self, MemoCache};
@@ -52,6 +51,10 @@ impl Default for Tier {
 }
 
 /// Everything a run keeps, as the core hands it over (already redacted).
+/// A run's manifest names at most this many of the entries it left and were not kept; the rest are
+/// counted by reason.
+const MAX_SKIPPED_NAMED: usize = 32;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRecord {
     /// Identity: ASCII letters, digits, `-`, `_`, `.`; at most 128 characters.
@@ -414,7 +417,7 @@ impl Store {
                 skipped_files: run
                     .skipped_files
                     .into_iter()
-                    .take(crate::MAX_SKIPPED_NAMED)
+                    .take(MAX_SKIPPED_NAMED)
                     .map(|s| SkippedFileV1 {
                         name: s.name,
                         reason: s.reason,

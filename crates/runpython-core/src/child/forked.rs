@@ -39,7 +39,7 @@ impl Init {
 
     pub(crate) fn kill(&self) {
         if let Some(init) = &self.0 {
-            let _ = runpython_sandbox::pidfd_signal(init.as_raw_fd(), libc::SIGKILL);
+            let _ = runpython_sandbox::fd::pidfd_signal(init.as_raw_fd(), libc::SIGKILL);
         }
     }
 }

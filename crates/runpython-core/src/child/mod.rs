@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runpython_bridge::HostEnd;
-use runpython_store::BeneathDir;
+use runpython_sandbox::BeneathDir;
 
 pub(crate) use code_dir::{bytecode_ready, code_dir, code_version, ensure_bytecode};
 pub(crate) use output::{capture, take_capture, Captured, Closed, FullStream, HeadTail};
@@ -29,7 +29,7 @@ pub use template::TemplateStatus;
 pub(crate) use template::Templates;
 
 use crate::error::Error;
-use crate::result::envelope::Isolation;
+use crate::protocol::envelope::Isolation;
 use runpython_egress::{Network, Sandbox};
 
 /// An interpreter started for a run (cold, or ahead of time by the pool).
@@ -160,7 +160,7 @@ impl SlotSpec {
             (Some(held), _) => held,
             (None, Some(handoff)) => {
                 // The run's first process sent it before the interpreter could start.
-                let fd = runpython_sandbox::recv_fd(handoff.as_raw_fd())
+                let fd = runpython_sandbox::fd::recv_fd(handoff.as_raw_fd())
                     .and_then(|fd| BeneathDir::from_fd(fd.as_fd()))
                     .map_err(|source| Error::SandboxSetup {
                         step: "handing the run's scratch directory to the host",

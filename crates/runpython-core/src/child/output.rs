@@ -7,8 +7,8 @@ use runpython_store::Redactor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::request::Event;
-use crate::result::envelope::StreamTruncation;
+use crate::protocol::envelope::StreamTruncation;
+use crate::protocol::request::Event;
 
 /// Keeps the head and tail of a stream within `max_chars` characters, decoding UTF-8 across chunk edges.
 #[derive(Debug)]

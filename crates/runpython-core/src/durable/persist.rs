@@ -7,15 +7,13 @@ use std::time::Duration;
 
 use runpython_bridge::canonical_json;
 use runpython_deps::{Interpreter, PreparedEnv};
-use runpython_store::{
-    memo_key, ArtifactKind, BeneathDir, CollectLimits, CollectedFiles, MemoKey, Redactor,
-    RunRecord, Store, Tier,
-};
+use runpython_sandbox::fd::{BeneathDir, CollectLimits, CollectedFiles};
+use runpython_store::{memo_key, ArtifactKind, MemoKey, Redactor, RunRecord, Store, Tier};
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::request::{Limits, RunRequest};
-use crate::result::envelope::Envelope;
+use crate::protocol::envelope::Envelope;
+use crate::protocol::request::{Limits, RunRequest};
 
 /// Where and how runs are kept.
 #[derive(Debug, Clone)]
@@ -45,12 +43,12 @@ pub(crate) async fn collect_run_files(
     limits: CollectLimits,
 ) -> Result<CollectedFiles, Error> {
     tokio::task::spawn_blocking(move || match scratch.dir("work") {
-        Ok(work) => runpython_store::collect_files_in(&work, &limits),
+        Ok(work) => runpython_sandbox::fd::collect_files_in(&work, &limits),
         Err(e) => {
             let reason = format!("the working directory is no longer a directory ({e})");
             CollectedFiles {
                 files: Vec::new(),
-                skipped: vec![runpython_store::SkippedFile {
+                skipped: vec![runpython_sandbox::fd::SkippedEntry {
                     name: "work".into(),
                     reason: reason.clone(),
                 }],
@@ -337,8 +335,22 @@ pub(crate) async fn keep_run(
             }
             None => "null".into(),
         },
-        files: files.files,
-        skipped_files: files.skipped,
+        files: files
+            .files
+            .into_iter()
+            .map(|f| runpython_store::RunFile {
+                name: f.name,
+                bytes: f.bytes,
+            })
+            .collect(),
+        skipped_files: files
+            .skipped
+            .into_iter()
+            .map(|s| runpython_store::SkippedFile {
+                name: s.name,
+                reason: s.reason,
+            })
+            .collect(),
         skipped_counts: files.skipped_counts,
         stored,
     };

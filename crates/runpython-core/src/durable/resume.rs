@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::Error;
-use crate::request::RunRequest;
-use crate::result::envelope::{Envelope, Status};
+use crate::protocol::envelope::{Envelope, Status};
+use crate::protocol::request::RunRequest;
 
 const MAGIC: &[u8; 4] = b"RPCK";
 const VERSION_1: u8 = 1;

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use runpython_bridge::{
     Bridge, BridgeConfig, BridgeStats, Journal, ReplayPlan, SpillStore, ToolSet,
 };
-use runpython_store::{BeneathDir, CollectLimits, CollectedFiles};
+use runpython_sandbox::{fd::CollectedFiles, BeneathDir, CollectLimits};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
@@ -21,9 +21,9 @@ use crate::child::{
     capture, take_capture, Captured, Closed, FullStream, HeadTail, Slot, SpawnedParts,
 };
 use crate::error::Error;
-use crate::request::Event;
-use crate::result::envelope::Isolation;
-use crate::result::outcome::{Answer, Ending};
+use crate::protocol::envelope::Isolation;
+use crate::protocol::outcome::{Answer, Ending};
+use crate::protocol::request::Event;
 
 /// How long an interrupted cell has to stop before the interpreter is killed.
 pub(crate) const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
@@ -137,7 +137,7 @@ impl Live {
         loop {
             self.control.writable().await.map_err(io)?;
             match self.control.try_io(tokio::io::Interest::WRITABLE, || {
-                runpython_sandbox::send_with_fds(self.control.as_raw_fd(), &header, fds)
+                runpython_sandbox::fd::send_with_fds(self.control.as_raw_fd(), &header, fds)
             }) {
                 Ok(()) => break,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -289,8 +289,8 @@ impl Live {
                     lost = Some(format!(
                         "the cell ran past its {} timeout and did not stop within {} of an interrupt, \
                          so the session's interpreter was killed",
-                        crate::result::outcome::human_duration(spec.timeout),
-                        crate::result::outcome::human_duration(INTERRUPT_GRACE)
+                        crate::protocol::outcome::human_duration(spec.timeout),
+                        crate::protocol::outcome::human_duration(INTERRUPT_GRACE)
                     ));
                 }
             }

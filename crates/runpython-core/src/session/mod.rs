@@ -9,8 +9,10 @@
 //! the next call, never silently empty; with a store it is restored instead, by replaying its recorded
 //! cells ([`record`]) in a new interpreter, tool calls answered from their journals.
 
+pub(crate) mod cell;
 mod live;
 mod record;
+pub(crate) mod route;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -54,7 +56,7 @@ pub(crate) struct Entry {
     /// Requirement specs the session gathered.
     pub deps: Vec<String>,
     /// The environment the running cell added requirements to, for its envelope's `dependencies`.
-    pub added_deps: Option<crate::result::envelope::Dependencies>,
+    pub added_deps: Option<crate::protocol::envelope::Dependencies>,
     /// The record kept in the store (durable sessions), as last written.
     pub record: Option<SessionRecord>,
     /// Every per-cell environment variable given so far: a later cell's kept output is masked with
@@ -181,7 +183,7 @@ impl Registry {
                     }
                     e.lost = Some(format!(
                         "the session expired after {} idle",
-                        crate::result::outcome::human_duration(self.config.idle)
+                        crate::protocol::outcome::human_duration(self.config.idle)
                     ));
                 }
             }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::Error;
-use crate::request::RunRequest;
+use crate::protocol::request::RunRequest;
 
 const MAGIC: &[u8; 4] = b"RPSS";
 const VERSION_1: u8 = 1;

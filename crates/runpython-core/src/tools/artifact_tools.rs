@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError};
-use runpython_store::{Artifact, BeneathDir, Store};
+use runpython_sandbox::BeneathDir;
+use runpython_store::{Artifact, Store};
 use serde_json::{json, Value};
 
 /// Name of the hidden tool behind `read_artifact(id, offset=0, length=None)`.

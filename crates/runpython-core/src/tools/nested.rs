@@ -25,8 +25,9 @@ use runpython_bridge::{BoxFuture, CallBudget, Tool, ToolArgs, ToolError, ToolSet
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::request::{run_python_schema, run_request_from, RunRequest, RUN_PYTHON_TOOL};
-use crate::result::envelope::{Envelope, Status};
+use crate::protocol::envelope::{Envelope, Status};
+use crate::protocol::request::{RunRequest, RUN_PYTHON_TOOL};
+use crate::protocol::tool_spec::{run_python_schema, run_request_from};
 
 /// What a nested run needs of the engine: a copy one level deeper, and running or resuming on it.
 pub(crate) trait NestEngine: Send + Sync {

@@ -48,7 +48,7 @@ impl EgressChannel {
         loop {
             let mut guard = channel.readable().await?;
             let mut buf = [0u8; 1];
-            let got = guard.try_io(|fd| crate::sys::recv_with_fds(fd.as_raw_fd(), &mut buf));
+            let got = guard.try_io(|fd| crate::fd::pass::recv_with_fds(fd.as_raw_fd(), &mut buf));
             let (n, fds) = match got {
                 Ok(result) => result?,
                 Err(_would_block) => continue,
@@ -94,11 +94,11 @@ mod tests {
     use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
     use super::*;
-    use crate::sys::{send_with_fds, seqpacket_pair};
+    use crate::fd::pass::{send_with_fds, seqpacket_pair};
 
     /// A descriptor to send: one end of a pipe, told apart by what its other end reads.
     fn marked() -> (OwnedFd, OwnedFd) {
-        crate::sys::pipe().unwrap()
+        crate::fd::pass::pipe().unwrap()
     }
 
     fn same_file(a: &OwnedFd, b: &OwnedFd) -> bool {

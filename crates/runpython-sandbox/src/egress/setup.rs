@@ -11,7 +11,8 @@
 
 use std::os::fd::RawFd;
 
-use crate::sys::{cvt, cvt_long, send_with_fds, AtStep, Step, StepError};
+use crate::fd::pass::send_with_fds;
+use crate::sys::{cvt, cvt_long, AtStep, Step, StepError};
 
 /// The relay's port inside the run's network namespace (on `127.0.0.1` and `::1`).
 pub(crate) const RELAY_PORT: u16 = 1;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use runpython_store::BeneathDir;
+use runpython_sandbox::BeneathDir;
 use serde_json::{json, Value};
 use tokio::io::unix::AsyncFd;
 
@@ -17,7 +17,7 @@ use super::super::spawn::{RunProcess, Spawned};
 use super::super::{code_dir, Slot};
 use super::{async_fd, receive_raw, Template};
 use crate::error::Error;
-use crate::result::envelope::Isolation;
+use crate::protocol::envelope::Isolation;
 use runpython_egress::{Egress, Network, NetworkPolicy, Sandbox};
 use runpython_sandbox::{self as sandbox, RunCgroup, Step, StepError};
 
@@ -118,7 +118,7 @@ impl Template {
                         .into(),
                 )),
             };
-        let (status, status_w) = runpython_sandbox::pipe_pair()
+        let (status, status_w) = runpython_sandbox::fd::pipe()
             .map_err(|e| Error::io_pathless("creating a run's status pipe", e))?;
         let mut named: Vec<(&str, RawFd)> = vec![("status", status_w.as_raw_fd())];
         named.extend(plan.fds());
@@ -147,7 +147,7 @@ impl Template {
         self.forks.fetch_add(1, Ordering::Relaxed);
         // The kernel names the sender of the run's word (the template set this too, before the run
         // could speak): the process the host checks is the one that said it was ready.
-        sandbox::pass_credentials(socket.as_raw_fd())
+        sandbox::fd::pass_credentials(socket.as_raw_fd())
             .map_err(|e| Error::io_pathless("asking for the run's credentials", e))?;
         let mut socket = async_fd(socket).map_err(|e| Error::io_pathless("the run's socket", e))?;
         // A failure from here on drops `init`, which kills what was forked.
@@ -203,7 +203,7 @@ impl Template {
     /// Starts the run on `ready`: its pipes made and sent; the slot drives it like any other.
     fn hand_over(self: &Arc<Self>, ready: ReadyRun, timeout: Duration) -> Result<Slot, Error> {
         let pipe = || {
-            runpython_sandbox::pipe_pair()
+            runpython_sandbox::fd::pipe()
                 .map_err(|e| Error::io_pathless("creating a run's pipes", e))
         };
         let (stdin_r, stdin_w) = pipe()?;
@@ -231,7 +231,7 @@ impl Template {
             result_w.as_raw_fd(),
             bridge_child.as_raw_fd(),
         ];
-        runpython_sandbox::send_with_fds(socket.as_raw_fd(), b"G", &fds)
+        runpython_sandbox::fd::send_with_fds(socket.as_raw_fd(), b"G", &fds)
             .map_err(|e| Error::io_pathless("handing a run its descriptors", e))?;
         drop((stdin_r, stdout_w, stderr_w, result_w, bridge_child, socket));
         let io = |what: &'static str| move |e: std::io::Error| Error::io_pathless(what, e);

@@ -328,7 +328,7 @@ impl Template {
             Path::new(runpython_sandbox::SCRATCH),
             plan.has_view(),
         );
-        let (host_ctl, child_ctl) = runpython_sandbox::seqpacket_pair()
+        let (host_ctl, child_ctl) = runpython_sandbox::fd::seqpacket_pair()
             .map_err(|e| format!("creating the template's control socket: {e}"))?;
         let mut spawned: Spawned = spawn::spawn_runner(
             python,
@@ -357,7 +357,7 @@ impl Template {
                 pipe,
                 log,
                 None,
-                crate::request::Event::Stderr,
+                crate::protocol::request::Event::Stderr,
                 None,
             )));
         }
@@ -479,7 +479,7 @@ impl Template {
                         }
                         Ok(())
                     } else {
-                        runpython_sandbox::send_with_fds(fd.as_raw_fd(), &data, fds)
+                        runpython_sandbox::fd::send_with_fds(fd.as_raw_fd(), &data, fds)
                     }
                 });
                 match sent {
@@ -527,7 +527,7 @@ async fn receive_raw(
     loop {
         let mut ready = socket.readable().await?;
         match ready
-            .try_io(|fd| runpython_sandbox::recv_with_fds_and_sender(fd.as_raw_fd(), &mut buf))
+            .try_io(|fd| runpython_sandbox::fd::recv_with_fds_and_sender(fd.as_raw_fd(), &mut buf))
         {
             Ok(Ok((n, fds, sender))) => {
                 buf.truncate(n);

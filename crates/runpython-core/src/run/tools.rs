@@ -5,17 +5,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use runpython_bridge::{BoxFuture, Tool, ToolArgs, ToolError, ToolSet};
-use runpython_store::{Artifact, BeneathDir};
+use runpython_sandbox::BeneathDir;
+use runpython_store::Artifact;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::RunPython;
 use crate::error::Error;
-use crate::request::Event;
+use crate::protocol::request::Event;
 use crate::tools::artifact_tools::{ReadArtifact, SaveArtifact};
+use crate::RunPython;
 
 /// A run's tools, and where they report back.
-pub(super) struct RunTools {
+pub(crate) struct RunTools {
     pub tools: ToolSet,
     /// The budget of the run's tree of runs, when it nests: its bridge counts its calls against it.
     pub call_budget: Option<Arc<runpython_bridge::CallBudget>>,
@@ -23,40 +24,38 @@ pub(super) struct RunTools {
     pub saved: Arc<Mutex<Vec<Artifact>>>,
 }
 
-impl RunPython {
-    /// The tools of one run whose clock started at `started`.
-    pub(super) fn run_tools(
-        &self,
-        started: Instant,
-        scratch: &Arc<BeneathDir>,
-    ) -> Result<RunTools, Error> {
-        let (mut tools, call_budget) = crate::tools::nested::tools_for_run(
-            &self.inner.tools,
-            Arc::new(self.clone()),
-            started,
-        )?;
-        let saved = Arc::new(Mutex::new(Vec::new()));
-        if let Some(keep) = &self.inner.keep {
-            tools.insert(ReadArtifact {
-                store: keep.store.clone(),
-            })?;
-            tools.insert(SaveArtifact {
-                store: keep.store.clone(),
-                scratch: Arc::clone(scratch),
-                saved: Arc::clone(&saved),
-            })?;
-        }
-        Ok(RunTools {
-            tools,
-            call_budget,
-            saved,
-        })
+/// The tools of one run whose clock started at `started`.
+pub(crate) fn run_tools(
+    engine: &RunPython,
+    started: Instant,
+    scratch: &Arc<BeneathDir>,
+) -> Result<RunTools, Error> {
+    let (mut tools, call_budget) = crate::tools::nested::tools_for_run(
+        &engine.inner.tools,
+        Arc::new(engine.clone()),
+        started,
+    )?;
+    let saved = Arc::new(Mutex::new(Vec::new()));
+    if let Some(keep) = &engine.inner.keep {
+        tools.insert(ReadArtifact {
+            store: keep.store.clone(),
+        })?;
+        tools.insert(SaveArtifact {
+            store: keep.store.clone(),
+            scratch: Arc::clone(scratch),
+            saved: Arc::clone(&saved),
+        })?;
     }
+    Ok(RunTools {
+        tools,
+        call_budget,
+        saved,
+    })
 }
 
 /// `tools` with each visible tool announcing its calls as [`Event::ToolCall`] (hidden plumbing stays
 /// quiet). The announcement never waits: a full event channel drops it rather than slow the call.
-pub(super) fn announced(tools: &ToolSet, events: &mpsc::Sender<Event>) -> Result<ToolSet, Error> {
+pub(crate) fn announced(tools: &ToolSet, events: &mpsc::Sender<Event>) -> Result<ToolSet, Error> {
     let mut out = ToolSet::new();
     for tool in tools.iter() {
         if tool.is_hidden() {

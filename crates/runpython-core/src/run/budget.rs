@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use runpython_store::{Artifact, ArtifactKind};
 
 use crate::child::Captured;
-use crate::result::envelope::{Envelope, ListTruncation};
+use crate::protocol::envelope::{Envelope, ListTruncation};
 
 /// Fewest characters an output stream is shrunk to.
 const MIN_OUTPUT_CHARS: usize = 64;
@@ -238,7 +238,7 @@ pub(crate) fn json_preview(value: &Value) -> Value {
 mod tests {
     use super::*;
     use crate::child::HeadTail;
-    use crate::result::envelope::{ErrorInfo, Status};
+    use crate::protocol::envelope::{ErrorInfo, Status};
 
     fn captured(text: &str) -> Captured {
         let mut c = HeadTail::new(10_000);

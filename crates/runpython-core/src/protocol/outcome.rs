@@ -8,7 +8,7 @@ use runpython_bridge::Stop;
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::result::envelope::{Envelope, ErrorInfo, Status};
+use crate::protocol::envelope::{Envelope, ErrorInfo, Status};
 
 /// Why a run's child stopped being waited for.
 #[derive(Debug)]
@@ -242,7 +242,7 @@ pub(crate) fn human_duration(d: Duration) -> String {
 
 /// The inline image data of the runner's displays, taken out of them (the JSON envelope carries
 /// the file and the artifact; the data is for clients that show images).
-fn take_images(displays: &mut [Value]) -> Vec<crate::result::envelope::DisplayImage> {
+fn take_images(displays: &mut [Value]) -> Vec<crate::protocol::envelope::DisplayImage> {
     let mut images = Vec::new();
     for (index, display) in displays.iter_mut().enumerate() {
         let Some(formats) = display.get_mut("formats").and_then(Value::as_object_mut) else {
@@ -251,7 +251,7 @@ fn take_images(displays: &mut [Value]) -> Vec<crate::result::envelope::DisplayIm
         for (mime, format) in formats.iter_mut() {
             let data = format.as_object_mut().and_then(|f| f.remove("data"));
             if let Some(Value::String(data)) = data {
-                images.push(crate::result::envelope::DisplayImage {
+                images.push(crate::protocol::envelope::DisplayImage {
                     display: index,
                     mime: mime.clone(),
                     data,

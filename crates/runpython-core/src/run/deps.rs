@@ -11,8 +11,8 @@ use runpython_deps::{
 use tokio::sync::mpsc;
 
 use crate::error::Error;
-use crate::request::{Event, RunRequest};
-use crate::result::envelope::{Dependencies, Dependency, RefusedDependency};
+use crate::protocol::envelope::{Dependencies, Dependency, RefusedDependency};
+use crate::protocol::request::{Event, RunRequest};
 
 /// runpython's own modules, importable in the child: never dependencies.
 const OWN_MODULES: &[&str] = &["runpython_runner", "runpython_tools", "runpython_display"];

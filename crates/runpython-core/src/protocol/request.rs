@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use runpython_deps::Progress as DepsProgress;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::error::Error;
 
@@ -236,127 +236,6 @@ impl From<String> for RunRequest {
     }
 }
 
-/// The input schema of `run_python` (shared with the nested `run_python` tool the code can call).
-pub(crate) fn run_python_schema() -> Value {
-    json!({
-        "type": "object",
-        "properties": {
-            "code": {"type": "string", "description": "The Python source. The last expression is the return value."},
-            "dependencies": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Extra requirement specs (`pandas>=2`, `pkg[extra]`), on top of what the imports need.",
-            },
-            "inputs": {
-                "type": "object",
-                "additionalProperties": true,
-                "description": "JSON values bound as globals before the code runs, by name.",
-            },
-            "files": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string", "description": "The file's name in the run's working directory."},
-                        "artifact_id": {"type": "string", "description": "A stored artifact's id (from an earlier run, or `runpython artifacts put`)."},
-                        "content_base64": {"type": "string", "description": "The file's bytes, base64 (only where the server accepts uploads)."},
-                    },
-                    "required": ["name"],
-                    "additionalProperties": false,
-                },
-                "description": "Files put in the run's working directory, read-only, before the code runs.",
-            },
-        },
-        "required": ["code"],
-        "additionalProperties": false,
-    })
-}
-
-/// A [`RunRequest`] from `run_python`'s arguments.
-pub(crate) fn run_request_from(input: &Map<String, Value>) -> Result<RunRequest, Error> {
-    let code = input
-        .get("code")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Error::InvalidInput("run_python needs `code`, a string".into()))?;
-    let mut request = RunRequest::new(code);
-    match input.get("dependencies") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(specs)) => {
-            for spec in specs {
-                let spec = spec.as_str().ok_or_else(|| {
-                    Error::InvalidInput(format!(
-                        "`dependencies` must be strings (requirement specs), not {spec}"
-                    ))
-                })?;
-                request = request.dependency(spec);
-            }
-        }
-        Some(other) => {
-            return Err(Error::InvalidInput(format!(
-                "`dependencies` must be an array of requirement specs, not {other}"
-            )))
-        }
-    }
-    match input.get("inputs") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(inputs)) => {
-            for (name, value) in inputs {
-                request = request.input(name, value.clone());
-            }
-        }
-        Some(other) => {
-            return Err(Error::InvalidInput(format!(
-                "`inputs` must be an object of globals by name, not {other}"
-            )))
-        }
-    }
-    match input.get("files") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(files)) => {
-            for file in files {
-                request = with_file(request, file)?;
-            }
-        }
-        Some(other) => {
-            return Err(Error::InvalidInput(format!(
-                "`files` must be an array of {{name, artifact_id}}, not {other}"
-            )))
-        }
-    }
-    Ok(request)
-}
-
-/// One `{name, artifact_id}` or `{name, content_base64}` of `run_python`'s `files`.
-fn with_file(request: RunRequest, file: &Value) -> Result<RunRequest, Error> {
-    use base64::Engine;
-    let name = file.get("name").and_then(Value::as_str).ok_or_else(|| {
-        Error::InvalidInput(format!("each of `files` needs a `name`, a string: {file}"))
-    })?;
-    match (
-        file.get("artifact_id").and_then(Value::as_str),
-        file.get("content_base64").and_then(Value::as_str),
-    ) {
-        (Some(id), None) => Ok(request.file_artifact(name, id)),
-        (None, Some(content)) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(content.trim())
-                .map_err(|e| {
-                    Error::InvalidInput(format!(
-                        "file {name}: `content_base64` is not base64 ({e})"
-                    ))
-                })?;
-            let mut request = request;
-            request
-                .files
-                .push((name.to_owned(), FileSource::Upload(bytes)));
-            Ok(request)
-        }
-        _ => Err(Error::InvalidInput(format!(
-            "file {name}: give exactly one of `artifact_id` and `content_base64`"
-        ))),
-    }
-}
-
 /// Whether the files can be put in the run: plain names, each once, within the sizes.
 pub(crate) fn check_files(request: &RunRequest, max_upload_bytes: usize) -> Result<(), Error> {
     let mut seen = std::collections::BTreeSet::new();
@@ -483,25 +362,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn run_requests_are_checked() {
-        let ok = json!({"code": "x", "dependencies": ["six"], "inputs": {"x": 1}});
-        let request = run_request_from(ok.as_object().unwrap()).unwrap();
-        assert_eq!(request.dependencies, ["six"]);
-        assert_eq!(request.inputs["x"], 1);
-        for bad in [
-            json!({}),
-            json!({"code": 1}),
-            json!({"code": "x", "dependencies": "six"}),
-            json!({"code": "x", "inputs": [1]}),
-        ] {
-            assert!(matches!(
-                run_request_from(bad.as_object().unwrap()),
-                Err(Error::InvalidInput(_))
-            ));
-        }
-    }
+    use serde_json::json;
 
     #[test]
     fn input_names_must_be_identifiers_and_not_keywords() {

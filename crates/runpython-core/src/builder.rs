@@ -6,15 +6,16 @@ use std::time::Duration;
 
 use runpython_bridge::{BridgeConfig, Tool, ToolSet};
 use runpython_deps::EnvProvider;
-use runpython_store::{CollectLimits, Store, Tier};
+use runpython_sandbox::CollectLimits;
+use runpython_store::{Store, Tier};
 
-use super::{Inner, RunPython};
 use crate::child::{Pool, PoolConfig, SlotSpec, Templates};
-use crate::deps::DepsConfig;
 use crate::durable::persist::Keeping;
 use crate::error::Error;
-use crate::request::{Limits, RUN_PYTHON_TOOL};
+use crate::protocol::request::{Limits, RUN_PYTHON_TOOL};
+use crate::run::deps::DepsConfig;
 use crate::tools::nested::Nesting;
+use crate::{Inner, RunPython};
 use runpython_egress::{Network, NetworkPolicy, Sandbox, Secret};
 
 /// Builds a [`RunPython`].

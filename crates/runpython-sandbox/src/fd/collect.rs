@@ -1,15 +1,11 @@
-//! Gathering the files a run created, within limits, beneath a directory the host holds, without
-//! following links.
+//! Gathering the files a sandboxed process left, within limits, beneath a directory the host holds,
+//! without following links: what a run keeps.
 
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use crate::error::{Error, Result};
+use super::beneath::BeneathDir;
 
 /// Bounds on what [`collect_files`] keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +36,7 @@ impl Default for CollectLimits {
 
 /// A file to keep with a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunFile {
+pub struct CollectedFile {
     /// Path relative to the run directory, `/`-separated.
     pub name: String,
     /// Its content.
@@ -48,8 +44,8 @@ pub struct RunFile {
 }
 
 /// A file that was not kept, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SkippedFile {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedEntry {
     /// Path relative to the run directory.
     pub name: String,
     /// Why it was skipped (`symlink`, `larger than 10485760 bytes`, ...).
@@ -60,9 +56,9 @@ pub struct SkippedFile {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CollectedFiles {
     /// Kept files, sorted by name.
-    pub files: Vec<RunFile>,
+    pub files: Vec<CollectedFile>,
     /// The first [`MAX_SKIPPED_NAMED`] entries seen but not kept, with why.
-    pub skipped: Vec<SkippedFile>,
+    pub skipped: Vec<SkippedEntry>,
     /// Every entry seen but not kept, counted by reason: what a run leaves costs the manifest the
     /// same whether it left a hundred files past the cap or a million.
     pub skipped_counts: std::collections::BTreeMap<String, u64>,
@@ -82,167 +78,15 @@ impl CollectedFiles {
 
 /// Counts a skipped entry, naming it while there is room.
 fn skip_into(
-    named: &mut Vec<SkippedFile>,
+    named: &mut Vec<SkippedEntry>,
     counts: &mut std::collections::BTreeMap<String, u64>,
     name: String,
     reason: String,
 ) {
     *counts.entry(reason.clone()).or_insert(0) += 1;
     if named.len() < MAX_SKIPPED_NAMED {
-        named.push(SkippedFile { name, reason });
+        named.push(SkippedEntry { name, reason });
     }
-}
-
-/// A directory the host reads without ever leaving it: every open is beneath it (`openat2` with
-/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`, one name at a
-/// time, `O_NOFOLLOW`), so a path the code controls (a directory swapped for a symlink, a FIFO, a
-/// socket) can never lead the host elsewhere.
-#[derive(Debug)]
-pub struct BeneathDir(OwnedFd);
-
-impl BeneathDir {
-    /// Opens the directory at `path` (which must not be a symlink itself).
-    pub fn open(path: &Path) -> std::io::Result<Self> {
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-        // SAFETY: open of a NUL-terminated path; the descriptor is new and owned here.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just opened and is owned by nobody else.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// The directory behind `fd` (an `O_PATH` descriptor will do), reopened for reading.
-    pub fn from_fd(fd: BorrowedFd<'_>) -> std::io::Result<Self> {
-        open_beneath(fd, c".", libc::O_RDONLY | libc::O_DIRECTORY).map(Self)
-    }
-
-    /// The subdirectory `name` (a single name: no `/`, not `..`).
-    pub fn dir(&self, name: &str) -> std::io::Result<Self> {
-        open_beneath(
-            self.0.as_fd(),
-            &single_name(name)?,
-            libc::O_RDONLY | libc::O_DIRECTORY,
-        )
-        .map(Self)
-    }
-
-    /// The regular file `name`, open for reading (a FIFO, socket or device is refused, never opened
-    /// in a way that blocks).
-    pub fn file(&self, name: &str) -> std::io::Result<File> {
-        let fd = open_beneath(
-            self.0.as_fd(),
-            &single_name(name)?,
-            libc::O_RDONLY | libc::O_NONBLOCK,
-        )?;
-        let file = File::from(fd);
-        if !file.metadata()?.is_file() {
-            return Err(std::io::Error::other("not a regular file"));
-        }
-        Ok(file)
-    }
-
-    /// Removes the file `name` (never following a link: a link is removed, not its target).
-    pub fn remove_file(&self, name: &str) -> std::io::Result<()> {
-        let name = single_name(name)?;
-        // SAFETY: unlinkat relative to our descriptor with a single NUL-terminated name.
-        if unsafe { libc::unlinkat(self.0.as_raw_fd(), name.as_ptr(), 0) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// The names in the directory, sorted, without `.` and `..`.
-    pub fn names(&self) -> std::io::Result<Vec<std::ffi::OsString>> {
-        use std::os::unix::ffi::OsStrExt;
-        // fdopendir takes the descriptor it is given: hand it a duplicate.
-        let dup = self.0.try_clone()?;
-        // SAFETY: fdopendir takes ownership of `dup` (closed by closedir below).
-        let dir = unsafe { libc::fdopendir(dup.into_raw_fd()) };
-        if dir.is_null() {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut names = Vec::new();
-        loop {
-            // SAFETY: readdir on a live DIR*; the entry is copied before the next call.
-            let entry = unsafe { libc::readdir64(dir) };
-            if entry.is_null() {
-                break;
-            }
-            // SAFETY: d_name is NUL-terminated within the entry.
-            let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
-            let bytes = name.to_bytes();
-            if bytes != b"." && bytes != b".." {
-                names.push(std::ffi::OsStr::from_bytes(bytes).to_owned());
-            }
-        }
-        // SAFETY: closing the DIR* opened above (and its descriptor).
-        unsafe { libc::closedir(dir) };
-        names.sort();
-        Ok(names)
-    }
-}
-
-fn single_name(name: &str) -> std::io::Result<std::ffi::CString> {
-    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{name:?} is not a single file name"),
-        ));
-    }
-    std::ffi::CString::new(name).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
-}
-
-/// `openat2(dir, name, flags | O_NOFOLLOW | O_CLOEXEC)` resolving beneath `dir` only, with no link of
-/// any kind and no mount crossing; `openat` with `O_NOFOLLOW` where the kernel has no `openat2` (the
-/// name is a single component, so it cannot leave `dir` either).
-fn open_beneath(
-    dir: BorrowedFd<'_>,
-    name: &std::ffi::CStr,
-    flags: i32,
-) -> std::io::Result<OwnedFd> {
-    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    // `struct open_how` of openat2(2) (libc's is non-exhaustive).
-    #[repr(C)]
-    struct OpenHow {
-        flags: u64,
-        mode: u64,
-        resolve: u64,
-    }
-    let how = OpenHow {
-        flags: flags as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_BENEATH
-            | libc::RESOLVE_NO_SYMLINKS
-            | libc::RESOLVE_NO_MAGICLINKS
-            | libc::RESOLVE_NO_XDEV,
-    };
-    // SAFETY: openat2 with a live open_how and its size; the result is a new descriptor or -1.
-    let mut fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    } as i32;
-    if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-        // SAFETY: openat of a single NUL-terminated name relative to `dir`.
-        fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
-    }
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Walks `dir` (blocking: call it from `spawn_blocking`) and reads its regular files within `limits`.
@@ -251,11 +95,8 @@ fn open_beneath(
 /// sockets and devices are reported and never opened in a way that blocks. Names are visited in sorted
 /// order, so which files exceed a cap is deterministic. See [`collect_files_in`] for a directory the
 /// caller already holds.
-pub fn collect_files(dir: &Path, limits: &CollectLimits) -> Result<CollectedFiles> {
-    let held = BeneathDir::open(dir).map_err(|source| Error::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
+pub fn collect_files(dir: &Path, limits: &CollectLimits) -> std::io::Result<CollectedFiles> {
+    let held = BeneathDir::open(dir)?;
     Ok(collect_files_in(&held, limits))
 }
 
@@ -376,7 +217,7 @@ fn walk(
             }
             Ok(Some(bytes)) => {
                 walked.bytes += bytes.len() as u64;
-                out.files.push(RunFile { name, bytes });
+                out.files.push(CollectedFile { name, bytes });
             }
             Err(e) => skip(format!("unreadable: {e}")),
         }

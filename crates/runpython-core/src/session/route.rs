@@ -1,0 +1,411 @@
+//! Sessions through the engine: [`Session`] handles, routing a cell to its session (the cell itself is
+//! `cell.rs`), and restoring a session from its record (replaying its cells, tool calls answered from
+//! their journals) when its interpreter is gone.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use runpython_bridge::ReplayPlan;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::child::code_dir;
+use crate::error::Error;
+use crate::protocol::envelope::{Envelope, ErrorInfo, Status};
+use crate::protocol::outcome::Ending;
+use crate::protocol::request::{
+    check_env, check_files, check_input_names, new_run_id, Event, RunRequest,
+};
+use crate::run::execute::{elapsed_ms, Outcome};
+use crate::session::{check_session_id, new_session_id, CellRecord, Entry, Live, SessionRecord};
+use crate::{RunHandle, RunPython};
+
+/// A session: state kept across calls in one long-lived sandboxed interpreter. Cells run in one
+/// `__main__` namespace; each returns a normal envelope with `session_id` and its `cell` number. See
+/// [`crate::SessionConfig`] for how long sessions live.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), runpython_core::Error> {
+/// let python = runpython_core::RunPython::builder().build()?;
+/// let session = python.session();
+/// session.run("import json\nrows = [1, 2, 3]").await?;
+/// assert_eq!(session.run("sum(rows)").await?.return_value, serde_json::json!(6));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Session {
+    engine: RunPython,
+    id: String,
+}
+
+impl Session {
+    /// The session's id: pass it as [`RunRequest::session`] to route a request here.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Runs a cell to its end.
+    pub async fn run(&self, request: impl Into<RunRequest>) -> Result<Envelope, Error> {
+        self.engine.run(request.into().session(&self.id)).await
+    }
+
+    /// Starts a cell and returns a handle streaming its events.
+    pub fn start(&self, request: impl Into<RunRequest>) -> RunHandle {
+        self.engine.start(request.into().session(&self.id))
+    }
+
+    /// Forgets the session's state: its interpreter is killed and its record removed; the next cell
+    /// starts empty.
+    pub async fn reset(&self) -> Result<(), Error> {
+        crate::session::route::reset_session(&self.engine, &self.id).await
+    }
+
+    /// Ends the session: like [`Session::reset`], and the engine forgets the id.
+    pub async fn close(self) -> Result<(), Error> {
+        crate::session::route::reset_session(&self.engine, &self.id).await?;
+        self.engine
+            .inner
+            .sessions
+            .remove(self.engine.inner.tenant.as_deref(), &self.id);
+        Ok(())
+    }
+}
+
+/// A new session (its interpreter starts with its first cell).
+pub fn session(engine: &RunPython) -> Session {
+    Session {
+        engine: engine.clone(),
+        id: new_session_id(),
+    }
+}
+
+/// The session `id` (1-128 letters, digits, `-`, `_`, `.`, `:`): a new one if this engine and its
+/// store have never seen it, else the same one (restored from the store when its interpreter is
+/// gone).
+pub fn session_with_id(engine: &RunPython, id: impl Into<String>) -> Result<Session, Error> {
+    let id = id.into();
+    check_session_id(&id)?;
+    Ok(Session {
+        engine: engine.clone(),
+        id,
+    })
+}
+
+/// Kills the session's interpreter and forgets its state, here and in the store.
+pub(crate) async fn reset_session(engine: &RunPython, id: &str) -> Result<(), Error> {
+    check_session_id(id)?;
+    let entry = engine
+        .inner
+        .sessions
+        .entry(engine.inner.tenant.as_deref(), id);
+    let mut e = entry.lock().await;
+    if let Some(mut live) = e.live.take() {
+        live.kill();
+    }
+    e.lost = None;
+    e.cells = 0;
+    e.deps.clear();
+    e.record = None;
+    if let Some(keep) = &engine.inner.keep {
+        keep.store.delete_session(id).await?;
+    }
+    Ok(())
+}
+
+async fn session_record(engine: &RunPython, id: &str) -> Result<Option<SessionRecord>, Error> {
+    match &engine.inner.keep {
+        Some(keep) => SessionRecord::load(&keep.store, id).await,
+        None => Ok(None),
+    }
+}
+
+/// Starts a session's interpreter: every isolation layer and limit of a run; it reads every
+/// prepared environment (so a cell may add dependencies while the session lives).
+async fn start_live(engine: &RunPython) -> Result<Live, Error> {
+    let interpreter = engine.interpreter().await?.clone();
+    let code_dir = code_dir()?;
+    if !crate::child::bytecode_ready(&interpreter.executable) {
+        let (python, version) = (interpreter.executable.clone(), interpreter.version);
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::child::ensure_bytecode(&python, version, code_dir)
+        })
+        .await;
+    }
+    let envs = engine.inner.deps.root().to_owned();
+    let _ = std::fs::create_dir_all(&envs);
+    let spec = crate::child::SlotSpec {
+        sandbox: engine.inner.sandbox.clone(),
+        timeout: engine.inner.limits.timeout,
+        env_passthrough: engine.inner.env_passthrough.clone(),
+    };
+    let python = interpreter.executable.clone();
+    let slot = tokio::task::spawn_blocking(move || {
+        spec.spawn_session(&python, code_dir, &[envs.as_path()])
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("starting a session panicked: {e}")))??;
+    Live::new(slot)
+}
+
+/// Runs one cell of the session `id` (routed here by `RunRequest::session`).
+pub(crate) async fn execute_cell(
+    engine: &RunPython,
+    id: &str,
+    request: RunRequest,
+    events: Option<mpsc::Sender<Event>>,
+    cancel: Option<oneshot::Receiver<()>>,
+) -> Result<Envelope, Error> {
+    let started = Instant::now();
+    check_session_id(id)?;
+    check_input_names(&request)?;
+    check_env(&request)?; // before the cell reaches the live interpreter, which it would end
+    check_files(&request, engine.inner.limits.max_upload_bytes)?;
+    let entry = engine
+        .inner
+        .sessions
+        .entry(engine.inner.tenant.as_deref(), id);
+    let mut e = entry.lock().await;
+    e.last_used = Instant::now();
+    let limits = &engine.inner.limits;
+    let code_chars = request.code.chars().count();
+    if code_chars > limits.max_code_chars {
+        let mut envelope = Envelope::failed(
+            Status::Error,
+            ErrorInfo::new(
+                "CodeTooLarge",
+                format!(
+                    "the code is {code_chars} characters, over the limit of {}; send less code",
+                    limits.max_code_chars
+                ),
+            ),
+            new_run_id(),
+        );
+        envelope.session_id = Some(id.to_owned());
+        envelope.duration_ms = elapsed_ms(started);
+        return Ok(envelope);
+    }
+    let mut restored = false;
+    if e.live.is_none() {
+        let record = crate::session::route::session_record(engine, id)
+            .await?
+            .filter(|r| !r.closed && !r.cells.is_empty());
+        if let Some(why) = e.lost.take() {
+            if record.is_none() {
+                // Reported once more, plainly; the next call starts a new, empty session.
+                e.cells = 0;
+                e.deps.clear();
+                return Ok(lost_envelope(id, &why, started));
+            }
+        }
+        let mut live = crate::session::route::start_live(engine).await?;
+        if let Some(record) = record {
+            if let Some(last) = record.cells.last() {
+                if !last.suspended.is_empty() {
+                    return Err(Error::InvalidInput(format!(
+                        "session {id} waits for a decision on {} (run {}); resume that run",
+                        last.suspended.join(", "),
+                        last.run_id
+                    )));
+                }
+            }
+            if let Err(envelope) =
+                crate::session::route::replay(engine, &mut e, &mut live, &record.cells, started)
+                    .await?
+            {
+                return Ok(*envelope);
+            }
+            e.record = Some(record);
+            restored = true;
+        }
+        e.live = Some(live);
+        engine
+            .inner
+            .sessions
+            .evict_over_capacity(engine.inner.tenant.as_deref(), id);
+    }
+    let mut envelope =
+        crate::session::cell::cell(engine, &mut e, &request, None, events, cancel, started).await?;
+    envelope.restored = restored;
+    Ok(envelope)
+}
+
+/// Replays recorded cells in a new interpreter (output discarded, tool calls answered from their
+/// journals). `Ok(Err(envelope))` when the replay failed: the envelope says why, and the session is
+/// lost.
+async fn replay(
+    engine: &RunPython,
+    e: &mut Entry,
+    live: &mut Live,
+    cells: &[CellRecord],
+    started: Instant,
+) -> Result<Result<(), Box<Envelope>>, Error> {
+    e.cells = 0;
+    e.deps.clear();
+    for (i, cell) in cells.iter().enumerate() {
+        let request = cell.request()?;
+        let plan = ReplayPlan {
+            journal: cell.journal()?,
+            decisions: HashMap::new(),
+        };
+        let raw = match crate::session::cell::run_live_cell(
+            engine,
+            e,
+            live,
+            &request,
+            &cell.run_id,
+            Some(plan),
+            None,
+            None,
+            true,
+        )
+        .await?
+        {
+            Ok((raw, _)) => raw,
+            Err(mut envelope) => {
+                // Its dependencies could not be prepared again.
+                live.kill();
+                envelope.session_id = Some(e.id.clone());
+                envelope.restored = true;
+                e.cells = 0;
+                return Ok(Err(Box::new(envelope)));
+            }
+        };
+        let failed = match &raw.ending {
+            Ending::Bridge(runpython_bridge::Stop::Diverged { .. }) => true,
+            _ => raw.lost.is_some(),
+        };
+        if failed {
+            live.kill();
+            let mut envelope = crate::run::execute::envelope_of(
+                engine,
+                new_run_id(),
+                Outcome {
+                    ending: raw.ending,
+                    answer: &raw.answer,
+                    stdout: &raw.stdout,
+                    stderr: &raw.stderr,
+                    isolation: live.isolation.clone(),
+                    oom_killed: raw.oom_killed,
+                    bridge_stats: raw.bridge_stats.as_deref(),
+                },
+                engine.inner.limits.timeout,
+                started,
+            )?;
+            envelope.session_id = Some(e.id.clone());
+            envelope.restored = true;
+            let why = format!(
+                "restoring session {} failed at its cell {}: {}",
+                e.id,
+                i + 1,
+                envelope
+                    .error
+                    .as_ref()
+                    .map_or("the replay stopped".to_owned(), |err| err.message.clone())
+            );
+            if let Some(err) = &mut envelope.error {
+                err.message = why.clone();
+            } else {
+                envelope.status = Status::Error;
+                envelope.error = Some(ErrorInfo::new("SessionLost", why.clone()));
+            }
+            e.lost = None;
+            e.cells = 0;
+            return Ok(Err(Box::new(envelope)));
+        }
+        e.cells = i as u64 + 1;
+    }
+    if engine.inner.keep.is_some() {
+        // The next cell's envelope lists only what it changed.
+        let _ = live
+            .changed_files(
+                engine
+                    .inner
+                    .keep
+                    .as_ref()
+                    .map(|k| k.collect.clone())
+                    .unwrap_or_default(),
+            )
+            .await;
+    }
+    Ok(Ok(()))
+}
+
+/// Resumes a session's suspended cell `run_id`: the session is rebuilt from its record (the cells
+/// before replayed), the suspended cell replayed with `decisions`, and it goes on live.
+pub(crate) async fn resume_cell(
+    engine: &RunPython,
+    id: &str,
+    run_id: &str,
+    decisions: HashMap<String, Value>,
+) -> Result<Envelope, Error> {
+    let started = Instant::now();
+    let entry = engine
+        .inner
+        .sessions
+        .entry(engine.inner.tenant.as_deref(), id);
+    let mut e = entry.lock().await;
+    let record = crate::session::route::session_record(engine, id)
+        .await?
+        .ok_or_else(|| Error::InvalidInput(format!("session {id} has no record to resume")))?;
+    let Some((last, before)) = record.cells.split_last() else {
+        return Err(Error::InvalidInput(format!(
+            "session {id} has no cell to resume"
+        )));
+    };
+    if last.run_id != run_id || last.suspended.is_empty() {
+        return Err(Error::InvalidInput(format!(
+            "run {run_id} is not the cell session {id} waits on; nothing to resume"
+        )));
+    }
+    for key in decisions.keys() {
+        if !last.suspended.contains(key) {
+            return Err(Error::InvalidInput(format!(
+                "run {run_id} has no suspension {key:?}; it waits on: {}",
+                last.suspended.join(", ")
+            )));
+        }
+    }
+    if let Some(mut live) = e.live.take() {
+        live.kill();
+    }
+    let mut live = crate::session::route::start_live(engine).await?;
+    if let Err(envelope) =
+        crate::session::route::replay(engine, &mut e, &mut live, before, started).await?
+    {
+        return Ok(*envelope);
+    }
+    let mut rest = record.clone();
+    rest.pop_cell();
+    e.record = Some(rest);
+    e.live = Some(live);
+    let request = last.request()?;
+    let plan = ReplayPlan {
+        journal: last.journal()?,
+        decisions,
+    };
+    let mut envelope =
+        crate::session::cell::cell(engine, &mut e, &request, Some(plan), None, None, started)
+            .await?;
+    envelope.restored = true;
+    if let Some(keep) = &engine.inner.keep {
+        crate::durable::resume::finish_session_cell(&keep.store, run_id).await?;
+    }
+    Ok(envelope)
+}
+
+fn lost_envelope(id: &str, why: &str, started: Instant) -> Envelope {
+    let mut envelope = Envelope::failed(
+        Status::Error,
+        ErrorInfo::new(
+            "SessionLost",
+            format!(
+                "session {id} lost its state ({why}); this call did not run, and the next one starts \
+                 the session again, empty (keep sessions in a store to have them restored instead)"
+            ),
+        ),
+        new_run_id(),
+    );
+    envelope.session_id = Some(id.to_owned());
+    envelope.duration_ms = elapsed_ms(started);
+    envelope
+}
