@@ -11,12 +11,13 @@ use std::time::Duration;
 use runpython_core::{Error, PoolConfig, RunPython, RunPythonBuilder, Status};
 
 /// The poison: `runpython_poison_<layer>` makes the template skip `<layer>` in every run it forks, by
-/// replacing the template's own code, as any package imported into a template could.
+/// replacing the code forked runs take their sandbox with (`runpython_forked`), as any package imported
+/// into a template could.
 const POISON: &str = r#"
 import sys
 
 def skip(layer):
-    t = sys.modules["runpython_template"]
+    t = sys.modules["runpython_forked"]
     S = t.Sys
     if layer == "none":
         return
@@ -39,7 +40,7 @@ def skip(layer):
         t.Fds.all = lambda self, name: [] if name == "cgroup" else every(self, name)
     else:
         setup = t._setup
-        def patched(s, command, fds):
+        def patched(s, command, fds, *rest):
             command = dict(command)
             if layer == "netns":
                 command["net"] = False
@@ -47,7 +48,7 @@ def skip(layer):
                 command["userns"] = False
             elif layer == "rlimits":
                 command["rlimits"] = []
-            return setup(s, command, fds)
+            return setup(s, command, fds, *rest)
         t._setup = patched
 "#;
 

@@ -42,6 +42,7 @@ const LONG_FILE_REASON: &str = "//! Why this file is long:";
 const PYTHON_SUITES: &[&str] = &[
     "crates/runpython-core/tests/python",
     "crates/runpython-bridge/tests/python",
+    "crates/runpython-sandbox/tests/python",
 ];
 
 /// Runs every check, prints every problem, and fails if there was one.

@@ -140,7 +140,7 @@ pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};
 pub use run_dir::{create_run_dir, discard_run_dir};
 pub use spawn::{spawn, Child, GroupGuard, Spawn, StdinFrom};
 pub use sys::{close_from, exit_like, set_pdeathsig, Step, StepError};
-pub use template::{prepare_fork, ForkPlan};
+pub use template::{prepare_fork, ForkCommand, ForkPlan, TEMPLATE_MODULES};
 pub use view::SCRATCH;
 
 /// How a sandboxed process reaches the network: the mechanism only. What a mediated run may reach is

@@ -27,10 +27,6 @@ const DISPLAY_PY: &str = include_str!("python/runpython_display.py");
 /// A session's interpreter (`python/runpython_session.py`): cells across one namespace.
 const SESSION_PY: &str = include_str!("python/runpython_session.py");
 
-/// The template that runs are forked from (`python/runpython_template.py`), imported by the runner
-/// in template mode.
-pub(crate) const TEMPLATE_PY: &str = include_str!("python/runpython_template.py");
-
 /// runpython's tagged JSON (`python/runpython_values.py`): exact Python values across the boundary,
 /// imported by the runner and the bridge client. The Python package builds the same file into itself
 /// for the host's side.
@@ -115,7 +111,7 @@ pub(crate) fn code_version() -> &'static str {
 
 /// The modules of the code directory, by file name: each written as it is in `python/` (the bridge
 /// client comes from runpython-bridge).
-const MODULES: [(&str, &str); 9] = [
+const MODULES: [(&str, &str); 10] = [
     ("runpython_runner.py", RUNNER_PY),
     ("runpython_run.py", RUN_PY),
     ("runpython_protocol.py", PROTOCOL_PY),
@@ -124,7 +120,8 @@ const MODULES: [(&str, &str); 9] = [
     ("runpython_session.py", SESSION_PY),
     ("runpython_values.py", VALUES_PY),
     ("runpython_tools.py", runpython_bridge::CLIENT_PY),
-    ("runpython_template.py", TEMPLATE_PY),
+    runpython_sandbox::TEMPLATE_MODULES[0],
+    runpython_sandbox::TEMPLATE_MODULES[1],
 ];
 
 fn write_code_dir() -> std::io::Result<PathBuf> {

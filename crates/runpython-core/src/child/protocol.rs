@@ -2,8 +2,9 @@
 //! stdin) and to a session's interpreter (cells and interrupts, framed on its control socket), as
 //! typed values. The child reads each one with `runpython_protocol.checked` against the same keys
 //! (`child/python/runpython_protocol.py`): a key missing or unknown is an error in the child, never a
-//! default. The bridge's part of a request is the bridge's own type ([`runpython_bridge::ClientSpec`]);
-//! a template's commands are the sandbox's ([`runpython_sandbox::ForkPlan`]'s command).
+//! default. The bridge's part of a request is the bridge's own type ([`runpython_bridge::ClientSpec`]),
+//! a fork's the sandbox's ([`runpython_sandbox::ForkCommand`], read by the template's Python, which is
+//! the sandbox's too).
 //!
 //! The test at the bottom feeds Rust-built messages to the Python side and fails on any key one side
 //! has and the other lacks.
@@ -62,6 +63,22 @@ pub(crate) enum ControlMessage<'a> {
     Cell(RunnerRequest<'a>),
     /// Interrupt the running cell (a `KeyboardInterrupt` in its code).
     Interrupt,
+}
+
+/// A command on a template's control socket. Each is one message; a fork's carries the descriptors
+/// `fds` names, in order.
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(crate) enum TemplateCommand<'a> {
+    /// Fork a run ahead of its request: it takes `command`'s sandbox and waits for its descriptors.
+    Fork {
+        /// What each attached descriptor is (`status`, `landlock`, `cgroup`).
+        fds: Vec<&'a str>,
+        #[serde(flatten)]
+        command: &'a runpython_sandbox::ForkCommand,
+    },
+    /// The template's resident memory, threads and forks so far.
+    Stat,
 }
 
 /// A message as the one line of JSON the child reads (a runner's request ends at its newline).
@@ -185,6 +202,63 @@ mod tests {
             .remove("default");
         let err = checked_in_python("run_request", &request).unwrap_err();
         assert!(err.contains("missing key 'default'"), "{err}");
+    }
+
+    /// Runs the template's `checked_command` on `command` as a template would; its error, if any.
+    fn template_checks(command: &Value) -> Result<(), String> {
+        let dir = crate::child::code_dir().expect("the code directory");
+        let script =
+            "import sys; sys.path.insert(0, sys.argv[1]); import json, runpython_template as t\n\
+             try:\n    t.checked_command(json.loads(sys.argv[2]))\n\
+             except ValueError as e:\n    print(e); sys.exit(3)\n";
+        let out = Command::new(python())
+            .args(["-I", "-S", "-c", script])
+            .arg(dir)
+            .arg(command.to_string())
+            .output()
+            .expect("python runs");
+        match out.status.code() {
+            Some(0) => Ok(()),
+            Some(3) => Err(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+            _ => panic!(
+                "python failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }
+    }
+
+    #[test]
+    fn the_template_reads_the_fork_command_the_host_sends() {
+        let config =
+            runpython_egress::Sandbox::default().map_network(runpython_egress::Network::mechanism);
+        let plan = match runpython_sandbox::prepare_fork(
+            &config,
+            &python(),
+            &[],
+            std::time::Duration::from_secs(5),
+        ) {
+            Ok(plan) => plan,
+            Err(e) => {
+                eprintln!("skipped: runs cannot be forked here: {e}");
+                return;
+            }
+        };
+        let fork = serde_json::to_value(TemplateCommand::Fork {
+            fds: vec!["status"],
+            command: &plan.command,
+        })
+        .unwrap();
+        assert_eq!(template_checks(&fork), Ok(()));
+        let stat = serde_json::to_value(TemplateCommand::Stat).unwrap();
+        assert_eq!(template_checks(&stat), Ok(()));
+        let mut missing = fork.clone();
+        missing["scratch"].as_object_mut().unwrap().remove("rebind");
+        let err = template_checks(&missing).unwrap_err();
+        assert!(err.contains("missing key 'rebind'"), "{err}");
+        let mut unknown = fork;
+        unknown["netns"] = Value::Bool(true);
+        let err = template_checks(&unknown).unwrap_err();
+        assert!(err.contains("unknown key 'netns'"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,8 @@ in the library modules beside it:
 - a one-shot run (no mode, or `--site DIR` / `--warm a,b` for an interpreter started ahead of its run):
   `runpython_run.one_shot`, which reads the request on stdin and answers on descriptor 3;
 - `--session`: a session's interpreter, `runpython_session.main`;
-- `--template`: a template that forks runs, `runpython_template.serve`.
+- `--template`: a template that forks runs, `runpython_template.serve` (runpython-sandbox's: it takes each
+  run's sandbox, then hands the run to `runpython_run.forked_main`).
 
 Plain `python3 runpython_runner.py 3>result.json <request` works too (how the Python-side tests drive it).
 """
@@ -36,7 +37,7 @@ def main():
         # A template: it forks runs, each of which comes back to `runpython_run.forked_main`.
         import runpython_template
 
-        return runpython_template.serve(sys.argv[2:])
+        return runpython_template.serve(sys.argv[2:], runpython_run.warm_up, runpython_run.forked_main)
     runpython_run.warm_up(sys.argv[2:])
     runpython_run.one_shot()
 

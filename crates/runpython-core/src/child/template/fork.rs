@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runpython_sandbox::BeneathDir;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::unix::AsyncFd;
 
 use super::super::forked::{ForkedRun, Init};
+use super::super::protocol::TemplateCommand;
 use super::super::spawn::{RunProcess, Spawned};
 use super::super::{code_dir, Slot};
 use super::{async_fd, receive_raw, Template};
@@ -122,14 +123,12 @@ impl Template {
             .map_err(|e| Error::io_pathless("creating a run's status pipe", e))?;
         let mut named: Vec<(&str, RawFd)> = vec![("status", status_w.as_raw_fd())];
         named.extend(plan.fds());
-        let mut command = plan.command.clone();
-        command.insert("op".into(), json!("fork"));
-        command.insert(
-            "fds".into(),
-            json!(named.iter().map(|(n, _)| *n).collect::<Vec<_>>()),
-        );
+        let command = TemplateCommand::Fork {
+            fds: named.iter().map(|(n, _)| *n).collect(),
+            command: &plan.command,
+        };
         let fds: Vec<RawFd> = named.iter().map(|(_, fd)| *fd).collect();
-        let (reply, mut got) = self.command(Value::Object(command), &fds).await?;
+        let (reply, mut got) = self.command(&command, &fds).await?;
         // The run holds the only copies of its ends now.
         drop(status_w);
         if let Some(error) = reply["error"].as_str() {

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 use tokio::io::unix::AsyncFd;
 
+use super::protocol::TemplateCommand;
 use super::spawn::{self, RunProcess, Spawned, SpawnedParts};
 use super::{code_dir, env, HeadTail, PoolKey, Slot, SlotSpec};
 use crate::error::Error;
@@ -216,7 +217,7 @@ impl Templates {
         };
         let mut out = Vec::new();
         for template in ready {
-            if let Ok(stat) = template.command(json!({"op": "stat"}), &[]).await {
+            if let Ok(stat) = template.command(&TemplateCommand::Stat, &[]).await {
                 out.push(TemplateStatus {
                     python: template.key.0.clone(),
                     site_dir: template.key.1.clone(),
@@ -457,7 +458,11 @@ impl Template {
     }
 
     /// Sends `command` with `fds` and returns the answer (its JSON and descriptors).
-    async fn command(&self, command: Value, fds: &[RawFd]) -> Result<(Value, Vec<OwnedFd>), Error> {
+    async fn command(
+        &self,
+        command: &TemplateCommand<'_>,
+        fds: &[RawFd],
+    ) -> Result<(Value, Vec<OwnedFd>), Error> {
         let data = serde_json::to_vec(&command).map_err(|e| Error::Internal(e.to_string()))?;
         let mut control = self.control.lock().await;
         let sent = async {

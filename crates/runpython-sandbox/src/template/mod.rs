@@ -11,7 +11,22 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+mod command;
+
+pub use command::ForkCommand;
+
+/// The Python a template runs, stdlib only, as `(file name, source)`: `runpython_template.py` (T, the
+/// template, and the inits it makes) and `runpython_forked.py` (each forked run taking its sandbox).
+/// The caller writes both beside its own child modules and calls `runpython_template.serve(args,
+/// warm_up, run)`.
+pub const TEMPLATE_MODULES: [(&str, &str); 2] = [
+    (
+        "runpython_template.py",
+        include_str!("runpython_template.py"),
+    ),
+    ("runpython_forked.py", include_str!("runpython_forked.py")),
+];
+use command::{EgressSetup, ScratchSpec};
 
 use super::decide::{decide, START_TEMPLATE};
 use super::layers::{cgroup_for, landlock_for, rlimits_for};
@@ -32,8 +47,8 @@ pub struct ForkPlan {
     pub cgroup: Option<RunCgroup>,
     /// The Landlock ruleset the interpreter adds its own directories to and restricts itself with.
     pub landlock: Option<OwnedFd>,
-    /// The command's fields that say what the run takes (`runpython_template.py`'s `_setup`).
-    pub command: serde_json::Map<String, Value>,
+    /// What the run takes (`runpython_template.py`'s `_setup`), sent with the fork.
+    pub command: ForkCommand,
     /// The host mediates the run's network: the run then sends its resolver's and relay's sockets
     /// and its connect notifier's listener with its scratch ([`crate::EgressFds`]), for the caller
     /// to serve with its policy.
@@ -101,10 +116,6 @@ pub fn prepare_fork(
     } else {
         Vec::new()
     };
-    let rlimits: Vec<Value> = limits
-        .iter()
-        .map(|(resource, value, hard)| json!([resource, value, hard]))
-        .collect();
     let seccomp = decision
         .seccomp
         .then(|| seccomp::filter(decision.seccomp_extra))
@@ -113,7 +124,7 @@ pub fn prepare_fork(
     let landlock_rules = landlock.as_ref().map(|_| {
         inner
             .iter()
-            .map(|(path, access)| json!([path.to_string_lossy(), access]))
+            .map(|(path, access)| (path.to_string_lossy().into_owned(), *access))
             .collect::<Vec<_>>()
     });
     let egress = decision.egress;
@@ -135,32 +146,29 @@ pub fn prepare_fork(
     let mut report = decision.report(config, host_uid, cpu);
     report.start = START_TEMPLATE.into();
     let owner = inside_template.unwrap_or(0);
-    let command = json!({
-        "uid": inside_template,
-        "owner": owner,
-        "unshare": decision.unshare & (libc::CLONE_NEWIPC | libc::CLONE_NEWUTS),
-        "net": decision.unshare & libc::CLONE_NEWNET != 0,
-        "userns": true,
-        "inside": userns::INSIDE_ID,
-        "forbid_nested": decision.forbid_nested_userns,
-        "nproc": decision.nproc,
-        "rlimits": rlimits,
-        "landlock": landlock_rules,
-        "seccomp": seccomp,
-        "egress": egress.then(|| json!({
-            "notifier": hex(&crate::egress::setup::program_bytes()),
-            "relay_port": crate::egress::setup::RELAY_PORT,
-            "dns_port": crate::egress::setup::DNS_PORT,
-        })),
-        "scratch": {
-            "path": view::SCRATCH,
-            "size": config.disk_bytes,
-            "dirs": view::SCRATCH_DIRS,
-            "rebind": rebinds(&read_dirs),
+    let command = ForkCommand {
+        uid: inside_template,
+        owner,
+        unshare: decision.unshare & (libc::CLONE_NEWIPC | libc::CLONE_NEWUTS),
+        net: decision.unshare & libc::CLONE_NEWNET != 0,
+        userns: true,
+        inside: userns::INSIDE_ID,
+        forbid_nested: decision.forbid_nested_userns,
+        nproc: decision.nproc,
+        rlimits: limits,
+        landlock: landlock_rules,
+        seccomp,
+        egress: egress.then(|| EgressSetup {
+            notifier: hex(&crate::egress::setup::program_bytes()),
+            relay_port: crate::egress::setup::RELAY_PORT,
+            dns_port: crate::egress::setup::DNS_PORT,
+        }),
+        scratch: ScratchSpec {
+            path: view::SCRATCH,
+            size: config.disk_bytes,
+            dirs: view::SCRATCH_DIRS,
+            rebind: rebinds(&read_dirs),
         },
-    });
-    let Value::Object(command) = command else {
-        return Err(Error::Internal("a fork command is not an object".into()));
     };
     Ok(ForkPlan {
         report,
@@ -175,7 +183,7 @@ pub fn prepare_fork(
 /// The directories (and files) the code reads that lie under `/tmp` or `/dev/shm` (a cache directory
 /// under a `HOME` in `/tmp`): the view binds them read-only on top of the template's scratch, which the
 /// run's own hides, so the run binds them again on top of its own, as `[path, is_dir]`.
-fn rebinds(read_dirs: &[std::path::PathBuf]) -> Vec<Value> {
+fn rebinds(read_dirs: &[std::path::PathBuf]) -> Vec<(String, bool)> {
     let mut under: Vec<&std::path::PathBuf> = read_dirs
         .iter()
         .filter(|p| p.starts_with("/tmp") || p.starts_with("/dev/shm"))
@@ -189,7 +197,7 @@ fn rebinds(read_dirs: &[std::path::PathBuf]) -> Vec<Value> {
         }
     }
     kept.into_iter()
-        .map(|p| json!([p.to_string_lossy(), p.is_dir()]))
+        .map(|p| (p.to_string_lossy().into_owned(), p.is_dir()))
         .collect()
 }
 
@@ -212,7 +220,7 @@ mod tests {
             dir.path().to_owned(),
             dir.path().join("missing"),
         ]);
-        assert_eq!(got, vec![json!([dir.path().to_string_lossy(), true])]);
+        assert_eq!(got, vec![(dir.path().to_string_lossy().into_owned(), true)]);
     }
 
     #[test]

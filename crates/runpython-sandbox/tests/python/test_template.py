@@ -1,6 +1,7 @@
-"""Tests of the template's parts that need no privilege (`src/child/python/runpython_template.py`), with plain `python3` and the stdlib.
+"""Tests of the template's parts that need no privilege (`src/template/runpython_template.py` and
+`runpython_forked.py`), with plain `python3` and the stdlib.
 
-    python3 -m unittest discover -s crates/runpython-core/tests/python -t crates/runpython-core/tests/python
+    python3 -m unittest discover -s crates/runpython-sandbox/tests/python -t crates/runpython-sandbox/tests/python
 
 What needs namespaces (a fork taking its sandbox) is tested from Rust (`tests/tests/templates.rs`, and the
 hostile suites with `RUNPYTHON_TEMPLATES=require`). Each test here runs in a child interpreter of its own:
@@ -13,15 +14,16 @@ import sys
 import textwrap
 import unittest
 
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "child" / "python"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "template"
 DEADLINE = 60
 
-# The template module with its siblings beside it, as in the code directory (it imports `runpython_run`, the
-# library, never the entry module `runpython_runner`, which would run `main()` when imported).
+# The template module alone: it imports nothing of runpython's (the runner hands it what a forked run
+# continues into).
 PRELUDE = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, %r)
+    import runpython_forked as forked
     import runpython_template as template
     """
     % (str(SRC),)
@@ -69,7 +71,7 @@ class Descriptors(unittest.TestCase):
     def test_named_descriptors_keep_their_order_and_repeats(self):
         out = child(
             """
-            fds = template.Fds(["status", "cgroup", "landlock", "cgroup"], [7, 8, 9, 10])
+            fds = forked.Fds(["status", "cgroup", "landlock", "cgroup"], [7, 8, 9, 10])
             print(fds.one("status"), fds.one("landlock"), fds.all("cgroup"), fds.one("missing"))
             """
         )
@@ -79,7 +81,7 @@ class Descriptors(unittest.TestCase):
         out = child(
             """
             opened = [os.open("/dev/null", os.O_RDONLY) for _ in range(6)]
-            template._keep_only(template.Sys(), [opened[1], opened[4]])
+            forked.keep_only(forked.Sys(), [opened[1], opened[4]])
             def is_open(fd):
                 try:
                     os.fstat(fd)
@@ -99,7 +101,7 @@ class Reports(unittest.TestCase):
         out = child(
             """
             r, w = os.pipe()
-            template._report(w, template.StepFailed("mount_proc", 13))
+            forked._report(w, forked.StepFailed("mount_proc", 13))
             print(os.read(r, 4096).decode())
             """
         )
