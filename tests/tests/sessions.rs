@@ -427,3 +427,31 @@ async fn the_longest_session_id_allowed_is_kept_and_restored_in_a_file_store() {
         .unwrap();
     assert!(e.restored && e.return_value == json!(42), "{e:?}");
 }
+
+/// A session outlives the thread that started it: its interpreter is not tied to a thread of the
+/// runtime's blocking pool, which ends idle threads (the pool's keep-alive is made short here, so a
+/// session idle past it would have been killed by its parent-death signal).
+#[test]
+fn a_session_idle_past_the_blocking_pools_keep_alive_is_still_there() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_keep_alive(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let python = builder().build().unwrap();
+        let session = python.session();
+        let first = session.run("x = 41").await.unwrap();
+        assert_eq!(first.status, Status::Success, "{:?}", first.error);
+        // Past the keep-alive, with blocking work meanwhile so the pool's threads come and go.
+        for _ in 0..3 {
+            tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(10)))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let second = session.run("x + 1").await.unwrap();
+        assert_eq!(second.status, Status::Success, "{:?}", second.error);
+        assert_eq!(second.return_value, json!(42));
+    });
+}

@@ -138,12 +138,10 @@ async fn start_live(engine: &RunPython) -> Result<Live, Error> {
         timeout: engine.inner.limits.timeout,
         env_passthrough: engine.inner.env_passthrough.clone(),
     };
-    let python = interpreter.executable.clone();
-    let slot = tokio::task::spawn_blocking(move || {
-        spec.spawn_session(&python, code_dir, &[envs.as_path()])
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("starting a session panicked: {e}")))??;
+    // Started from this task's thread, not a blocking-pool thread: the interpreter's parent-death
+    // signal follows the thread that forked it, and the blocking pool ends idle threads (a session
+    // left idle ten seconds was killed with its thread).
+    let slot = spec.spawn_session(&interpreter.executable, code_dir, &[envs.as_path()])?;
     Live::new(slot)
 }
 
