@@ -1,6 +1,7 @@
 //! runpython-tests: the workspace's end-to-end tests (in `tests/`) and the benchmark harness
 //! (`src/bin/runpython-bench.rs`, driven by `cargo xtask bench`). This library holds their shared helpers.
 
+pub mod chart_bench;
 pub mod deps_bench;
 pub mod display_bench;
 pub mod egress_bench;

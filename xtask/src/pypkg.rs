@@ -1,6 +1,6 @@
 //! The Python package (`crates/runpython-py`): its wheel built with maturin, installed into a fresh
-//! venv, its pytest suite, mypy on its examples and stubtest on its stubs; and the venv the benchmark
-//! harness measures it with.
+//! venv, its pytest suite, mypy on its examples and stubtest on its stubs; and the venvs the benchmark
+//! harness measures it (and the chart cell's yardsticks) with.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,6 +78,22 @@ fn base_python() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// An empty venv at `venv` (what was there removed), made by uv from the tools venv; returns its python.
+fn empty_venv(tools_bin: &Path, venv: &Path) -> Result<PathBuf> {
+    if venv.exists() {
+        std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    step(
+        &format!("create a fresh venv ({})", venv.display()),
+        Command::new(tools_bin.join("uv"))
+            .args(["venv", "--quiet", "--python"])
+            .arg(base_python()?)
+            .arg(venv)
+            .env("UV_PYTHON_DOWNLOADS", "never"),
+    )?;
+    Ok(venv.join("bin/python"))
+}
+
 /// A fresh venv at `venv` with `wheel[extra]` and `packages`, installed by uv from the tools venv;
 /// returns its python.
 pub(crate) fn fresh_venv(
@@ -87,19 +103,8 @@ pub(crate) fn fresh_venv(
     extra: Option<&str>,
     packages: &[&str],
 ) -> Result<PathBuf> {
-    if venv.exists() {
-        std::fs::remove_dir_all(venv).with_context(|| format!("removing {}", venv.display()))?;
-    }
+    let python = empty_venv(tools_bin, venv)?;
     let uv = tools_bin.join("uv");
-    step(
-        &format!("create a fresh venv ({})", venv.display()),
-        Command::new(&uv)
-            .args(["venv", "--quiet", "--python"])
-            .arg(base_python()?)
-            .arg(venv)
-            .env("UV_PYTHON_DOWNLOADS", "never"),
-    )?;
-    let python = venv.join("bin/python");
     let requirement = match extra {
         Some(extra) => format!("runpython[{extra}] @ file://{}", wheel.display()),
         None => format!("runpython @ file://{}", wheel.display()),
@@ -170,4 +175,20 @@ pub(crate) fn bench_python(tools_bin: &Path) -> Result<(PathBuf, PathBuf)> {
         &[],
     )?;
     Ok((python, wheel))
+}
+
+/// For `cargo xtask bench`'s chart yardsticks: `target/chart-bench-venv` with the chart cell's pinned
+/// data stack, ipykernel and jupyter_client (`tests/benches/jupyter_requirements.txt`); returns its
+/// python, the interpreter the Jupyter kernel and the plain process run on (the one runpython runs).
+pub(crate) fn chart_python(tools_bin: &Path) -> Result<PathBuf> {
+    let python = empty_venv(tools_bin, &root().join("target/chart-bench-venv"))?;
+    step(
+        "install the chart yardsticks' Jupyter kernel and data stack",
+        Command::new(tools_bin.join("uv"))
+            .args(["pip", "install", "--quiet", "--python"])
+            .arg(&python)
+            .arg("-r")
+            .arg(root().join("tests/benches/jupyter_requirements.txt")),
+    )?;
+    Ok(python)
 }

@@ -48,8 +48,11 @@ for i in range(n):
 print(n / (time.perf_counter() - t))
 "#;
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    runpython_tests::chart_bench::runtime()?.block_on(bench())
+}
+
+async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     let mut m = Map::new();
     // Before anything starts: every process of the harness is then counted.
     let cpu = CpuMeter::start();
@@ -598,6 +601,16 @@ summarize(data)",
     runpython_tests::display_bench::display_figures(&mut m)
         .await
         .map_err(|e| e.to_string())?;
+    // Real work: the chart cell through runpython's one-shot paths and a session, against a warm
+    // Jupyter kernel and a plain Python process running it (their venv made by `cargo xtask bench`).
+    match std::env::var_os("RUNPYTHON_BENCH_CHART_PYTHON") {
+        Some(python) => runpython_tests::chart_bench::chart_figures(&mut m, python.as_ref(), cpu.as_ref().ok())
+            .await
+            .map_err(|e| e.to_string())?,
+        None => eprintln!(
+            "skipped the chart figures: RUNPYTHON_BENCH_CHART_PYTHON names no venv with Jupyter and the data stack (cargo xtask bench makes one)"
+        ),
+    }
     // Secrets: an HTTPS request with the value put in by the host, against one passed through.
     runpython_tests::egress_bench::secret_figures(&mut m)
         .await
