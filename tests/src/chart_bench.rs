@@ -26,6 +26,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The cell, as agents send it and as every path below runs it.
 pub const CHART_CELL: &str = include_str!("../benches/chart_cell.py");
 const REQUIREMENTS: &str = include_str!("../benches/chart_requirements.txt");
+
 /// Imported by the pooled interpreters and the template before a run: the cell's imports.
 const WARM: &[&str] = &["numpy", "pandas", "matplotlib.pyplot"];
 const ROUNDS: usize = 10;
@@ -39,7 +40,9 @@ const SETTLE: Duration = Duration::from_millis(300);
 
 /// The harness's runtime: tokio's multi-threaded one, as a host's would be.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }
 
 fn benches_dir() -> PathBuf {
@@ -47,7 +50,8 @@ fn benches_dir() -> PathBuf {
 }
 
 /// The pinned data stack, as dependency specs.
-fn pins() -> Vec<String> {
+/// The chart cell's pinned data stack (`benches/chart_requirements.txt`).
+pub fn chart_pins() -> Vec<String> {
     REQUIREMENTS
         .lines()
         .map(str::trim)
@@ -68,6 +72,8 @@ pub async fn chart_figures(
     // What `runpython mcp` keeps runs in by default: a local file store (the PNG becomes an artifact).
     let url = format!("file://{}", store_dir.path().display());
     let engine = |size: usize, templates: bool| -> Result<RunPython, BoxError> {
+        // Pooled interpreters and sessions: the pins as the engine's dependencies, the stack imported
+        // ahead by the pool.
         let mut builder = RunPython::builder()
             .timeout(Duration::from_secs(300))
             .store(Store::open(&url)?)
@@ -78,13 +84,19 @@ pub async fn chart_figures(
                 prestart: size > 0,
                 templates,
             });
-        for pin in pins() {
+        for pin in chart_pins() {
             builder = builder.dependency(pin);
         }
         Ok(builder.build()?)
     };
     let pooled = engine(1, false)?;
-    let forked = engine(1, true)?;
+    // The product's path: the data stack declared a warm environment, as `--warm` declares it.
+    let forked = RunPython::builder()
+        .timeout(Duration::from_secs(300))
+        .store(Store::open(&url)?)
+        .warm_environment(chart_pins())
+        .build()?;
+    forked.warm_up(|_| {}).await?;
     let sessions = engine(0, false)?;
     let one_shot = |engine: &RunPython| {
         let engine = engine.clone();
@@ -181,7 +193,7 @@ pub async fn chart_figures(
 
 /// The chart cell's envelope as it must be: success, its value, a `line` chart among its displays
 /// whose PNG is a kept artifact.
-fn check_chart(e: &Envelope, what: &str) -> Result<(), BoxError> {
+pub fn check_chart(e: &Envelope, what: &str) -> Result<(), BoxError> {
     let fail = |why: String| -> BoxError {
         let tail: String = e
             .stderr

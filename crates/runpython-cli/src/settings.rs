@@ -34,6 +34,26 @@ pub(crate) async fn server_engine(args: &EngineArgs) -> anyhow::Result<RunPython
     Ok(builder(args).await?.pool(PoolConfig::default()).build()?)
 }
 
+/// Prepares the environments `--warm` declared before the command serves anything: installs them
+/// (progress on the status line), starts their templates.
+pub(crate) async fn warm_up(args: &EngineArgs, engine: &RunPython) -> anyhow::Result<()> {
+    if args.warm.is_empty() {
+        return Ok(());
+    }
+    let status = std::sync::Mutex::new(crate::human::StatusLine::new());
+    let warmed = engine
+        .warm_up(|step| {
+            if let Ok(mut status) = status.lock() {
+                status.show(&step);
+            }
+        })
+        .await;
+    if let Ok(mut status) = status.lock() {
+        status.clear();
+    }
+    warmed.context("preparing the warm environments (--warm)")
+}
+
 /// `engine` as `--tenant`'s, when given.
 pub(crate) fn scoped(args: &EngineArgs, engine: RunPython) -> anyhow::Result<RunPython> {
     match &args.store.tenant {
@@ -82,6 +102,9 @@ async fn builder(args: &EngineArgs) -> anyhow::Result<RunPythonBuilder> {
     }
     for spec in &args.deps {
         builder = builder.dependency(spec);
+    }
+    for specs in &args.warm {
+        builder = builder.warm_environment(specs.iter().cloned());
     }
     for command in &args.mcp_servers {
         let server = McpServer::connect(command).await?;

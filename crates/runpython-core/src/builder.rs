@@ -241,6 +241,24 @@ impl RunPythonBuilder {
         self.deps.defaults.push(spec.into());
         self
     }
+    /// Declares a warm environment (call it once per environment): its requirements are installed
+    /// once ([`RunPython::warm_up`] at start, else by the first run within it), a template imports
+    /// their modules and does their first-use work (matplotlib's font list and renderer, numpy's
+    /// random module, pandas' groupby and dates), and every one-shot run whose requirements (its
+    /// imports, its PEP 723 block, its `dependencies`, the engine's defaults) are all within it — what
+    /// it was declared with, or anything it holds — is forked from that template, each with every
+    /// layer of its own, checked by the host before it gets code. Other runs keep the pooled path.
+    /// e.g. `.warm_environment(["numpy", "pandas", "matplotlib"])`.
+    pub fn warm_environment<I, S>(mut self, specs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.deps
+            .warm
+            .push(specs.into_iter().map(Into::into).collect());
+        self
+    }
     /// Lets any package be built from source (its build scripts run, inside the install sandbox).
     /// By default only the operator's requirements ([`RunPythonBuilder::dependency`]) may be; what
     /// the code asks for (its imports, its PEP 723 block, a run's `dependencies`) installs wheels, and
@@ -420,6 +438,7 @@ impl RunPythonBuilder {
         if !errors.is_empty() {
             return Err(Error::Config(errors.join("; ")));
         }
+        let any_warm = !self.deps.warm.is_empty();
         let spec = SlotSpec {
             sandbox: sandbox.clone(),
             timeout: self.limits.timeout,
@@ -436,10 +455,11 @@ impl RunPythonBuilder {
                 deps: self.deps.build()?,
                 durable: self.durable,
                 sandbox,
-                templates: self.pool.templates.then(|| {
+                templates: (self.pool.templates || any_warm).then(|| {
                     Arc::new(Templates::new(
                         spec.clone(),
                         self.pool.warm_imports.clone(),
+                        self.pool.templates,
                         self.pool.idle,
                         self.pool.size,
                         crate::policy::env_vars::templates().1,

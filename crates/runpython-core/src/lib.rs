@@ -8,6 +8,9 @@
 //! bounded output capture, and the [`Envelope`]. It is the only crate that spawns the
 //! sandboxed child; it never prints.
 //!
+//! Why this file is long: it is the façade, `RunPython` with every public method it has (STYLE
+//! wants them in one file) and the crate's re-exports; the features it calls live in their modules.
+//!
 //! What the code does — raise, time out, exit, print forever — is an `Ok(Envelope)` with a status;
 //! `Err` means runpython's own machinery failed.
 //!
@@ -269,6 +272,36 @@ impl RunPython {
             Some(templates) => templates.status().await,
             None => Vec::new(),
         }
+    }
+
+    /// Prepares every warm environment declared with [`RunPythonBuilder::warm_environment`] now:
+    /// installs what it needs (each step through `progress`, as [`Event::Dependencies`] would say it)
+    /// and starts its template with its ready forks, so the first run within it is as fast as the
+    /// next. Without it, the first run within a warm environment prepares it. `Err` when an install
+    /// fails, or when templates are required (`RUNPYTHON_TEMPLATES=require`) and cannot be used; where
+    /// the kernel rules templates out, runs within it take the fresh path.
+    pub async fn warm_up(
+        &self,
+        progress: impl Fn(DepsProgress) + Send + Sync,
+    ) -> Result<(), Error> {
+        if !self.inner.deps.has_warm() {
+            return Ok(());
+        }
+        let interpreter = self.interpreter().await?.clone();
+        let envs = self
+            .inner
+            .deps
+            .prepare_all_warm(&interpreter, &progress)
+            .await?;
+        if let Some(templates) = &self.inner.templates {
+            for (env, warmth) in envs {
+                let key = (env.interpreter.clone(), env.site_dir.clone());
+                templates
+                    .start_now(&key, &warmth, self.inner.limits.timeout)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// The tools exposed to the code.

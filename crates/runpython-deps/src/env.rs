@@ -13,50 +13,15 @@ use crate::job::{InstallJob, Progress, ProgressFn, SourceBuilds};
 use crate::layout::{building_dir, discard, short_hash, ENVS, MANIFEST, SITE};
 use crate::lock::KeyLock;
 use crate::policy::{install_network, install_reads, InstallPolicy};
+use crate::prepared::{Installed, PreparedEnv};
 use crate::provider::{EnvProvider, PipProvider, UvProvider};
 use crate::requirement::normalize_name;
-use crate::{Error, Interpreter, Requirement, Source};
+use crate::{Error, Interpreter, Requirement};
 
 const FORMAT: &str = "runpython-env-v1";
 
 /// Default for [`Environments::with_timeout`].
 pub(crate) const DEFAULT_PREPARE_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// A ready environment. Hand `interpreter` and `site_dir` to the runner: start the interpreter as
-/// usual (`-I -S`) and call `site.addsitedir(site_dir)` before the user's code, so `.pth` files work.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PreparedEnv {
-    /// The content key: a hash of the interpreter (executable and version), the sorted normalized
-    /// specs and the provider kind.
-    pub key: String,
-    /// The interpreter the packages were installed for.
-    pub interpreter: PathBuf,
-    /// The directory holding the packages; `None` when there was nothing to install.
-    pub site_dir: Option<PathBuf>,
-    /// The canonical specs, sorted.
-    pub specs: Vec<String>,
-    /// A hash of what is really installed (the interpreter and every `*.dist-info` name, so package
-    /// versions count): use it in memo keys.
-    pub fingerprint: String,
-    /// Every distribution installed, with who asked for it (`None`: a dependency of another).
-    #[serde(default)]
-    pub installed: Vec<Installed>,
-    /// True when this call installed it; false when it was prepared before.
-    #[serde(skip)]
-    pub installed_now: bool,
-}
-
-/// One distribution of a prepared environment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Installed {
-    /// Its name, as its `.dist-info` directory writes it (`PyYAML`).
-    pub name: String,
-    /// Its version.
-    pub version: String,
-    /// Who asked for it, when a requirement named it; `None` for what came as a dependency.
-    #[serde(skip)]
-    pub source: Option<Source>,
-}
 
 #[derive(Serialize, Deserialize)]
 struct Manifest {

@@ -58,6 +58,7 @@ mod lock;
 mod mapping;
 mod merge;
 mod policy;
+mod prepared;
 mod provider;
 mod requirement;
 mod sandboxed;
@@ -69,12 +70,13 @@ use std::path::{Path, PathBuf};
 use interpreter::MIN_VERSION;
 
 pub use detect::{detect_imports, detect_imports_async, ImportDetector, RuffImportDetector};
-pub use env::{Environments, PreparedEnv};
+pub use env::Environments;
 pub use gc::{gc, GcReport};
 pub use interpreter::{cache_dir, Interpreter};
 pub use job::{installer_env, InstallJob, Progress, ProgressFn, SourceBuilds};
 pub use merge::{merge_requirements, DependencySources};
 pub use policy::{install_network, InstallPolicy};
+pub use prepared::{Installed, PreparedEnv};
 pub use provider::{EnvProvider, PipProvider, UvProvider};
 
 /// A boxed, sendable future, so that [`EnvProvider`] stays object safe: what

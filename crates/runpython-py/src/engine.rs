@@ -51,6 +51,7 @@ impl PyRunPython {
         tier = None,
         memo = None,
         dependencies = None,
+        warm = None,
         auto_deps = None,
         approvals = None,
         durable = None,
@@ -87,6 +88,7 @@ impl PyRunPython {
         tier: Option<&Bound<'_, PyAny>>,
         memo: Option<&Bound<'_, PyAny>>,
         dependencies: Option<&Bound<'_, PyAny>>,
+        warm: Option<&Bound<'_, PyAny>>,
         auto_deps: Option<&Bound<'_, PyAny>>,
         approvals: Option<&Bound<'_, PyAny>>,
         durable: Option<&Bound<'_, PyAny>>,
@@ -206,6 +208,11 @@ impl PyRunPython {
         if let Some(v) = given(dependencies) {
             for spec in strings("dependencies", &v)? {
                 b = b.dependency(spec);
+            }
+        }
+        if let Some(v) = given(warm) {
+            for specs in crate::settings::warm_environments(&v)? {
+                b = b.warm_environment(specs);
             }
         }
         if let Some(v) = given(auto_deps) {
@@ -439,6 +446,13 @@ impl PyRunPython {
                     .map_err(py_err)
             })
         })
+    }
+
+    /// Prepares the warm environments given with `warm=` now (installs them, starts their templates)
+    /// rather than at the first run within each; raises `DependencyError` when an install fails.
+    fn warm_up(&self, py: Python<'_>) -> PyResult<()> {
+        let engine = self.engine.clone();
+        block_on(py, async move { engine.warm_up(|_| {}).await })?.map_err(py_err)
     }
 
     /// The suspension ids a suspended run waits on.

@@ -306,3 +306,32 @@ pub(crate) fn parse_sandbox_from(
     }
     Ok(sandbox)
 }
+
+/// `warm=`: a list of environments, each a list of requirement specs or one str of them separated by
+/// commas (`["numpy,pandas,matplotlib"]` or `[["numpy", "pandas"]]`).
+pub(crate) fn warm_environments(value: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<String>>> {
+    if value.is_instance_of::<PyString>() {
+        return Err(config(
+            "warm must be a list of environments, each a list of specs or one str of them separated \
+             by commas, as warm=[\"numpy,pandas,matplotlib\"]; wrap the str in a list",
+        ));
+    }
+    let mut out = Vec::new();
+    for item in value
+        .try_iter()
+        .map_err(|_| config("warm must be a list of environments"))?
+    {
+        let item = item?;
+        let specs = match item.extract::<String>() {
+            Ok(text) => text
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            Err(_) => strings("warm", &item)?,
+        };
+        out.push(specs);
+    }
+    Ok(out)
+}

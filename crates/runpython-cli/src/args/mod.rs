@@ -151,6 +151,12 @@ pub(crate) struct EngineArgs {
     /// `pkg[extra]>=2`, `name @ URL`) (repeatable). Imports the code makes are detected and installed too.
     #[arg(long = "dep", value_name = "SPEC")]
     pub(crate) deps: Vec<String>,
+    /// A warm environment, as SPEC[,SPEC...] (repeatable: one environment each), e.g.
+    /// `--warm numpy,pandas,matplotlib`: installed at start, its packages imported (and their
+    /// first-use work done) by a template, and each run whose imports are all within it forked from
+    /// that template, every layer its own, checked from outside before it gets code.
+    #[arg(long = "warm", value_name = "SPEC[,SPEC...]", value_parser = run_flags::parse_warm)]
+    pub(crate) warm: Vec<Vec<String>>,
     /// Do not install what the code imports; only --dep specs and a PEP 723 `# /// script` block count.
     #[arg(long)]
     pub(crate) no_auto_deps: bool,

@@ -21,6 +21,28 @@ pub(crate) enum RunFile {
 }
 
 /// `PATH`, `PATH=NAME` or `@ID=NAME`.
+/// `--warm`'s value: requirement specs separated by commas, a comma inside one spec's version
+/// (`pandas>=2,<3`) kept with it.
+pub(crate) fn parse_warm(s: &str) -> Result<Vec<String>, String> {
+    let mut specs: Vec<String> = Vec::new();
+    for piece in s.split(',').map(str::trim) {
+        let continues_version = piece.starts_with(['<', '>', '=', '!', '~']);
+        match specs.last_mut() {
+            Some(last) if continues_version => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ if piece.is_empty() => {
+                return Err(format!(
+                "{s:?} has an empty spec: give requirements separated by commas, as numpy,pandas"
+            ))
+            }
+            _ => specs.push(piece.to_owned()),
+        }
+    }
+    Ok(specs)
+}
+
 pub(crate) fn parse_file(s: &str) -> Result<(String, RunFile), String> {
     if let Some(rest) = s.strip_prefix('@') {
         let (id, name) = rest.split_once('=').ok_or_else(|| {
@@ -75,4 +97,20 @@ pub(crate) fn parse_env(s: &str) -> Result<(String, String), String> {
         return Err(format!("{s:?} has no variable name before the ="));
     }
     Ok((name.to_owned(), value.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warm_environment_is_split_at_commas_but_not_inside_a_version() {
+        assert_eq!(
+            parse_warm("numpy, pandas>=2,<3,matplotlib==3.11.2").unwrap(),
+            ["numpy", "pandas>=2,<3", "matplotlib==3.11.2"]
+        );
+        assert!(parse_warm("numpy,,pandas")
+            .unwrap_err()
+            .contains("empty spec"));
+    }
 }

@@ -17,6 +17,7 @@ use crate::settings;
 
 pub(crate) async fn repl(args: McpArgs) -> anyhow::Result<ExitCode> {
     let python = settings::engine(&args.engine).await?;
+    settings::warm_up(&args.engine, &python).await?;
     let session = python.session();
     let mut editor = rustyline::DefaultEditor::new()?;
     let history =

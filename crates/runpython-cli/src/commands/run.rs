@@ -30,6 +30,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         (None, None) => bail!("no code given: pass a FILE, -c CODE, or - to read stdin"),
     };
     let python = settings::engine(&args.engine).await?;
+    settings::warm_up(&args.engine, &python).await?;
     let mut request = RunRequest::new(code);
     if args.no_cache {
         request = request.no_memo();

@@ -15,6 +15,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let engine = settings::server_engine(&args.engine).await?;
+    settings::warm_up(&args.engine, &engine).await?;
     let server = runpython_mcp::HttpServer::bind(engine, settings::serve_config(&args)).await?;
     // The one line a supervisor or test waits for, whatever the log level.
     say_err!(

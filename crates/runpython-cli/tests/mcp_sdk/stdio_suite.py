@@ -212,9 +212,33 @@ async def charts():
         ok("the chart reaches the client as an image block: a PNG of the figure's size")
 
 
+async def warm_chart_cell():
+    # The data cell agents send, through `runpython mcp --warm` with the bench's pinned stack: each
+    # call a fresh run forked from the warm environment's template.
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[4]
+    cell = (root / "tests/benches/chart_cell.py").read_text()
+    pins = [line.strip() for line in (root / "tests/benches/chart_requirements.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    async with stdio_client("--store", "memory://", "--timeout", "300", "--warm", ",".join(pins)) as client:
+        for round in range(2):
+            # Another text each round: the same code would be a memo hit, not a run.
+            result = await client.call_tool("run_python", {"code": f"# round {round}\n{cell}"})
+            envelope = envelope_of(result)
+            assert envelope["status"] == "success" and not envelope["cached"], envelope
+            assert envelope["return_value"]["rows"] == 20_000 and envelope["return_value"]["days"] == 90, envelope
+            assert envelope["displays"][0]["chart"]["type"] == "line", envelope["displays"]
+            assert "font cache" not in envelope["stderr"], envelope["stderr"]
+            images = [c for c in result.content if c.type == "image"]
+            assert len(images) == 1 and images[0].mime_type == "image/png", result.content
+    ok("runpython mcp --warm: the chart cell comes back with its value, a line chart and its PNG, no font-cache message")
+
+
 async def main():
     await tools_and_results()
     await charts()
+    await warm_chart_cell()
     await progress()
     await approvals()
     import tempfile

@@ -15,6 +15,9 @@ pub(crate) const RUNNER_PY: &str = include_str!("python/runpython_runner.py");
 /// One run's machinery in the child (`python/runpython_run.py`), the library the entry modules share.
 const RUN_PY: &str = include_str!("python/runpython_run.py");
 
+/// Packages' first-use work, done once in a warm environment's template (`python/runpython_warm.py`).
+const WARM_PY: &str = include_str!("python/runpython_warm.py");
+
 /// The host's messages to the child, checked key by key (`python/runpython_protocol.py`).
 const PROTOCOL_PY: &str = include_str!("python/runpython_protocol.py");
 
@@ -111,10 +114,11 @@ pub(crate) fn code_version() -> &'static str {
 
 /// The modules of the code directory, by file name: each written as it is in `python/` (the bridge
 /// client comes from runpython-bridge).
-const MODULES: [(&str, &str); 10] = [
+const MODULES: [(&str, &str); 11] = [
     ("runpython_runner.py", RUNNER_PY),
     ("runpython_run.py", RUN_PY),
     ("runpython_protocol.py", PROTOCOL_PY),
+    ("runpython_warm.py", WARM_PY),
     ("runpython_json.py", JSON_PY),
     ("runpython_display.py", DISPLAY_PY),
     ("runpython_session.py", SESSION_PY),

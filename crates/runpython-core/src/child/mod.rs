@@ -26,7 +26,7 @@ pub(crate) use pool::{Pool, PoolKey};
 pub(crate) use runpython_sandbox::discard_run_dir;
 pub(crate) use spawn::{Spawned, SpawnedParts, BRIDGE_FD};
 pub use template::TemplateStatus;
-pub(crate) use template::Templates;
+pub(crate) use template::{Templates, Warmth};
 
 use crate::error::Error;
 use crate::protocol::envelope::Isolation;

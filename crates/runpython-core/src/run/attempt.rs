@@ -35,6 +35,8 @@ const RESULT_OVERHEAD: usize = 64 * 1024;
 pub(crate) struct Prepared {
     pub interpreter: Interpreter,
     pub env: Option<PreparedEnv>,
+    /// A declared warm environment's: its runs are forked from its template.
+    pub warm: Option<crate::child::Warmth>,
 }
 
 impl Prepared {
@@ -172,7 +174,11 @@ pub(crate) async fn slot_for(engine: &RunPython, prepared: &Prepared) -> Result<
     }
     let key: PoolKey = (python.clone(), site_dir.clone());
     if let Some(templates) = &engine.inner.templates {
-        if let Some(slot) = templates.fork(&key, engine.inner.limits.timeout).await? {
+        let warm = prepared.warm.as_ref();
+        if let Some(slot) = templates
+            .fork(&key, warm, engine.inner.limits.timeout)
+            .await?
+        {
             return Ok(slot);
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use runpython_deps::{
     detect_imports_async, merge_requirements, DependencySources, EnvProvider, Environments,
-    InstallPolicy, Interpreter, PreparedEnv,
+    InstallPolicy, Interpreter, PreparedEnv, Progress, Requirement,
 };
 use tokio::sync::mpsc;
 
@@ -26,6 +26,8 @@ pub(crate) struct DepsConfig {
     pub provider: Option<Arc<dyn EnvProvider>>,
     pub timeout: Option<Duration>,
     pub policy: InstallPolicy,
+    /// The warm environments the operator declared, each a list of specs.
+    pub warm: Vec<Vec<String>>,
 }
 
 impl Default for DepsConfig {
@@ -37,6 +39,7 @@ impl Default for DepsConfig {
             provider: None,
             timeout: None,
             policy: InstallPolicy::default(),
+            warm: Vec::new(),
         }
     }
 }
@@ -57,11 +60,42 @@ impl DepsConfig {
             envs = envs.with_timeout(timeout);
         }
         envs = envs.with_policy(self.policy);
+        let mut warm = Vec::with_capacity(self.warm.len());
+        for specs in self.warm {
+            let mut requirements = Vec::with_capacity(specs.len());
+            for spec in &specs {
+                requirements.push(Requirement::parse(spec).map_err(|e| {
+                    Error::Config(format!("the warm environment {}: {e}", specs.join(",")))
+                })?);
+            }
+            if requirements.is_empty() {
+                return Err(Error::Config(
+                    "a warm environment needs at least one requirement (e.g. numpy,pandas)".into(),
+                ));
+            }
+            warm.push(WarmEnv {
+                specs,
+                requirements,
+                prepared: tokio::sync::OnceCell::new(),
+                warmth: std::sync::OnceLock::new(),
+            });
+        }
         Ok(Deps {
             defaults: self.defaults,
             auto: self.auto,
             envs,
+            warm: Arc::new(warm),
         })
+    }
+}
+
+/// Dependency progress as events on `events` (advisory: a full or closed channel drops a step rather
+/// than stall preparation).
+fn progress_to(events: Option<&mpsc::Sender<Event>>) -> impl Fn(Progress) + '_ {
+    move |step| {
+        if let Some(tx) = events {
+            let _ = tx.try_send(Event::Dependencies(step));
+        }
     }
 }
 
@@ -75,6 +109,60 @@ pub(crate) struct Deps {
     defaults: Vec<String>,
     auto: bool,
     envs: Environments,
+    /// Shared by every engine derived from this one (tenants): prepared once.
+    warm: Arc<Vec<WarmEnv>>,
+}
+
+/// An environment the operator declared warm: prepared once (at start, or by the first run within
+/// it), and the runs within it are forked from a template that imported its modules.
+#[derive(Debug)]
+pub(crate) struct WarmEnv {
+    /// The specs as declared.
+    pub specs: Vec<String>,
+    requirements: Vec<Requirement>,
+    prepared: tokio::sync::OnceCell<PreparedEnv>,
+    /// What its template imports and primes, found once it is prepared.
+    warmth: std::sync::OnceLock<crate::child::Warmth>,
+}
+
+impl WarmEnv {
+    /// Whether every one of `requirements` is within this environment: what it holds once prepared,
+    /// what it was declared with before.
+    fn admits(&self, requirements: &[Requirement]) -> bool {
+        match self.prepared.get() {
+            Some(env) => requirements.iter().all(|r| env.provides(r)),
+            None => requirements.iter().all(|r| {
+                self.requirements
+                    .iter()
+                    .any(|d| d == r || (r.is_bare() && d.name() == r.name()))
+            }),
+        }
+    }
+
+    /// What its template imports (the top-level modules of each declared distribution) and primes
+    /// (each of those that has a primer: `runpython_warm.py`).
+    pub fn warmth(&self, env: &PreparedEnv) -> &crate::child::Warmth {
+        self.warmth.get_or_init(|| {
+            let mut imports: Vec<String> = self
+                .requirements
+                .iter()
+                .flat_map(|r| env.top_level_modules(r.name()))
+                .collect();
+            imports.dedup();
+            crate::child::Warmth {
+                prime: imports.clone(),
+                imports,
+            }
+        })
+    }
+}
+
+/// The environment a run is given, and whether it is a declared warm one.
+#[derive(Debug)]
+pub(crate) struct RunEnv {
+    pub env: PreparedEnv,
+    /// A declared warm environment's: what its template imports and primes.
+    pub warm: Option<crate::child::Warmth>,
 }
 
 impl Deps {
@@ -96,6 +184,110 @@ impl Deps {
         )
     }
 
+    /// The environment a one-shot run needs: a declared warm environment when everything it needs
+    /// is within one (the first declared that admits it, prepared now if it was not yet), else what
+    /// [`Deps::prepare`] gives.
+    pub async fn prepare_run(
+        &self,
+        request: &RunRequest,
+        interpreter: &Interpreter,
+        events: Option<&mpsc::Sender<Event>>,
+    ) -> Result<Option<RunEnv>, runpython_deps::Error> {
+        let requirements = self.requirements(request, interpreter).await?;
+        if requirements.is_empty() {
+            return Ok(None);
+        }
+        let progress = progress_to(events);
+        for warm in self.warm.iter() {
+            if warm.admits(&requirements) {
+                let env = self.prepare_warm(warm, interpreter, &progress).await?;
+                // What it holds may be less than its declared names promised (a name that is an
+                // extra's, say): then the run gets an environment of its own.
+                if requirements.iter().all(|r| env.provides(r)) {
+                    return Ok(Some(RunEnv {
+                        env: env.clone(),
+                        warm: Some(warm.warmth(env).clone()),
+                    }));
+                }
+            }
+        }
+        self.envs
+            .prepare(interpreter, &requirements, &progress)
+            .await
+            .map(|env| Some(RunEnv { env, warm: None }))
+    }
+
+    /// Prepares every declared warm environment now (`RunPython::warm_up`); each with what its
+    /// template imports.
+    pub async fn prepare_all_warm(
+        &self,
+        interpreter: &Interpreter,
+        progress: &runpython_deps::ProgressFn<'_>,
+    ) -> Result<Vec<(PreparedEnv, crate::child::Warmth)>, runpython_deps::Error> {
+        let mut out = Vec::with_capacity(self.warm.len());
+        for warm in self.warm.iter() {
+            let env = self.prepare_warm(warm, interpreter, progress).await?;
+            out.push((env.clone(), warm.warmth(env).clone()));
+        }
+        Ok(out)
+    }
+
+    /// Whether any warm environment is declared.
+    pub fn has_warm(&self) -> bool {
+        !self.warm.is_empty()
+    }
+
+    async fn prepare_warm<'w>(
+        &self,
+        warm: &'w WarmEnv,
+        interpreter: &Interpreter,
+        progress: &runpython_deps::ProgressFn<'_>,
+    ) -> Result<&'w PreparedEnv, runpython_deps::Error> {
+        warm.prepared
+            .get_or_try_init(|| async {
+                let requirements = merge_requirements(&DependencySources {
+                    defaults: &self
+                        .defaults
+                        .iter()
+                        .chain(&warm.specs)
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                    explicit: &[],
+                    script: None,
+                    detected: &[],
+                    local_modules: &[],
+                    python_version: interpreter.version,
+                })?;
+                self.envs
+                    .prepare(interpreter, &requirements, progress)
+                    .await
+            })
+            .await
+    }
+
+    /// What a run's code and request need: the engine's defaults, its explicit and PEP 723
+    /// requirements and (with auto-detection) its imports, merged.
+    async fn requirements(
+        &self,
+        request: &RunRequest,
+        interpreter: &Interpreter,
+    ) -> Result<Vec<Requirement>, runpython_deps::Error> {
+        let detected = if self.auto {
+            detect_imports_async(request.code.clone()).await?
+        } else {
+            Vec::new()
+        };
+        let local: Vec<String> = OWN_MODULES.iter().map(|m| (*m).to_owned()).collect();
+        merge_requirements(&DependencySources {
+            defaults: &self.defaults,
+            explicit: &request.dependencies,
+            script: Some(&request.code),
+            detected: &detected,
+            local_modules: &local,
+            python_version: interpreter.version,
+        })
+    }
+
     /// The environment the run needs, prepared (once per content key), or `None` when the code needs
     /// nothing beyond the standard library. `Err` is a `DependencyError` for the envelope.
     pub async fn prepare(
@@ -104,29 +296,11 @@ impl Deps {
         interpreter: &Interpreter,
         events: Option<&mpsc::Sender<Event>>,
     ) -> Result<Option<PreparedEnv>, runpython_deps::Error> {
-        let detected = if self.auto {
-            detect_imports_async(request.code.clone()).await?
-        } else {
-            Vec::new()
-        };
-        let local: Vec<String> = OWN_MODULES.iter().map(|m| (*m).to_owned()).collect();
-        let requirements = merge_requirements(&DependencySources {
-            defaults: &self.defaults,
-            explicit: &request.dependencies,
-            script: Some(&request.code),
-            detected: &detected,
-            local_modules: &local,
-            python_version: interpreter.version,
-        })?;
+        let requirements = self.requirements(request, interpreter).await?;
         if requirements.is_empty() {
             return Ok(None);
         }
-        let progress = |step| {
-            if let Some(tx) = events {
-                // Progress is advisory: a full or closed channel drops it rather than stall preparation.
-                let _ = tx.try_send(Event::Dependencies(step));
-            }
-        };
+        let progress = progress_to(events);
         self.envs
             .prepare(interpreter, &requirements, &progress)
             .await

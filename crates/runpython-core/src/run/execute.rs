@@ -236,13 +236,14 @@ pub(crate) async fn execute_attempt(
         let (store, code) = (keep.store.clone(), request.code.clone());
         tokio::spawn(async move { store.put_blob(code.into_bytes()).await })
     });
-    let env = match engine
+    let (env, warm) = match engine
         .inner
         .deps
-        .prepare(request, &interpreter, events.as_ref())
+        .prepare_run(request, &interpreter, events.as_ref())
         .await
     {
-        Ok(env) => env,
+        Ok(Some(run_env)) => (Some(run_env.env), run_env.warm),
+        Ok(None) => (None, None),
         Err(e) => {
             let mut envelope = Envelope::failed(
                 Status::Error,
@@ -255,7 +256,11 @@ pub(crate) async fn execute_attempt(
         }
     };
     let dependencies = env.as_ref().and_then(crate::run::deps::report);
-    let prepared = Prepared { interpreter, env };
+    let prepared = Prepared {
+        interpreter,
+        env,
+        warm,
+    };
     let slot = crate::run::attempt::slot_for(engine, &prepared).await?;
     let site_dir = prepared.env.as_ref().and_then(|env| env.site_dir.clone());
     let attempt = crate::run::attempt::drive(

@@ -296,6 +296,7 @@ class RunPython:
         tier: Literal["ephemeral", "persistent"] | _Seconds | None = None,
         memo: bool | _Seconds | None = None,
         dependencies: Sequence[str] | None = None,
+        warm: Sequence[str | Sequence[str]] | None = None,
         auto_deps: bool | None = None,
         approvals: Sequence[str] | None = None,
         durable: bool | None = None,
@@ -379,6 +380,9 @@ class RunPython:
         to the values the suspended calls return."""
 
     def aresume(self, run_id: str, decisions: Mapping[str, _Json]) -> Coroutine[Any, Any, Envelope]: ...
+    def warm_up(self) -> None:
+        """Prepares the `warm=` environments now (installs them, starts their templates) rather than at
+        the first run within each; raises `DependencyError` when an install fails."""
     def pending_suspensions(self, run_id: str) -> list[str]: ...
     def tool_spec(self, format: _ToolFormat = "anthropic") -> list[dict[str, Any]]:
         """The tools a model is given (`run_python`, `get_run_artifact`, `resume`) in a provider's

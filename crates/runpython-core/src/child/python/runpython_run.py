@@ -373,8 +373,9 @@ def restore_env(previous):
 
 
 def warm_up(args):
-    """A pooled interpreter prepares before its run arrives: `--site DIR` adds the environment and
-    `--warm a,b` imports modules the pool declares warm (a failed import is left for the run to see)."""
+    """An interpreter prepares before its run arrives: `--site DIR` adds the environment, `--warm a,b`
+    imports modules the pool declares warm (a failed import is left for the run to see), and `--prime
+    a,b` (a template of a warm environment) does those packages' first-use work (`runpython_warm`)."""
     while len(args) >= 2:
         flag, value = args[0], args[1]
         args = args[2:]
@@ -388,6 +389,10 @@ def warm_up(args):
                     __import__(name)
                 except Exception:
                     pass
+        elif flag == "--prime":
+            import runpython_warm
+
+            runpython_warm.prime(value.split(","))
 
 
 _network_spec = None

@@ -70,11 +70,24 @@ pub struct TemplateStatus {
     pub runs: u64,
 }
 
+/// What a template imports before it serves: modules, and packages whose first-use work it does
+/// (`runpython_warm.py`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Warmth {
+    pub imports: Vec<String>,
+    pub prime: Vec<String>,
+}
+
 /// The templates of one engine, by (interpreter, environment).
 #[derive(Debug)]
 pub(crate) struct Templates {
     spec: SlotSpec,
+    /// What templates of environments the operator did not declare warm import (the pool's warm
+    /// imports), when those are forked too.
     warm_imports: Vec<String>,
+    /// Whether every environment's runs are forked (`PoolConfig::templates`), or only declared warm
+    /// ones'.
+    all: bool,
     idle: Duration,
     /// Forks kept ready per template.
     ready: usize,
@@ -102,6 +115,7 @@ impl Templates {
     pub(crate) fn new(
         spec: SlotSpec,
         warm_imports: Vec<String>,
+        all: bool,
         idle: Duration,
         ready: usize,
         require: bool,
@@ -109,6 +123,7 @@ impl Templates {
         Self {
             spec,
             warm_imports,
+            all,
             idle,
             ready: ready.max(1),
             require,
@@ -122,13 +137,24 @@ impl Templates {
     }
 
     /// A run forked from the template for `key` (started now if there is none yet), with its
-    /// sandbox set up; `Ok(None)` when templates cannot serve it (why is logged): the run takes the
-    /// fresh path.
+    /// sandbox set up; `Ok(None)` when templates cannot serve it (why is logged) or do not serve
+    /// this environment (not a declared warm one, `warm` `None`, when only those are forked): the
+    /// run takes the pooled or fresh path.
     pub(crate) async fn fork(
         &self,
         key: &PoolKey,
+        warm: Option<&Warmth>,
         timeout: Duration,
     ) -> Result<Option<Slot>, Error> {
+        let default = Warmth {
+            imports: self.warm_imports.clone(),
+            prime: Vec::new(),
+        };
+        let warmth = match warm {
+            Some(warmth) => warmth,
+            None if self.all => &default,
+            None => return Ok(None),
+        };
         if let Err(why) =
             sandbox::template_eligible(&self.spec.sandbox.map_network(Network::mechanism))
         {
@@ -141,7 +167,7 @@ impl Templates {
             let cell = self.cell(key);
             let started = cell
                 .template
-                .get_or_init(|| Template::start(&self.spec, key, &self.warm_imports, self.ready))
+                .get_or_init(|| Template::start(&self.spec, key, warmth, self.ready))
                 .await;
             let template = match started {
                 Ok(template) => Arc::clone(template),
@@ -183,6 +209,35 @@ impl Templates {
             };
         }
         self.unavailable("the template was replaced twice in a row".into())
+    }
+
+    /// Starts the template for `key` now, and its ready forks (a declared warm environment when the
+    /// engine warms up), rather than at its first run. Where templates cannot be used nothing is
+    /// started: runs take the fresh path (an error only when templates are required).
+    pub(crate) async fn start_now(
+        &self,
+        key: &PoolKey,
+        warmth: &Warmth,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        if let Err(why) =
+            sandbox::template_eligible(&self.spec.sandbox.map_network(Network::mechanism))
+        {
+            tracing::debug!("warm environment runs take the fresh path: {why}");
+            return Ok(());
+        }
+        let cell = self.cell(key);
+        let started = cell
+            .template
+            .get_or_init(|| Template::start(&self.spec, key, warmth, self.ready))
+            .await;
+        match started {
+            Ok(template) => {
+                template.refill(timeout);
+                Ok(())
+            }
+            Err(why) => self.unavailable(why.clone()).map(drop),
+        }
     }
 
     fn unavailable(&self, why: String) -> Result<Option<Slot>, Error> {
@@ -278,7 +333,7 @@ impl Template {
     async fn start(
         spec: &SlotSpec,
         key: &PoolKey,
-        warm: &[String],
+        warm: &Warmth,
         target: usize,
     ) -> Result<Arc<Template>, String> {
         let started = Instant::now();
@@ -297,7 +352,7 @@ impl Template {
     async fn start_inner(
         spec: &SlotSpec,
         key: &PoolKey,
-        warm: &[String],
+        warm: &Warmth,
         target: usize,
     ) -> Result<Arc<Template>, String> {
         let code_dir = code_dir().map_err(|e| e.to_string())?;
@@ -307,8 +362,11 @@ impl Template {
             args.extend(["--site".into(), site.display().to_string()]);
         }
         let mut warm_list = vec!["_ast".to_owned()];
-        warm_list.extend(warm.iter().cloned());
+        warm_list.extend(warm.imports.iter().cloned());
         args.extend(["--warm".into(), warm_list.join(",")]);
+        if !warm.prime.is_empty() {
+            args.extend(["--prime".into(), warm.prime.join(",")]);
+        }
         let mut reads: Vec<&Path> = vec![code_dir];
         reads.extend(site.as_deref());
         let (run_dir, _) = sandbox::create_run_dir().map_err(|e| e.to_string())?;
