@@ -472,6 +472,9 @@ fn python_tools() -> Result<PathBuf> {
 
 fn bench(args: &[String]) -> Result<()> {
     let json = args.iter().any(|a| a == "--json");
+    // With --json, stdout is the JSON object alone: what the builds, the tool bootstrap (apt, pip) and
+    // the benches print goes to stderr meanwhile, and the object to the original stdout at the end.
+    let json_out = if json { Some(stdout_to_stderr()?) } else { None };
     step(
         "build bench harness and cli (release)",
         cargo().args([
@@ -531,8 +534,9 @@ fn bench(args: &[String]) -> Result<()> {
     if let Some(map) = metrics.as_object_mut() {
         map.extend(step);
     }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&metrics)?);
+    if let Some(mut out) = json_out {
+        use std::io::Write as _;
+        writeln!(out, "{}", serde_json::to_string_pretty(&metrics)?)?;
         return Ok(());
     }
     println!("{:<28} {:>14}  target", "metric", "value");
@@ -577,5 +581,22 @@ fn target_of(metric: &str) -> &'static str {
         "chart_session_vs_jupyter_cell" => "≤ 1.0",
         "smolagents_step_overhead_ms" => "(reported: RunPythonExecutor − LocalPythonExecutor, p50)",
         _ => "",
+    }
+}
+
+/// Points this process's stdout (and so its children's) at stderr; returns the original stdout.
+fn stdout_to_stderr() -> Result<std::fs::File> {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: dup and dup2 on the process's own standard descriptors; the duplicate is new and owned
+    // by the returned File alone.
+    unsafe {
+        let original = libc::dup(1);
+        if original < 0 || libc::dup2(2, 1) < 0 {
+            bail!(
+                "cannot point stdout at stderr: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(std::fs::File::from_raw_fd(original))
     }
 }
