@@ -264,3 +264,34 @@ async fn acceptance_cases_pass_on_pooled_interpreters() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Runs that come faster than one interpreter starts find none ready; the pool then keeps more
+/// ready for that environment (up to four), so a steady stream of them is served without waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_environment_whose_runs_outpace_its_refills_keeps_more_interpreters_ready() {
+    let marker = unique_marker("pooldepth");
+    let python = RunPython::builder()
+        .timeout(Duration::from_secs(30))
+        .pool(PoolConfig {
+            size: 1,
+            idle: Duration::from_secs(60),
+            // A warm import that fails (left for the run to see): only to name these interpreters.
+            warm_imports: vec![marker.clone()],
+            prestart: false,
+            templates: false,
+        })
+        .build()
+        .unwrap();
+    // Back to back: each run is quicker than the refill its predecessor started.
+    for _ in 0..8 {
+        let e = python.run("1 + 1").await.unwrap();
+        assert_eq!(e.status, Status::Success, "{:?}", e.error);
+    }
+    // The interpreters that served the runs are gone by then; those left wait for runs.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ready = processes_with_marker(&marker).len();
+    assert!(
+        (2..=4).contains(&ready),
+        "{ready} interpreters ready after a burst, not between 2 and 4"
+    );
+}

@@ -474,7 +474,11 @@ fn bench(args: &[String]) -> Result<()> {
     let json = args.iter().any(|a| a == "--json");
     // With --json, stdout is the JSON object alone: what the builds, the tool bootstrap (apt, pip) and
     // the benches print goes to stderr meanwhile, and the object to the original stdout at the end.
-    let json_out = if json { Some(stdout_to_stderr()?) } else { None };
+    let json_out = if json {
+        Some(stdout_to_stderr()?)
+    } else {
+        None
+    };
     step(
         "build bench harness and cli (release)",
         cargo().args([

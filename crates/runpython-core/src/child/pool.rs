@@ -72,7 +72,15 @@ pub(crate) struct Pool {
     starting: Mutex<HashMap<PoolKey, usize>>,
     /// Woken whenever a refill ends (with an interpreter or without one).
     arrived: Notify,
+    /// How many each environment keeps ready now: [`PoolConfig::size`], one more each time a run
+    /// found none ready (its runs come faster than an interpreter starts: one importing numpy takes
+    /// ~200 ms), up to [`MAX_DEPTH`]; one less each time one expired unused.
+    depth: Mutex<HashMap<PoolKey, usize>>,
 }
+
+/// Most interpreters one environment keeps ready when its runs come faster than one is started
+/// (when [`PoolConfig::size`] is smaller).
+const MAX_DEPTH: usize = 4;
 
 /// How long a run waits for a pooled interpreter with `prestart` before starting one cold.
 const PRESTART_WAIT: Duration = Duration::from_secs(10);
@@ -85,6 +93,26 @@ impl Pool {
             ready: Mutex::default(),
             starting: Mutex::default(),
             arrived: Notify::new(),
+            depth: Mutex::default(),
+        }
+    }
+
+    fn depth(&self, key: &PoolKey) -> usize {
+        self.depth.lock().map_or(self.config.size, |d| {
+            d.get(key).copied().unwrap_or(self.config.size)
+        })
+    }
+
+    /// Keeps one more ready for `key` (a run found none), or one less (a run left some ready).
+    fn adjust_depth(&self, key: &PoolKey, starved: bool) {
+        let most = self.config.size.max(MAX_DEPTH);
+        if let Ok(mut depths) = self.depth.lock() {
+            let depth = depths.entry(key.clone()).or_insert(self.config.size);
+            *depth = if starved {
+                (*depth + 1).min(most)
+            } else {
+                depth.saturating_sub(1).max(self.config.size)
+            };
         }
     }
 
@@ -94,6 +122,7 @@ impl Pool {
         if let Some(slot) = self.take(key) {
             return Some(slot);
         }
+        self.adjust_depth(key, true);
         if !self.config.prestart {
             return None;
         }
@@ -150,13 +179,22 @@ impl Pool {
     fn take(&self, key: &PoolKey) -> Option<Slot> {
         let mut ready = self.ready.lock().ok()?;
         let slots = ready.get_mut(key)?;
+        let mut expired = false;
+        let mut found = None;
         while let Some(mut slot) = slots.pop() {
             let alive = slot.spawned.process.is_alive();
             if alive && slot.born.elapsed() < self.config.idle {
-                return Some(slot);
+                found = Some(slot);
+                break;
             }
+            expired |= alive;
         }
-        None
+        drop(ready);
+        if expired {
+            // One waited its whole idle time unused: the environment's runs come slower again.
+            self.adjust_depth(key, false);
+        }
+        found
     }
 
     /// How many more interpreters `key` needs, counting those being started; reserves them.
@@ -170,17 +208,18 @@ impl Pool {
             return 0;
         };
         let pending = starting.entry(key.clone()).or_insert(0);
-        let missing = self.config.size.saturating_sub(ready + *pending);
+        let missing = self.depth(key).saturating_sub(ready + *pending);
         *pending += missing;
         missing
     }
 
     /// A started interpreter joins the pool (or is dropped if the pool is full).
     fn put(&self, key: PoolKey, slot: Option<Slot>) {
+        let depth = self.depth(&key);
         if let Some(slot) = slot {
             if let Ok(mut ready) = self.ready.lock() {
                 let slots = ready.entry(key.clone()).or_default();
-                if slots.len() < self.config.size {
+                if slots.len() < depth {
                     slots.push(slot);
                 }
             }
