@@ -359,6 +359,8 @@ pub(crate) fn serve_config(args: &ServeArgs) -> runpython_mcp::ServeConfig {
         drain_timeout: args.drain_timeout,
         allowed_hosts: args.allowed_hosts.clone(),
         max_connections: args.max_connections,
+        max_connections_per_token: args.max_connections_per_token,
+        max_sessions_per_token: args.max_sessions_per_token,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_stored_bytes_per_token: args.max_stored_bytes_per_token,

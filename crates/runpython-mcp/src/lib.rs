@@ -31,6 +31,7 @@ mod http;
 mod lines;
 mod server;
 mod stdio;
+mod tag;
 mod tools;
 
 pub use content::ARTIFACT_URI_PREFIX;

@@ -113,16 +113,16 @@ fn caller(context: &RequestContext<RoleServer>) -> ClientScope {
         .unwrap_or(ClientScope::Stdio)
 }
 
-/// The request's MCP session (`Mcp-Session-Id`), `-` for none (stdio, the stateless protocol): the
-/// log line's, so a host's log shows which sessions a proxy sent it.
+/// The request's MCP session (`Mcp-Session-Id`) as logs name it (its tag: the id is a capability),
+/// `-` for none (stdio, the stateless protocol), so a host's log shows which sessions a proxy sent
+/// it.
 fn mcp_session(context: &RequestContext<RoleServer>) -> String {
     context
         .extensions
         .get::<axum::http::request::Parts>()
         .and_then(|parts| parts.headers.get("mcp-session-id"))
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_owned()
+        .map_or_else(|| "-".to_owned(), crate::tag::session_tag)
 }
 
 impl ServerHandler for Server {
@@ -343,7 +343,7 @@ impl Server {
         };
         let runs_code = name == RUN_PYTHON_TOOL || name == RESUME_TOOL;
         let _admitted = if runs_code {
-            match self.shared.gate.enter(scope) {
+            match self.shared.gate.enter(scope).await {
                 Ok(admitted) => Some(admitted),
                 // A full host is a JSON-RPC error, retryable: the call was not served here, and
                 // may be elsewhere (a client's own limit or a drain is the tool's answer to read).
