@@ -158,7 +158,7 @@ pub(crate) struct Inner {
     /// A named tenant's record (its name, for listings) is written before its first object.
     pub(crate) recorded: std::sync::atomic::AtomicBool,
     /// Bytes stored under this tenant's root, as last counted, being written, and its quota.
-    pub(crate) usage: Mutex<crate::usage::Usage>,
+    pub(crate) usage: Arc<Mutex<crate::usage::Usage>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -229,7 +229,7 @@ impl Store {
                 tenant: None,
                 tenants: Arc::default(),
                 recorded: true.into(),
-                usage: Mutex::default(),
+                usage: Arc::default(),
             }),
         }
     }
@@ -250,7 +250,7 @@ impl Store {
                 recorded: tenant.is_none().into(),
                 tenant,
                 tenants: Arc::clone(&self.inner.tenants),
-                usage: Mutex::default(),
+                usage: Arc::default(),
             }),
         }
     }
@@ -311,6 +311,16 @@ impl Store {
     pub(crate) async fn write(&self, key: &Path, bytes: impl Into<PutPayload>) -> Result<()> {
         let payload: PutPayload = bytes.into();
         let reserved = self.reserve(payload.content_length() as u64).await?;
+        self.write_reserved(key, payload, reserved).await
+    }
+
+    /// Writes a whole object whose bytes are reserved already.
+    pub(crate) async fn write_reserved(
+        &self,
+        key: &Path,
+        payload: PutPayload,
+        reserved: crate::usage::Reservation,
+    ) -> Result<()> {
         self.record_tenant().await?;
         self.inner
             .os
@@ -369,11 +379,23 @@ impl Store {
         for f in run.files {
             items.push((ArtifactKind::File, f.name, f.bytes.into()));
         }
+        // All of them are reserved at once: a run whose outputs do not fit its tenant's quota
+        // writes none of them (rather than the first few, which nothing would list).
+        let mut reserved = self
+            .reserve(items.iter().map(|(_, _, b)| b.len() as u64).sum())
+            .await?;
+        let items: Vec<_> = items
+            .into_iter()
+            .map(|item| {
+                let part = reserved.split(item.2.len() as u64);
+                (item, part)
+            })
+            .collect();
         let artifacts: Vec<Artifact> = futures_util::stream::iter(items)
-            .map(|(kind, name, bytes)| async move {
+            .map(|((kind, name, bytes), part)| async move {
                 let preview = preview(&name, &bytes);
                 let len = bytes.len() as u64;
-                let id = self.put_blob(bytes).await?;
+                let id = self.put_blob_reserved(bytes, part).await?;
                 Ok::<_, Error>(Artifact {
                     id,
                     name,
