@@ -27,6 +27,7 @@
 mod admission;
 mod content;
 mod error;
+mod host_details;
 mod http;
 mod lines;
 mod server;

@@ -89,10 +89,14 @@ impl RunPython {
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
-        if let Some(why) = self.over_quota().await {
+        if let Some(over) = self.over_quota().await {
             // Over its tenant's quota: the run runs, and nothing of it is written.
             let mut envelope =
                 Box::pin(self.unkept().execute_kept(request, events, cancel)).await?;
+            let why = format!(
+                "{over}: the run ran and was not kept; delete runs (`runpython gc`, `runpython \
+                 artifacts`) or raise the quota (--max-stored-bytes-per-token)"
+            );
             not_kept(&mut envelope, &why);
             return Ok(envelope);
         }
