@@ -115,8 +115,7 @@ fn reference(report: &str) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let digest = blake3::hash(format!("{now}{report}").as_bytes()).to_hex();
-    digest[..10].to_owned()
+    crate::tag::short_hex(format!("{now}{report}").as_bytes())
 }
 
 /// `text` with each absolute path (a `/` at the start of a word, followed by a name) replaced by

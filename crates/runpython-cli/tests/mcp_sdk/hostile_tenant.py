@@ -43,7 +43,7 @@ APPROVED_WRITE = ("import os\n"
                   "'wrote' if ok else 'held'")
 
 
-async def quota(tmp):
+async def a_tenants_stored_bytes_never_pass_its_quota(tmp):
     store = f"file://{tmp}/quota"
     tokens = {"alice": new_token(), "bob": new_token()}
     args = ["--store", store, "--approval", "request_approval", "--timeout", "60",
@@ -116,7 +116,7 @@ async def quota(tmp):
         ok("over a lowered quota a run runs with kept: false and a resume is refused with quota_exceeded")
 
 
-async def numeric_claim(tmp):
+async def a_numeric_tenant_claim_is_refused_naming_it(tmp):
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     jwks = os.path.join(tmp, "numeric-jwks.json")
     with open(jwks, "w") as f:
@@ -140,7 +140,7 @@ def no_host_detail(text, secrets, what):
         assert secret not in text, f"{what} names {secret!r}: {text}"
 
 
-async def errors_name_no_host_path(tmp):
+async def no_error_a_tenant_gets_names_a_host_path(tmp):
     root = os.path.join(tmp, "private-store-root")
     store = f"file://{root}"
     secrets = [root, "file://", "/opt/", "/root/", tempfile.gettempdir() + "/"]
@@ -192,9 +192,9 @@ async def errors_name_no_host_path(tmp):
 
 async def main():
     with tempfile.TemporaryDirectory() as tmp:
-        await quota(tmp)
-        await numeric_claim(tmp)
-        await errors_name_no_host_path(tmp)
+        await a_tenants_stored_bytes_never_pass_its_quota(tmp)
+        await a_numeric_tenant_claim_is_refused_naming_it(tmp)
+        await no_error_a_tenant_gets_names_a_host_path(tmp)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@
 //! idle sockets cannot keep an authorized client out), and each token's share (so one tenant cannot
 //! hold every slot). A connection in the middle of a request (its head read, its response not yet
 //! sent whole) is never closed to make room. When a cap is reached:
-//! - a new connection closes the oldest unauthenticated one that has sent nothing (neither read
-//!   yet nor waiting in the kernel, which is asked: a client whose request is on its way is not
-//!   taken for an idle one), else the oldest other idle unauthenticated one; with the server full
-//!   and none of those, an idle connection of the token holding the most (one with no request
-//!   waiting first); with none, it is refused;
+//! - with the unauthenticated ones at their cap, a new connection closes the oldest of them that has
+//!   sent nothing (neither read yet nor waiting in the kernel, which is asked: a client whose request
+//!   is on its way is not taken for an idle one), else the oldest other idle one; with the server
+//!   full, it closes an idle connection of the token holding the most (one with no request waiting
+//!   first), else an idle unauthenticated one as above; with none, it is refused;
 //! - a token at its share that authenticates one more connection closes its own oldest idle one;
 //!   with all of its busy, that request is refused (429).
 
@@ -221,18 +221,20 @@ impl Slots {
 impl State {
     /// The connection to close for a new one: see the module docs for the order.
     fn victim(&self, crowded: bool, pending: &impl Fn(RawFd) -> bool) -> Option<u64> {
-        if let Some(id) = first_idle(self.unauthenticated.iter(), pending) {
-            return Some(id);
-        }
+        let unauthenticated = || first_idle(self.unauthenticated.iter(), pending);
         if crowded {
-            return None; // every unauthenticated connection is in the middle of a request
+            // None when every unauthenticated one is in the middle of a request: refused.
+            return unauthenticated();
         }
+        // Full, with room for unauthenticated ones: the token holding the most gives one up (a
+        // new connection, whose request may be on its way, is not taken for a hoarder's).
         let mut tokens: Vec<(&Arc<str>, usize)> =
             self.tokens.iter().map(|(t, ids)| (t, ids.len())).collect();
         tokens.sort_by_key(|&(_, held)| std::cmp::Reverse(held));
         tokens
             .into_iter()
             .find_map(|(tenant, _)| self.idle_of(tenant, pending))
+            .or_else(unauthenticated)
     }
 
     /// The oldest idle connection of `tenant` (one with no bytes waiting first).
@@ -352,14 +354,26 @@ mod tests {
         // Alice holds the most; her oldest idle one (not the busy a1) makes room, once idle.
         assert!(a2.close.is_cancelled() && !a2.abort.is_cancelled());
         assert!(!closed(&a1) && !closed(&a3) && !closed(&b1));
+        // Carol's connection, not yet authenticated, is not taken for the next newcomer's: alice's
+        // last idle one is.
+        let dave = slots.admit_with(6, talking(&[])).unwrap();
+        assert!(closed(&a3) && !closed(&carol));
         slots
             .authenticate_with(carol.id, "carol", talking(&[]))
+            .unwrap();
+        slots
+            .authenticate_with(dave.id, "dave", talking(&[]))
             .unwrap();
         assert_eq!(
             slots.counts(),
             (
                 0,
-                vec![("alice".into(), 2), ("bob".into(), 1), ("carol".into(), 1)]
+                vec![
+                    ("alice".into(), 1),
+                    ("bob".into(), 1),
+                    ("carol".into(), 1),
+                    ("dave".into(), 1)
+                ]
             )
         );
     }
