@@ -614,6 +614,10 @@ summarize(data)",
             .await
             .map_err(|e| e.to_string())?;
         m.insert("http_calls_per_s".into(), json!(rate.round()));
+        // A tenant's trivial run while another floods the host, against the same run alone.
+        runpython_tests::tenant_bench::fair_latency(&bin, &mut m)
+            .await
+            .map_err(|e| e.to_string())?;
         // The same load through HAProxy (deploy/haproxy/haproxy.cfg as shipped) to three hosts.
         let haproxy = std::env::var_os("RUNPYTHON_TOOLS_BIN")
             .map(|dir| std::path::PathBuf::from(dir).join("haproxy"))
