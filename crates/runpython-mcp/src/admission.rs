@@ -368,8 +368,9 @@ impl Refusal {
                  (the server's --max-runs-per-token)"
             ),
             Self::OverCapacity { limit } => format!(
-                "this host is at its capacity of {limit} runs in flight (--max-runs-in-flight); \
-                 retry in {RETRY_AFTER_S} s, here or on another host"
+                "this host is at its capacity of {limit} runs in flight (--max-runs-in-flight) and \
+                 this client holds its share of them (or waited its turn in vain); retry in \
+                 {RETRY_AFTER_S} s, here or on another host"
             ),
         }
     }

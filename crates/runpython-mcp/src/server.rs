@@ -360,7 +360,14 @@ impl Server {
         };
         let runs_code = name == RUN_PYTHON_TOOL || name == RESUME_TOOL;
         let _admitted = if runs_code {
-            match self.shared.gate.enter(scope).await {
+            // A call waiting for its turn stops waiting when it is cancelled.
+            let entered = tokio::select! {
+                entered = self.shared.gate.enter(scope) => entered,
+                () = context.ct.cancelled() => {
+                    return Err(ErrorData::new(ErrorCode(-32800), "the request was cancelled", None));
+                }
+            };
+            match entered {
                 Ok(admitted) => Some(admitted),
                 // A full host is a JSON-RPC error, retryable: the call was not served here, and
                 // may be elsewhere (a client's own limit or a drain is the tool's answer to read).
