@@ -9,6 +9,7 @@ pub mod mcp_bench;
 pub mod py_bench;
 pub mod recorder;
 pub mod stats;
+pub mod store_bench;
 pub mod template_bench;
 pub mod tenant_bench;
 

@@ -98,20 +98,30 @@ pub async fn stdio_vs_library(bin: &Path, rounds: usize) -> Result<(f64, f64)> {
 /// A `runpython serve --no-store` host on a loopback port (no run limits: the runs are the bound),
 /// killed when dropped: the process and its base URL.
 async fn serve_host(bin: &Path, token: &str) -> Result<(tokio::process::Child, String)> {
+    let args = [
+        "--no-store",
+        "--max-runs-per-token",
+        "0",
+        "--max-runs-in-flight",
+        "0",
+        "--timeout",
+        "120",
+    ];
+    serve_host_with(bin, &[("bench", token)], &args).await
+}
+
+/// A `runpython serve ARGS` host on a loopback port with `tokens` (name, secret), killed when
+/// dropped: the process and its base URL.
+pub(crate) async fn serve_host_with(
+    bin: &Path,
+    tokens: &[(&str, &str)],
+    args: &[&str],
+) -> Result<(tokio::process::Child, String)> {
+    let tokens: Vec<String> = tokens.iter().map(|(n, t)| format!("{n}:{t}")).collect();
     let mut child = tokio::process::Command::new(bin)
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--no-store",
-            "--max-runs-per-token",
-            "0",
-            "--max-runs-in-flight",
-            "0",
-            "--timeout",
-            "120",
-        ])
-        .env("RUNPYTHON_TOKENS", format!("bench:{token}"))
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .args(args)
+        .env("RUNPYTHON_TOKENS", tokens.join(","))
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -133,7 +143,7 @@ async fn serve_host(bin: &Path, token: &str) -> Result<(tokio::process::Child, S
     Ok((child, base))
 }
 
-fn bench_token() -> String {
+pub(crate) fn bench_token() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -141,7 +151,7 @@ fn bench_token() -> String {
 }
 
 /// SIGTERM, then up to 30 s for the process to go (dropping it kills what is left).
-async fn stop(mut child: tokio::process::Child) {
+pub(crate) async fn stop(mut child: tokio::process::Child) {
     if let Some(pid) = child.id() {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
@@ -248,7 +258,7 @@ async fn calls_per_s(url: &str, token: &str, clients: usize, calls_each: usize) 
 }
 
 /// One MCP session over Streamable HTTP (JSON-RPC POSTs, replies read from the SSE body).
-struct HttpClient {
+pub(crate) struct HttpClient {
     http: reqwest::Client,
     url: String,
     token: String,
@@ -256,7 +266,7 @@ struct HttpClient {
 }
 
 impl HttpClient {
-    async fn connect(url: &str, token: &str) -> Result<Self> {
+    pub(crate) async fn connect(url: &str, token: &str) -> Result<Self> {
         let http = reqwest::Client::new();
         let reply = http
             .post(url)
@@ -301,7 +311,8 @@ impl HttpClient {
         Ok(reply.text().await?)
     }
 
-    async fn call(&self, id: u64, code: &str) -> Result<()> {
+    /// `run_python` of `code`; an error unless its envelope says success.
+    pub(crate) async fn call(&self, id: u64, code: &str) -> Result<()> {
         let body = self.post(&call(id, code)).await?;
         let done = body
             .lines()

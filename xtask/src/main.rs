@@ -579,6 +579,7 @@ fn target_of(metric: &str) -> &'static str {
         "import_detect_10k_ms" => "≤ 5",
         "session_cell_vs_floor" => "≤ 0.05",
         "tenant_foreign_vs_missing_read" => "≈ 1 (within noise: a refusal says nothing)",
+        "tenant_fair_latency_ratio" => "≤ 2",
         "egress_rtt_vs_direct" => "≤ 1.3",
         "egress_throughput_vs_direct" => "≥ 0.8",
         "chart_run_vs_jupyter_cell" => "≤ 1.2 (a fresh run per call against a warm Jupyter cell)",

@@ -29,9 +29,15 @@ pub(crate) async fn engine(args: &EngineArgs) -> anyhow::Result<RunPython> {
 }
 
 /// The engine of a server (`mcp`, `serve`), not yet scoped to `--tenant`: a server answers many
-/// runs, so interpreters started ahead of them pay off.
-pub(crate) async fn server_engine(args: &EngineArgs) -> anyhow::Result<RunPython> {
-    Ok(builder(args).await?.pool(PoolConfig::default()).build()?)
+/// runs, so interpreters started ahead of them pay off. At least `ready` are kept (unless the pool
+/// is off): `serve` keeps one more than a token's share of runs, so one tenant's runs taking them
+/// as fast as they are admitted still leave another's run a ready one.
+pub(crate) async fn server_engine(args: &EngineArgs, ready: usize) -> anyhow::Result<RunPython> {
+    let mut pool = PoolConfig::default();
+    if pool.size > 0 {
+        pool.size = pool.size.max(ready);
+    }
+    Ok(builder(args).await?.pool(pool).build()?)
 }
 
 /// Prepares the environments `--warm` declared before the command serves anything: installs them
@@ -372,16 +378,23 @@ pub(crate) async fn stores(args: &StoreArgs) -> anyhow::Result<Vec<Store>> {
 
 /// `serve`'s configuration from its flags (the engine's come from `EngineArgs`).
 pub(crate) fn serve_config(args: &ServeArgs) -> runpython_mcp::ServeConfig {
+    let max_runs_in_flight = args.max_runs_in_flight.unwrap_or_else(|| {
+        4 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    });
     runpython_mcp::ServeConfig {
         bind: args.bind,
         tokens_file: args.tokens_file.clone(),
-        max_runs_per_token: args.max_runs_per_token,
-        max_runs_in_flight: args.max_runs_in_flight.unwrap_or_else(|| {
-            4 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        // By default one token alone never fills the host: another's run finds a place at once.
+        max_runs_per_token: args.max_runs_per_token.unwrap_or(match max_runs_in_flight {
+            0 => 4,
+            n => (n / 2).clamp(1, 4),
         }),
+        max_runs_in_flight,
         drain_timeout: args.drain_timeout,
         allowed_hosts: args.allowed_hosts.clone(),
         max_connections: args.max_connections,
+        max_connections_per_token: args.max_connections_per_token,
+        max_sessions_per_token: args.max_sessions_per_token,
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_stored_bytes_per_token: args.max_stored_bytes_per_token,

@@ -102,3 +102,8 @@ fn three_hosts_behind_haproxy_stick_sessions_survive_a_kill_drain_and_refuse_ove
 fn three_hosts_behind_envoy_stick_sessions_survive_a_kill_drain_and_refuse_over_capacity() {
     behind("envoy");
 }
+
+#[test]
+fn a_hostile_tenant_keeps_within_its_quota_cannot_pass_a_numeric_claim_and_reads_no_host_path() {
+    run_script("hostile_tenant.py");
+}

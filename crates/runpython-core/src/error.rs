@@ -59,6 +59,9 @@ pub enum Error {
     /// The run was cancelled through its handle.
     #[error("the run was cancelled")]
     Cancelled,
+    /// The tenant is over its stored-bytes quota, and what was asked keeps as it goes (a resume).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// The sandbox requires an isolation layer this machine does not provide.
     #[error("isolation required but unavailable: {0}; run where the kernel allows it, or stop requiring it")]
     IsolationUnavailable(String),
@@ -115,7 +118,9 @@ impl Error {
             Self::Io { .. } => "io",
             Self::Store(runpython_store::Error::NotFound { .. }) => "not_found",
             Self::Store(runpython_store::Error::InvalidId { .. }) => "invalid_input",
-            Self::Store(runpython_store::Error::QuotaExceeded { .. }) => "quota_exceeded",
+            Self::Store(runpython_store::Error::QuotaExceeded { .. }) | Self::QuotaExceeded(_) => {
+                "quota_exceeded"
+            }
             Self::Store(_) => "store",
             Self::Bridge(_) => "bridge",
             Self::Config(_) => "config",

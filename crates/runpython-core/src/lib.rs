@@ -361,7 +361,8 @@ impl RunPython {
         }
     }
 
-    /// Why this engine's next run will not be kept, when its tenant is over its quota.
+    /// When this engine's tenant is over its quota: how far (`tenant alice is over its stored-bytes
+    /// quota (… of … bytes kept)`), or why its use cannot be counted.
     pub(crate) async fn over_quota(&self) -> Option<String> {
         let (Some(quota), Some(keep)) = (self.inner.quota, &self.inner.keep) else {
             return None;
@@ -376,10 +377,11 @@ impl RunPython {
         };
         (used >= quota).then(|| {
             format!(
-                "{} is over its stored-bytes quota ({used} of {quota} bytes kept): the run ran and \
-                 was not kept; delete runs (`runpython gc`, `runpython artifacts`) or raise the quota \
-                 (--max-stored-bytes-per-token)",
-                self.inner.tenant.as_deref().map_or("the default tenant".to_owned(), |t| format!("tenant {t}"))
+                "{} is over its stored-bytes quota ({used} of {quota} bytes kept)",
+                self.inner
+                    .tenant
+                    .as_deref()
+                    .map_or("the default tenant".to_owned(), |t| format!("tenant {t}"))
             )
         })
     }
@@ -455,7 +457,7 @@ impl RunPython {
     /// the code goes on live to its end or its next suspension.
     ///
     /// Errors: no store, an unknown run, a finished run, a decision for a suspension the run does not
-    /// have.
+    /// have, a tenant over its quota.
     pub async fn resume(
         &self,
         run_id: &str,
@@ -465,6 +467,14 @@ impl RunPython {
         let keep = self.inner.keep.as_ref().ok_or_else(|| {
             Error::Config("resume needs the store the run was kept in: call store()".into())
         })?;
+        if let Some(over) = self.over_quota().await {
+            // A resumed run journals its calls as it goes: without room it could not keep them.
+            return Err(Error::QuotaExceeded(format!(
+                "{over}: run {run_id} cannot be resumed until it has room (a resumed run keeps its \
+                 journal as it goes); delete runs (`runpython gc`, `runpython artifacts`) or raise \
+                 the quota (--max-stored-bytes-per-token)"
+            )));
+        }
         if let Some(session) = crate::durable::resume::session_of(&keep.store, run_id).await? {
             return crate::session::route::resume_cell(self, &session, run_id, decisions).await;
         }
@@ -606,9 +616,13 @@ impl RunPython {
         events: Option<mpsc::Sender<Event>>,
         cancel: Option<oneshot::Receiver<()>>,
     ) -> Result<Envelope, Error> {
-        if let Some(why) = self.over_quota().await {
+        if let Some(over) = self.over_quota().await {
             // Over its tenant's quota: the run runs, and nothing of it is written.
             let mut envelope = Box::pin(self.unkept().route(request, events, cancel)).await?;
+            let why = format!(
+                "{over}: the run ran and was not kept; delete runs (`runpython gc`, `runpython \
+                 artifacts`) or raise the quota (--max-stored-bytes-per-token)"
+            );
             crate::run::execute::not_kept(&mut envelope, &why);
             return Ok(envelope);
         }

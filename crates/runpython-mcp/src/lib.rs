@@ -4,8 +4,10 @@
 //! ([`HttpServer`], `runpython serve`).
 //!
 //! It owns everything that knows MCP or HTTP: rmcp's server side, the stdio framing, axum and hyper
-//! with their connection limits, bearer tokens and OAuth access tokens (JWTs against a JWKS), the
-//! admission of runs (per client, per host, draining on shutdown) and the 503 a full host answers.
+//! with their connection slots (a share per token) and body deadline, bearer tokens and OAuth access
+//! tokens (JWTs against a JWKS), MCP sessions bound to their token for their whole life, the
+//! admission of runs (per client, the host shared fairly among tenants, draining on shutdown) and
+//! the 503 a full host answers, and what of the host a tenant's answers leave out.
 //! Each client's calls go to its own tenant of the engine: stdio's is the engine as given, each HTTP
 //! token's is the token's name (or `jwt:<claim>`). Core describes tools without transport hints;
 //! MCP's are added here ([`tool_list`]: `session_id` carries `x-mcp-header: Session-Id`).
@@ -27,10 +29,12 @@
 mod admission;
 mod content;
 mod error;
+mod host_details;
 mod http;
 mod lines;
 mod server;
 mod stdio;
+mod tag;
 mod tools;
 
 pub use content::ARTIFACT_URI_PREFIX;

@@ -34,6 +34,7 @@ use crate::admission::{ClientScope, Refusal, RunGate, OVER_CAPACITY};
 use crate::content::{
     failure, resource_json, result_status, sniff_mime_type, success, ARTIFACT_URI_PREFIX,
 };
+use crate::host_details::HostDetails;
 use crate::tools::{check_arguments, tool_list};
 
 /// Resources listed per `resources/list` page (newest runs first).
@@ -59,6 +60,8 @@ struct Shared {
     gate: Arc<RunGate>,
     /// Bytes each token's tenant may keep in the store (`--max-stored-bytes-per-token`).
     quota: Option<u64>,
+    /// What of the host HTTP tenants' answers must not carry.
+    host: HostDetails,
 }
 
 impl Server {
@@ -79,6 +82,7 @@ impl Server {
         }
         Ok(Self {
             shared: Arc::new(Shared {
+                host: HostDetails::of(&python),
                 python,
                 tools,
                 schemas,
@@ -103,6 +107,22 @@ impl Server {
     }
 }
 
+impl Server {
+    /// What `scope` reads of runpython's failure `e`: all of it for stdio (the operator's own
+    /// client), none of the host's details for a tenant.
+    fn said(&self, scope: &ClientScope, e: &Error) -> String {
+        match scope {
+            ClientScope::Stdio => runpython_core::error_report(e),
+            ClientScope::Token(tenant) => self.shared.host.message(e, tenant),
+        }
+    }
+
+    /// `e` as an internal JSON-RPC error for `scope`.
+    fn internal(&self, scope: &ClientScope, e: &Error) -> ErrorData {
+        ErrorData::internal_error(self.said(scope, e), Some(json!({"code": e.code()})))
+    }
+}
+
 /// The caller of a request: the token name the HTTP layer put in the request's extensions, else stdio.
 fn caller(context: &RequestContext<RoleServer>) -> ClientScope {
     context
@@ -113,16 +133,16 @@ fn caller(context: &RequestContext<RoleServer>) -> ClientScope {
         .unwrap_or(ClientScope::Stdio)
 }
 
-/// The request's MCP session (`Mcp-Session-Id`), `-` for none (stdio, the stateless protocol): the
-/// log line's, so a host's log shows which sessions a proxy sent it.
+/// The request's MCP session (`Mcp-Session-Id`) as logs name it (its tag: the id is a capability),
+/// `-` for none (stdio, the stateless protocol), so a host's log shows which sessions a proxy sent
+/// it.
 fn mcp_session(context: &RequestContext<RoleServer>) -> String {
     context
         .extensions
         .get::<axum::http::request::Parts>()
         .and_then(|parts| parts.headers.get("mcp-session-id"))
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_owned()
+        .map_or_else(|| "-".to_owned(), crate::tag::session_tag)
 }
 
 impl ServerHandler for Server {
@@ -185,9 +205,7 @@ impl ServerHandler for Server {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let scope = caller(&context);
-        let engine = self
-            .engine(&scope)
-            .map_err(|e| ErrorData::internal_error(runpython_core::error_report(&e), None))?;
+        let engine = self.engine(&scope).map_err(|e| self.internal(&scope, &e))?;
         let Some(store) = engine.store() else {
             return Ok(ListResourcesResult::default());
         };
@@ -201,9 +219,10 @@ impl ServerHandler for Server {
                 )
             })?,
         };
-        let listing = store.list_artifacts(None).await.map_err(|e| {
-            ErrorData::internal_error(format!("cannot list the store's artifacts: {e}"), None)
-        })?;
+        let listing = store
+            .list_artifacts(None)
+            .await
+            .map_err(|e| self.internal(&scope, &Error::Store(e)))?;
         // Oldest run first in the listing; the newest are the ones a client wants.
         let newest: Vec<_> = listing.items.iter().rev().collect();
         let page: Vec<Value> = newest
@@ -256,9 +275,7 @@ impl Server {
         uri: &str,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let uri = uri.to_owned();
-        let engine = self
-            .engine(scope)
-            .map_err(|e| ErrorData::internal_error(runpython_core::error_report(&e), None))?;
+        let engine = self.engine(scope).map_err(|e| self.internal(scope, &e))?;
         let Some(id) = uri.strip_prefix(ARTIFACT_URI_PREFIX) else {
             return Err(ErrorData::new(
                 ErrorCode::RESOURCE_NOT_FOUND,
@@ -295,7 +312,7 @@ impl Server {
                 };
                 return Err(ErrorData::new(
                     code,
-                    e.to_string(),
+                    self.said(scope, &e),
                     Some(json!({"code": e.code(), "uri": uri})),
                 ));
             }
@@ -339,11 +356,18 @@ impl Server {
         // up among the tenant's own only.
         let engine = match self.engine(scope) {
             Ok(engine) => engine,
-            Err(e) => return Ok(failure(e.code(), &runpython_core::error_report(&e))),
+            Err(e) => return Ok(failure(e.code(), &self.said(scope, &e))),
         };
         let runs_code = name == RUN_PYTHON_TOOL || name == RESUME_TOOL;
         let _admitted = if runs_code {
-            match self.shared.gate.enter(scope) {
+            // A call waiting for its turn stops waiting when it is cancelled.
+            let entered = tokio::select! {
+                entered = self.shared.gate.enter(scope) => entered,
+                () = context.ct.cancelled() => {
+                    return Err(ErrorData::new(ErrorCode(-32800), "the request was cancelled", None));
+                }
+            };
+            match entered {
                 Ok(admitted) => Some(admitted),
                 // A full host is a JSON-RPC error, retryable: the call was not served here, and
                 // may be elsewhere (a client's own limit or a drain is the tool's answer to read).
@@ -378,8 +402,13 @@ impl Server {
             }
         };
         Ok(match outcome {
-            Ok((value, images)) => success(value, runs_code, &images),
-            Err(e) => failure(e.code(), &runpython_core::error_report(&e)),
+            Ok((mut value, images)) => {
+                if runs_code && matches!(scope, ClientScope::Token(_)) {
+                    self.shared.host.envelope(&mut value);
+                }
+                success(value, runs_code, &images)
+            }
+            Err(e) => failure(e.code(), &self.said(scope, &e)),
         })
     }
 

@@ -21,7 +21,7 @@ async fn serve_lines(
     read: impl AsyncRead + Send + Unpin + 'static,
     write: impl AsyncWrite + Send + Unpin + 'static,
 ) -> Result<(), Error> {
-    let server = Server::new(engine, RunGate::new(0, 0), None)?;
+    let server = Server::new(engine, RunGate::new(0, 0, std::time::Duration::ZERO), None)?;
     let transport = LineTransport::new(read, write, MAX_LINE_BYTES);
     let running = server.serve(transport).await.map_err(|e| Error::Stdio {
         what: "the MCP handshake on stdio failed",

@@ -36,10 +36,11 @@ def test_a_tenant_sees_only_its_own(tmp_path):
 
 def test_a_tenant_over_its_quota_runs_and_keeps_nothing(tmp_path):
     base = RunPython(store=f"file://{tmp_path}", pool=False)
-    # The first run fits the quota; the second would pass it, so the store refuses its writes.
-    carol = base.tenant("carol", max_stored_bytes=80_000)
-    big = "import os; open('big.bin', 'wb').write(os.urandom(50_000)); 'done'"
+    # The quota is held at every write: the first run fits, the second would pass it.
+    carol = base.tenant("carol", max_stored_bytes=100_000)
+    big = "import os; open('big.bin', 'wb').write(os.urandom(60_000)); 'done'"
     assert carol.run(big).kept is True
     over = carol.run(big)
     assert over.return_value == "done" and over.kept is False, over
-    assert base.tenant("dave", max_stored_bytes=80_000).run(big).kept is True
+    assert "quota" in over.store_error, over
+    assert base.tenant("dave", max_stored_bytes=100_000).run(big).kept is True

@@ -24,13 +24,41 @@ impl Store {
     pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<String> {
         let bytes = bytes.into();
         let hash = blake3::hash(&bytes).to_hex().to_string();
-        let slot = self.cache_slot(&hash);
-        if self.inner.recent_blobs.contains_key(&slot) {
-            return Ok(hash); // written moments ago by this store: young enough for gc's grace
+        if self.written_lately(&hash) {
+            return Ok(hash);
         }
+        let reserved = self.reserve(bytes.len() as u64).await?;
+        self.write_blob(hash, bytes, reserved).await
+    }
+
+    /// [`Store::put_blob`] of bytes reserved already (released when no write is needed).
+    pub(crate) async fn put_blob_reserved(
+        &self,
+        bytes: Bytes,
+        reserved: crate::usage::Reservation,
+    ) -> Result<String> {
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        if self.written_lately(&hash) {
+            return Ok(hash);
+        }
+        self.write_blob(hash, bytes, reserved).await
+    }
+
+    /// Whether this store wrote blob `hash` moments ago: young enough for gc's grace, so it need
+    /// not be written again.
+    fn written_lately(&self, hash: &str) -> bool {
+        self.inner.recent_blobs.contains_key(&self.cache_slot(hash))
+    }
+
+    async fn write_blob(
+        &self,
+        hash: String,
+        bytes: Bytes,
+        reserved: crate::usage::Reservation,
+    ) -> Result<String> {
         let key = self.layout().blob(&hash)?;
-        self.write(&key, bytes).await?;
-        self.inner.recent_blobs.insert(slot, ());
+        self.write_reserved(&key, bytes.into(), reserved).await?;
+        self.inner.recent_blobs.insert(self.cache_slot(&hash), ());
         Ok(hash)
     }
 

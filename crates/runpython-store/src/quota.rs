@@ -9,6 +9,7 @@
 //! with `n` hosts a tenant holds at most `n` times its quota, and only until each host has listed
 //! again (one [`RECOUNT`]); after that each refuses what the true total does not allow.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -44,8 +45,8 @@ impl Store {
                 return Ok(bytes);
             }
         }
-        let listed_at = Instant::now();
-        let bytes: u64 = self
+        let (listed_at, written_before) = (Instant::now(), lock(&self.inner.usage).written);
+        let listed: u64 = self
             .list(self.layout().root())
             .await?
             .iter()
@@ -56,6 +57,9 @@ impl Store {
             .map(|m| m.size)
             .sum();
         let mut usage = lock(&self.inner.usage);
+        // A write finished while the listing was under way may be missing from it: it is added
+        // (counted twice when the listing saw it: over, never under).
+        let bytes = listed.saturating_add(usage.written - written_before);
         // A listing that started before another finished is not newer than it.
         if usage.counted.is_none_or(|(_, at)| at <= listed_at) {
             usage.counted = Some((bytes, listed_at));
@@ -65,7 +69,7 @@ impl Store {
 
     /// Reserves `bytes` for a write against the tenant's quota (none: nothing to hold). Refused when
     /// what is stored, what is being written and `bytes` together pass the quota.
-    pub(crate) async fn reserve(&self, bytes: u64) -> Result<Reservation<'_>> {
+    pub(crate) async fn reserve(&self, bytes: u64) -> Result<Reservation> {
         let usage = &self.inner.usage;
         if lock(usage).limit.is_some() {
             // Counted when the count is missing or old: the listing is outside the lock.
@@ -88,7 +92,10 @@ impl Store {
             }
         }
         held.reserved += bytes;
-        Ok(Reservation { usage, bytes })
+        Ok(Reservation {
+            usage: Arc::clone(usage),
+            bytes,
+        })
     }
 }
 
@@ -124,6 +131,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_write_made_while_the_tenant_is_counted_again_stays_in_the_count() {
+        use object_store::memory::InMemory;
+        use object_store::throttle::{ThrottleConfig, ThrottledStore};
+        // Each listing is taken when asked for and answered 300 ms later.
+        let slow = ThrottledStore::new(
+            InMemory::new(),
+            ThrottleConfig {
+                wait_list_per_call: Duration::from_millis(300),
+                ..ThrottleConfig::default()
+            },
+        );
+        let base = Store::with_backend("slow", std::sync::Arc::new(slow), Default::default());
+        let store = base.tenant("t").unwrap();
+        store.set_quota(Some(1 << 20));
+        store.put_blob(vec![1u8; 16]).await.unwrap();
+        let recount = {
+            let store = store.clone();
+            tokio::spawn(async move { store.stored_bytes(Duration::ZERO).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Written while the recount's listing (taken before it) is on its way back.
+        store.put_blob(vec![2u8; 600 << 10]).await.unwrap();
+        recount.await.unwrap().unwrap();
+        let err = store.put_blob(vec![3u8; 600 << 10]).await.unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded { .. }), "{err}");
+        let stored = store.stored_bytes(Duration::ZERO).await.unwrap();
+        assert!(stored <= 1 << 20, "{stored} bytes under a quota of 1 MiB");
+    }
+
+    #[tokio::test]
     async fn a_stream_past_the_quota_is_refused_and_leaves_nothing() {
         let store = tenant_with_quota(1 << 20);
         let big = vec![7u8; 3 << 20];
@@ -140,6 +177,33 @@ mod tests {
         // free again.
         assert_eq!(store.stored_bytes(Duration::ZERO).await.unwrap(), 1);
         store.put_blob(vec![1u8; 512 << 10]).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_files_do_not_all_fit_writes_none_of_them() {
+        let store = tenant_with_quota(1 << 20);
+        let mut run = crate::conformance::sample_run("r1");
+        run.files = (0..4)
+            .map(|i| crate::RunFile {
+                name: format!("f{i}.bin"),
+                bytes: vec![i; 400 << 10],
+            })
+            .collect();
+        let err = store.put_run(run).await.unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded { .. }), "{err}");
+        let stored = store.stored_bytes(Duration::ZERO).await.unwrap();
+        assert!(
+            stored < 1024,
+            "{stored} bytes kept of a run that was refused"
+        );
+        // Two of them fit.
+        let mut run = crate::conformance::sample_run("r2");
+        run.files.truncate(0);
+        run.files.push(crate::RunFile {
+            name: "f.bin".into(),
+            bytes: vec![9; 400 << 10],
+        });
+        store.put_run(run).await.unwrap();
     }
 
     #[tokio::test]

@@ -50,11 +50,11 @@ impl Default for Tier {
     }
 }
 
-/// Everything a run keeps, as the core hands it over (already redacted).
 /// A run's manifest names at most this many of the entries it left and were not kept; the rest are
 /// counted by reason.
 const MAX_SKIPPED_NAMED: usize = 32;
 
+/// Everything a run keeps, as the core hands it over (already redacted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRecord {
     /// Identity: ASCII letters, digits, `-`, `_`, `.`; at most 128 characters.
@@ -77,9 +77,9 @@ pub struct RunRecord {
     pub env_fingerprint: String,
     /// The isolation report, as JSON text.
     pub isolation_json: String,
-    /// Files the code created (see [`collect_files`](crate::collect_files)).
+    /// Files the code created (the sandbox's `collect_files` gathers them).
     pub files: Vec<RunFile>,
-    /// Files seen but not kept, and why: the first few (see [`crate::MAX_SKIPPED_NAMED`]).
+    /// Files seen but not kept, and why: the first few (at most `MAX_SKIPPED_NAMED`).
     pub skipped_files: Vec<SkippedFile>,
     /// Every entry seen but not kept, counted by reason.
     pub skipped_counts: std::collections::BTreeMap<String, u64>,
@@ -161,7 +161,7 @@ pub(crate) struct Inner {
     /// A named tenant's record (its name, for listings) is written before its first object.
     pub(crate) recorded: std::sync::atomic::AtomicBool,
     /// Bytes stored under this tenant's root, as last counted, being written, and its quota.
-    pub(crate) usage: Mutex<crate::usage::Usage>,
+    pub(crate) usage: Arc<Mutex<crate::usage::Usage>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -232,7 +232,7 @@ impl Store {
                 tenant: None,
                 tenants: Arc::default(),
                 recorded: true.into(),
-                usage: Mutex::default(),
+                usage: Arc::default(),
             }),
         }
     }
@@ -253,7 +253,7 @@ impl Store {
                 recorded: tenant.is_none().into(),
                 tenant,
                 tenants: Arc::clone(&self.inner.tenants),
-                usage: Mutex::default(),
+                usage: Arc::default(),
             }),
         }
     }
@@ -314,6 +314,16 @@ impl Store {
     pub(crate) async fn write(&self, key: &Path, bytes: impl Into<PutPayload>) -> Result<()> {
         let payload: PutPayload = bytes.into();
         let reserved = self.reserve(payload.content_length() as u64).await?;
+        self.write_reserved(key, payload, reserved).await
+    }
+
+    /// Writes a whole object whose bytes are reserved already.
+    pub(crate) async fn write_reserved(
+        &self,
+        key: &Path,
+        payload: PutPayload,
+        reserved: crate::usage::Reservation,
+    ) -> Result<()> {
         self.record_tenant().await?;
         self.inner
             .os
@@ -372,11 +382,23 @@ impl Store {
         for f in run.files {
             items.push((ArtifactKind::File, f.name, f.bytes.into()));
         }
+        // All of them are reserved at once: a run whose outputs do not fit its tenant's quota
+        // writes none of them (rather than the first few, which nothing would list).
+        let mut reserved = self
+            .reserve(items.iter().map(|(_, _, b)| b.len() as u64).sum())
+            .await?;
+        let items: Vec<_> = items
+            .into_iter()
+            .map(|item| {
+                let part = reserved.split(item.2.len() as u64);
+                (item, part)
+            })
+            .collect();
         let artifacts: Vec<Artifact> = futures_util::stream::iter(items)
-            .map(|(kind, name, bytes)| async move {
+            .map(|((kind, name, bytes), part)| async move {
                 let preview = preview(&name, &bytes);
                 let len = bytes.len() as u64;
-                let id = self.put_blob(bytes).await?;
+                let id = self.put_blob_reserved(bytes, part).await?;
                 Ok::<_, Error>(Artifact {
                     id,
                     name,

@@ -243,11 +243,14 @@ pub(crate) struct ServeArgs {
     /// Bearer tokens, one NAME:TOKEN per line (also RUNPYTHON_TOKENS, comma-separated).
     #[arg(long, value_name = "FILE")]
     pub(crate) tokens_file: Option<PathBuf>,
-    /// Runs one token may have in flight at once (0: no limit).
-    #[arg(long, value_name = "N", default_value = "4")]
-    pub(crate) max_runs_per_token: usize,
+    /// Runs one token may have in flight at once (0: no limit; default: half of
+    /// --max-runs-in-flight, at most 4, so one token alone never fills the host).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_runs_per_token: Option<usize>,
     /// Runs this host may have in flight at once, all tokens together (0: no limit; default: 4 per
-    /// CPU core). Over it a call is refused at once: 503, Retry-After, JSON-RPC `over_capacity`.
+    /// CPU core). When it is full, a token holding fewer than its share (the capacity divided among
+    /// the tokens running or waiting) waits for the next place, given in turn; one holding its
+    /// share is refused at once: 503, Retry-After, JSON-RPC `over_capacity`.
     #[arg(long, value_name = "N")]
     pub(crate) max_runs_in_flight: Option<usize>,
     /// On SIGTERM/SIGINT, how long runs in flight may take to finish before they are stopped.
@@ -258,14 +261,26 @@ pub(crate) struct ServeArgs {
     #[arg(long = "allowed-host", value_name = "HOST")]
     pub(crate) allowed_hosts: Vec<String>,
     /// Connections at once (fewer when the descriptor limit leaves less room; half of them at most
-    /// before an authenticated request, the oldest of those closed to admit a new one).
+    /// before an authenticated request, the oldest of those that has sent nothing closed for a new
+    /// one). When full, an idle connection of the token holding the most is closed for a new one;
+    /// never one in the middle of a request.
     #[arg(long, value_name = "N", default_value = "4096")]
     pub(crate) max_connections: usize,
+    /// Connections one token may hold (default: a quarter of --max-connections; 0: no limit). At
+    /// it, the token's oldest idle connection is closed for its new one; with all of them busy,
+    /// the new one's request gets 429.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_connections_per_token: Option<usize>,
+    /// Live MCP sessions one token may have (0: no limit); past it an `initialize` gets 429. A
+    /// session is its token's for as long as it lives (idle ones end after 5 minutes).
+    #[arg(long, value_name = "N", default_value = "1000")]
+    pub(crate) max_sessions_per_token: usize,
     /// A request's headers must arrive within this, and a connection must make an authenticated
     /// request within it.
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "10")]
     pub(crate) header_timeout: Duration,
-    /// A request's body must arrive within this.
+    /// A request's body must arrive whole within this of its headers (else 408, and the
+    /// connection is closed).
     #[arg(long, value_name = "SECONDS", value_parser = parse_timeout, default_value = "30")]
     pub(crate) body_timeout: Duration,
     /// Bytes each token may keep in the store (e.g. 5G); over it, runs still run and are not kept

@@ -14,9 +14,10 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
              the local commands"
         );
     }
-    let engine = settings::server_engine(&args.engine).await?;
+    let config = settings::serve_config(&args);
+    let engine = settings::server_engine(&args.engine, config.max_runs_per_token + 1).await?;
     settings::warm_up(&args.engine, &engine).await?;
-    let server = runpython_mcp::HttpServer::bind(engine, settings::serve_config(&args)).await?;
+    let server = runpython_mcp::HttpServer::bind(engine, config).await?;
     // The one line a supervisor or test waits for, whatever the log level.
     say_err!(
         "runpython serve: listening on http://{}",

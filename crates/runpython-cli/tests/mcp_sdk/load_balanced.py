@@ -17,6 +17,7 @@ client through the proxy, as hosts come and go:
 
 import base64
 import contextlib
+import hashlib
 import re
 import signal
 import sys
@@ -72,12 +73,17 @@ def host_session(sid):
     return sid
 
 
+def session_tag(sid):
+    """How a host's log names a session: never by its id (a capability), by its digest."""
+    return "s-" + hashlib.sha256(sid.encode()).hexdigest()[:12]
+
+
 def served(hosts, seen):
     """{host index: calls it logged} for the client's MCP session."""
-    sid = host_session(seen.session)
+    tag = session_tag(host_session(seen.session))
     counts = {}
     for i, host in enumerate(hosts):
-        n = len(re.findall(rf"tool=\S+ .*mcp_session={re.escape(sid)}\b", host.read_log()))
+        n = len(re.findall(rf"tool=\S+ .*mcp_session={re.escape(tag)}\b", host.read_log()))
         if n:
             counts[i] = n
     return counts

@@ -209,6 +209,7 @@ async def two_tokens(store, label, tmp):
 async def quota(tmp):
     store = f"file://{tmp}/quota"
     tokens = {"alice": new_token(), "bob": new_token()}
+    # Held at every write: the first run's 200 kB fit under 300 kB, the second's would pass it.
     with Serve("--store", store, "--max-stored-bytes-per-token", "300000", "--timeout", "60", tokens=tokens) as serve:
         async with serve.client("alice") as alice, serve.client("bob") as bob:
             big = "import os\nopen('big.bin', 'wb').write(os.urandom(200_000))\n'big'"
@@ -226,7 +227,7 @@ async def quota(tmp):
     runs = json.loads(cli("artifacts", "list", "--json", "--store", store, "--tenant", "alice").stdout)
     assert over["run_id"] not in {r["run_id"] for r in runs}, runs
     assert first["run_id"] in {r["run_id"] for r in runs}, runs
-    ok("a tenant over its stored-bytes quota runs with kept: false and why, nothing of the run kept; the other tenant is unaffected")
+    ok("a run that would take its tenant over its stored-bytes quota runs with kept: false and why, nothing of it kept; the other tenant is unaffected")
 
 
 def b64(n):

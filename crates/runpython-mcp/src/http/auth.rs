@@ -1,11 +1,12 @@
 //! Who may call `/mcp`: bearer tokens (static ones from a file or [`TOKENS_ENV`], compared in
 //! constant time; OAuth access tokens through [`super::oauth`]), the 401 that says how to
-//! authenticate, the resource metadata, and the binding of each MCP session to the token that made
-//! it. The token's name becomes the request's [`ClientScope`]: its tenant and its limits.
+//! authenticate, and the resource metadata. The token's name becomes the request's
+//! [`ClientScope`] (its tenant and its limits), and the connection's slot becomes the token's (429
+//! when the token holds its share of connections, all busy). Which MCP session is whose is
+//! [`super::sessions`]'.
 
-use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -16,6 +17,7 @@ use subtle::ConstantTimeEq;
 
 use super::listener::Connection;
 use super::oauth::{quoted, Refused, Verifier};
+use super::slots::Crowded;
 use crate::admission::{ClientScope, RunGate};
 use crate::Error;
 
@@ -24,9 +26,6 @@ pub const TOKENS_ENV: &str = "RUNPYTHON_TOKENS";
 
 /// Shortest token accepted: a guessable token is no authentication.
 const MIN_TOKEN_CHARS: usize = 16;
-
-/// MCP sessions remembered per server (their token binding); the oldest are forgotten first.
-const MAX_SESSIONS: usize = 10_000;
 
 /// Bearer tokens by value's check: name and secret.
 #[derive(Clone)]
@@ -115,30 +114,9 @@ pub(super) fn load_tokens(file: Option<&PathBuf>, oauth: bool) -> Result<Tokens,
     Ok(Tokens(Arc::new(tokens)))
 }
 
-/// Which token made each MCP session, so no other token can use it.
-#[derive(Default)]
-struct SessionOwners {
-    owners: HashMap<String, String>,
-    order: VecDeque<String>,
-}
-
-impl SessionOwners {
-    fn bind(&mut self, session: String, token: String) {
-        if self.owners.insert(session.clone(), token).is_none() {
-            self.order.push_back(session);
-        }
-        while self.order.len() > MAX_SESSIONS {
-            if let Some(old) = self.order.pop_front() {
-                self.owners.remove(&old);
-            }
-        }
-    }
-}
-
 #[derive(Clone)]
 pub(super) struct AppState {
     tokens: Tokens,
-    sessions: Arc<Mutex<SessionOwners>>,
     gate: Arc<RunGate>,
     oauth: Option<Verifier>,
 }
@@ -147,7 +125,6 @@ impl AppState {
     pub(super) fn new(tokens: Tokens, gate: Arc<RunGate>, oauth: Option<Verifier>) -> Self {
         Self {
             tokens,
-            sessions: Arc::default(),
             gate,
             oauth,
         }
@@ -222,7 +199,7 @@ pub(super) async fn resource_metadata(State(state): State<AppState>, request: Re
     }
 }
 
-/// Bearer authentication and the binding of MCP sessions to the token that made them.
+/// Bearer authentication: the request's [`ClientScope`], and its connection's slot the token's.
 pub(super) async fn authenticate(
     State(state): State<AppState>,
     mut request: Request,
@@ -266,47 +243,36 @@ pub(super) async fn authenticate(
         }
     };
     if let Some(connection) = request.extensions().get::<Arc<Connection>>() {
-        connection.authenticated();
-    }
-    let session = request
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    if let Some(session) = &session {
-        let owner = state
-            .sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .owners
-            .get(session)
-            .cloned();
-        if owner.is_some_and(|owner| owner != name) {
-            // As if it did not exist: a session id says nothing to a client it does not belong to.
-            return (
-                StatusCode::NOT_FOUND,
-                axum::Json(json!({"error": {"code": "session_not_found", "message": "no such MCP session"}})),
-            )
-                .into_response();
+        if let Err(crowded) = connection.authenticated(&name) {
+            tracing::info!(
+                tenant = %name,
+                connections = crowded.held,
+                "refused a request: the token holds its share of connections, all busy"
+            );
+            return too_many_connections(&name, crowded);
         }
     }
-    request
-        .extensions_mut()
-        .insert(ClientScope::Token(name.clone()));
-    let response = next.run(request).await;
-    if session.is_none() {
-        if let Some(made) = response
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-        {
-            state
-                .sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .bind(made.to_owned(), name);
-        }
-    }
+    request.extensions_mut().insert(ClientScope::Token(name));
+    next.run(request).await
+}
+
+/// 429 for a token holding its share of connections, each in the middle of a request; the
+/// connection ends with it.
+fn too_many_connections(name: &str, crowded: Crowded) -> Response {
+    let message = format!(
+        "client {name} already holds {} connections, its share (the server's \
+         --max-connections-per-token {}), each in the middle of a request; send this request on one \
+         of them once it is answered, or wait",
+        crowded.held, crowded.limit
+    );
+    let mut response = (
+        StatusCode::TOO_MANY_REQUESTS,
+        axum::Json(json!({"error": {"code": "too_many_connections", "message": message}})),
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(1u64));
     response
 }
 

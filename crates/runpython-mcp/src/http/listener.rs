@@ -1,20 +1,31 @@
-//! `serve`'s connections, bounded against idle and slow clients: a deadline for a request's headers
-//! and one for its body, a cap on connections, and a smaller one on connections that have not yet
-//! made an authenticated request (the oldest of those is closed to admit a new one, so a flood of
-//! idle connections cannot keep an authorized client out; authenticated ones are never evicted).
-//! The caps follow the process's descriptor limit, whose soft value is raised to its hard one first.
+//! `serve`'s accept loop: each connection served by hyper with a deadline for a request's headers,
+//! holding a slot of [`super::slots`] (the caps on connections, unauthenticated ones and each
+//! token's share, and which connection gives its slot up), closed once idle when asked to, and
+//! drained on shutdown. The caps follow the process's descriptor limit, whose soft value is raised
+//! to its hard one first. Each request carries its [`Connection`] (for the authentication
+//! middleware) and the instant its head arrived (for the body deadline); a request counts as in
+//! flight until its response has been sent whole.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::convert::Infallible;
+use std::os::fd::AsRawFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use axum::body::{Body, Bytes};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::Service;
+
+use super::body::Arrived;
+use super::slots::{Crowded, SlotLimits, Slots, Ticket};
 
 /// Descriptors kept for everything but connections: runs' pipes and sockets, the store, logs.
 const RESERVED_FDS: u64 = 128;
@@ -22,32 +33,31 @@ const RESERVED_FDS: u64 = 128;
 /// How `serve` bounds its connections.
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
-    /// Connections at once (further ones wait in the listen backlog; at least 8).
-    pub max_connections: usize,
-    /// Connections at once that have made no authenticated request yet.
-    pub max_unauthenticated: usize,
+    /// The caps on slots (connections at least 8).
+    pub slots: SlotLimits,
     /// A request's headers must arrive within this; a connection that has made no authenticated
     /// request within it is closed.
     pub header_timeout: Duration,
-    /// A request's body must arrive within this.
-    pub body_timeout: Duration,
 }
 
 impl ConnectionLimits {
-    /// The limits for `wanted` connections, within what the descriptor limit `nofile` leaves.
+    /// The limits for `wanted` connections (each token holding at most `per_token` of them, a
+    /// quarter by default, 0 for no limit), within what the descriptor limit `nofile` leaves.
     pub fn within(
         wanted: usize,
+        per_token: Option<usize>,
         nofile: u64,
         header_timeout: Duration,
-        body_timeout: Duration,
     ) -> Self {
         let room = usize::try_from(nofile.saturating_sub(RESERVED_FDS)).unwrap_or(usize::MAX);
         let max_connections = wanted.min(room).max(8);
         Self {
-            max_connections,
-            max_unauthenticated: (max_connections / 2).max(4),
+            slots: SlotLimits {
+                max_connections,
+                max_unauthenticated: (max_connections / 2).max(4),
+                max_per_token: per_token.unwrap_or((max_connections / 4).max(1)),
+            },
             header_timeout,
-            body_timeout,
         }
     }
 }
@@ -71,34 +81,109 @@ pub fn raise_nofile() -> u64 {
 #[derive(Debug)]
 pub(crate) struct Connection {
     id: u64,
-    authenticated: AtomicBool,
-    registry: Arc<Registry>,
+    slots: Arc<Slots>,
 }
 
 impl Connection {
-    /// The connection made an authenticated request: it is never evicted from now on.
-    pub(crate) fn authenticated(&self) {
-        if !self.authenticated.swap(true, Ordering::Relaxed) {
-            self.registry.lock().unauthenticated.remove(&self.id);
-        }
+    /// The connection made a request authenticated as `tenant`: from now on it holds one of the
+    /// tenant's slots, or (the tenant holding its share, all busy) the request is refused.
+    pub(crate) fn authenticated(&self, tenant: &str) -> Result<(), Crowded> {
+        self.slots.authenticate(self.id, tenant)
     }
 }
 
-#[derive(Debug, Default)]
-struct Registry {
-    state: Mutex<RegistryState>,
+/// Counts a request in flight on its connection until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(busy: &Arc<AtomicUsize>) -> Self {
+        busy.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(busy))
+    }
 }
 
-#[derive(Debug, Default)]
-struct RegistryState {
-    open: usize,
-    /// Unauthenticated connections by age (ids grow): how each one is closed.
-    unauthenticated: BTreeMap<u64, CancellationToken>,
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
-impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, RegistryState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+/// A response body that keeps its request in flight until it has been sent whole (or dropped):
+/// an SSE stream is a request in the middle of being answered for as long as it lasts.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection's socket, noting that its client has sent a byte (the slots tell a client whose
+/// request is being read from one that only holds a socket open).
+struct Heard {
+    stream: TcpStream,
+    heard: Arc<AtomicBool>,
+}
+
+impl AsyncRead for Heard {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.heard.store(true, Ordering::SeqCst);
+        }
+        poll
+    }
+}
+
+impl AsyncWrite for Heard {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -110,18 +195,15 @@ pub async fn serve(
     limits: ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let registry = Arc::new(Registry::default());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let next_id = AtomicU64::new(0);
+    let slots = Arc::new(Slots::new(limits.slots));
+    let tracker = TaskTracker::new();
+    let stopping = CancellationToken::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     builder.http2().timer(TokioTimer::new());
-    let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-        limits.body_timeout,
-    ));
     tokio::pin!(shutdown);
     loop {
         let (stream, _peer) = tokio::select! {
@@ -137,64 +219,68 @@ pub async fn serve(
                 }
             },
         };
-        let id = next_id.fetch_add(1, Ordering::Relaxed);
-        let cancel = CancellationToken::new();
-        {
-            let mut state = registry.lock();
-            let full = state.open >= limits.max_connections
-                || state.unauthenticated.len() >= limits.max_unauthenticated;
-            if full {
-                // Close the oldest connection that has not authenticated; with none, refuse this one.
-                match state.unauthenticated.pop_first() {
-                    Some((_, oldest)) => oldest.cancel(),
-                    None => {
-                        drop(stream);
-                        continue;
-                    }
-                }
-            }
-            state.open += 1;
-            state.unauthenticated.insert(id, cancel.clone());
-        }
+        let Some(ticket) = slots.admit(stream.as_raw_fd()) else {
+            continue; // every slot is busy mid-request: refused (dropped)
+        };
         let connection = Arc::new(Connection {
-            id,
-            authenticated: AtomicBool::new(false),
-            registry: Arc::clone(&registry),
+            id: ticket.id,
+            slots: Arc::clone(&slots),
         });
-        let router = app.clone();
+        let (router, busy) = (app.clone(), Arc::clone(&ticket.busy));
         let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+            let in_flight = InFlight::new(&busy);
             request.extensions_mut().insert(Arc::clone(&connection));
-            let request = request.map(axum::body::Body::new);
-            router.clone().call(request)
+            request.extensions_mut().insert(Arrived(Instant::now()));
+            let call = router.clone().call(request.map(Body::new));
+            async move {
+                let response = call.await?;
+                Ok::<_, Infallible>(response.map(|body| {
+                    Body::new(Tracked {
+                        body,
+                        _in_flight: in_flight,
+                    })
+                }))
+            }
         });
         let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(
+                TokioIo::new(Heard {
+                    stream,
+                    heard: Arc::clone(&ticket.heard),
+                }),
+                service,
+            )
             .into_owned();
-        let conn = graceful.watch(conn);
-        let (registry, header_timeout) = (Arc::clone(&registry), limits.header_timeout);
-        tokio::spawn(async move {
-            // A connection that has made no authenticated request by the header deadline is closed.
-            let unauthenticated_deadline = {
-                let (registry, cancel) = (Arc::clone(&registry), cancel.clone());
-                async move {
-                    tokio::time::sleep(header_timeout).await;
-                    let still = registry.lock().unauthenticated.contains_key(&id);
-                    if still {
-                        cancel.cancel();
-                    }
-                    std::future::pending::<()>().await;
-                }
+        let (slots, stopping, header_timeout) =
+            (Arc::clone(&slots), stopping.clone(), limits.header_timeout);
+        tracker.spawn(async move {
+            tokio::pin!(conn);
+            let drain = tokio::select! {
+                _ = conn.as_mut() => false,
+                () = ticket.abort.cancelled() => false,
+                () = unauthenticated_deadline(&slots, &ticket, header_timeout) => false,
+                () = ticket.close.cancelled() => true,
+                () = stopping.cancelled() => true,
             };
-            tokio::select! {
-                _ = conn => {}
-                () = cancel.cancelled() => {}
-                () = unauthenticated_deadline => {}
+            if drain {
+                // A request in flight is answered first; an idle connection closes at once.
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
             }
-            let mut state = registry.lock();
-            state.open -= 1;
-            state.unauthenticated.remove(&id);
+            slots.release(ticket.id);
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    stopping.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Resolves when connection `ticket` has made no authenticated request by the header deadline
+/// (else never).
+async fn unauthenticated_deadline(slots: &Slots, ticket: &Ticket, header_timeout: Duration) {
+    tokio::time::sleep(header_timeout).await;
+    if !slots.is_unauthenticated(ticket.id) {
+        std::future::pending::<()>().await;
+    }
 }

@@ -32,7 +32,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use runpython_core::RunPython;
 use serde_json::json;
@@ -46,9 +45,12 @@ use auth::AppState;
 pub use oauth::OAuthConfig;
 
 mod auth;
+mod body;
 mod listener;
 mod oauth;
 mod overload;
+mod sessions;
+mod slots;
 
 pub use auth::TOKENS_ENV;
 
@@ -72,9 +74,13 @@ pub struct ServeConfig {
     pub allowed_hosts: Vec<String>,
     /// Connections at once (within what the descriptor limit leaves).
     pub max_connections: usize,
+    /// Connections one token may hold (`None`: a quarter of `max_connections`; 0: no limit).
+    pub max_connections_per_token: Option<usize>,
+    /// Live MCP sessions one token may have (0: no limit).
+    pub max_sessions_per_token: usize,
     /// A request's headers must arrive within this.
     pub header_timeout: Duration,
-    /// A request's body must arrive within this.
+    /// A request's body must arrive whole within this of its headers.
     pub body_timeout: Duration,
     /// Bytes each token's tenant may keep in the store (`None`: no quota).
     pub max_stored_bytes_per_token: Option<u64>,
@@ -154,7 +160,13 @@ impl HttpServer {
                 "--max-stored-bytes-per-token needs a store to count in (--store)",
             ));
         }
-        let gate = RunGate::new(config.max_runs_per_token, config.max_runs_in_flight);
+        // A call waiting for its turn gets one within a run's timeout: every run ahead of it ends
+        // by then.
+        let gate = RunGate::new(
+            config.max_runs_per_token,
+            config.max_runs_in_flight,
+            engine.limits().timeout,
+        );
         let server = Server::new(engine, Arc::clone(&gate), config.max_stored_bytes_per_token)?;
         let sessions_ct = CancellationToken::new();
         let mut http = StreamableHttpServerConfig::default()
@@ -173,17 +185,28 @@ impl HttpServer {
             );
             http = http.disable_allowed_hosts();
         }
+        let owners = sessions::Owners::new(config.max_sessions_per_token);
         let mcp = StreamableHttpService::new(
             move || Ok(server.clone()),
-            Arc::new(LocalSessionManager::default()),
+            Arc::new(sessions::OwnedSessions::new(Arc::clone(&owners))),
             http,
         );
         let state = AppState::new(tokens, Arc::clone(&gate), oauth);
+        // Outermost first: the token, the body whole by its deadline, the session's owner, the
+        // host's capacity, then rmcp.
         let app = Router::new()
             .nest_service("/mcp", mcp)
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&gate),
                 overload::refuse_over_capacity,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                owners,
+                sessions::bind_sessions,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                config.body_timeout,
+                body::whole_by_deadline,
             ))
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -210,15 +233,16 @@ impl HttpServer {
         let nofile = listener::raise_nofile();
         let limits = listener::ConnectionLimits::within(
             config.max_connections,
+            config.max_connections_per_token,
             nofile,
             config.header_timeout,
-            config.body_timeout,
         );
         tracing::info!(
             max_runs_in_flight = config.max_runs_in_flight,
             open_files = nofile,
-            max_connections = limits.max_connections,
-            max_unauthenticated = limits.max_unauthenticated,
+            max_connections = limits.slots.max_connections,
+            max_unauthenticated = limits.slots.max_unauthenticated,
+            max_connections_per_token = limits.slots.max_per_token,
             "serving MCP on http://{local}/mcp (health: http://{local}/healthz)"
         );
         Ok(Self {

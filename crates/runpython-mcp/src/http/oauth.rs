@@ -5,7 +5,8 @@
 //!   a key id the set lacks, at most every [`JWKS_MIN_REFETCH`]): its signature (RS256/384/512,
 //!   PS256/384/512, ES256, ES384 or EdDSA, never HMAC: a public key set cannot hold a shared
 //!   secret), its expiry and not-before (30 s of leeway), its issuer and its audience. Its tenant is
-//!   `jwt:<claim>` (`sub` unless configured otherwise), apart from every static token's name.
+//!   `jwt:<claim>` (`sub` unless configured otherwise), apart from every static token's name; the
+//!   claim must be a string (a number is refused, naming the claim).
 //! - A refused request gets a 401 whose `WWW-Authenticate` names the resource metadata URL (and
 //!   `error="invalid_token"` when a token was presented), and
 //!   `/.well-known/oauth-protected-resource` (also under `/mcp`) describes the server (RFC 9728), as
@@ -179,16 +180,7 @@ impl Verifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         let data = jsonwebtoken::decode::<Map<String, Value>>(token, &key, &validation)
             .map_err(|e| Refused(describe(&e)))?;
-        let claim = match data.claims.get(&config.tenant_claim) {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Number(n)) => n.to_string(),
-            _ => {
-                return Err(Refused(format!(
-                    "the token has no {} claim (a string) to name its tenant",
-                    config.tenant_claim
-                )))
-            }
-        };
+        let claim = tenant_claim(&data.claims, &config.tenant_claim)?;
         if claim.is_empty() || claim.len() > MAX_CLAIM_BYTES || claim.chars().any(char::is_control)
         {
             return Err(Refused(format!(
@@ -305,6 +297,25 @@ impl Verifier {
             "bearer_methods_supported": ["header"],
             "resource_name": "runpython",
         })
+    }
+}
+
+/// The tenant `claims` name by `name`: a string. A number is refused rather than read as its
+/// digits (`123` and `"123"` were one tenant) or typed into the tenant's name (`jwt:#123`, a
+/// name no operator would look for): a claim naming a principal is a string (`sub` is a
+/// StringOrURI, RFC 7519), and an issuer sending a number can be told to send it as one.
+fn tenant_claim(claims: &Map<String, Value>, name: &str) -> Result<String, Refused> {
+    match claims.get(name) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other @ (Value::Number(_) | Value::Bool(_) | Value::Array(_) | Value::Object(_))) => {
+            Err(Refused(format!(
+                "the token's {name} claim is {other}, not a string; the tenant is named by a \
+                 string claim (ask the issuer to send {name} as one)"
+            )))
+        }
+        _ => Err(Refused(format!(
+            "the token has no {name} claim (a string) to name its tenant"
+        ))),
     }
 }
 
@@ -486,4 +497,22 @@ pub(crate) fn quoted(text: &str) -> String {
     text.chars()
         .filter(|c| !c.is_control() && *c != '"' && *c != '\\')
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_claim_is_a_string_and_a_number_is_refused_naming_the_claim() {
+        let claims = |v: Value| Map::from_iter([("sub".to_owned(), v)]);
+        assert_eq!(
+            tenant_claim(&claims(json!("123")), "sub"),
+            Ok("123".to_owned())
+        );
+        let Refused(why) = tenant_claim(&claims(json!(123)), "sub").unwrap_err();
+        assert!(why.contains("sub claim is 123, not a string"), "{why}");
+        let Refused(why) = tenant_claim(&Map::new(), "org").unwrap_err();
+        assert!(why.contains("no org claim"), "{why}");
+    }
 }

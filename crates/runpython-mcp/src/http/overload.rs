@@ -1,13 +1,12 @@
 //! A host at its capacity, said over HTTP: a `run_python` or `resume` call arriving while the host has
-//! `--max-runs-in-flight` runs is answered at once with `503 Service Unavailable`, `Retry-After` and
-//! the JSON-RPC error of [`crate::admission::Refusal::OverCapacity`] as the body (MCP clients read a
-//! JSON-RPC error at a non-2xx status as the request's answer), so neither the client nor a proxy
-//! waits on a host that cannot serve it. Below the cap nothing is read here: the request passes
-//! untouched.
+//! `--max-runs-in-flight` runs and its tenant holds its share of them is answered at once with
+//! `503 Service Unavailable`, `Retry-After` and the JSON-RPC error of
+//! [`crate::admission::Refusal::OverCapacity`] as the body (MCP clients read a JSON-RPC error at a
+//! non-2xx status as the request's answer), so neither the client nor a proxy waits on a host that
+//! will not serve it. A tenant under its share goes on, to wait for its turn at the gate.
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -15,50 +14,36 @@ use axum::response::{IntoResponse, Response};
 use runpython_core::{RESUME_TOOL, RUN_PYTHON_TOOL};
 use serde_json::{json, Value};
 
-use crate::admission::{Refusal, RunGate, OVER_CAPACITY, RETRY_AFTER_S};
-use crate::lines::MAX_LINE_BYTES;
+use super::body::Whole;
+use crate::admission::{ClientScope, Refusal, RunGate, OVER_CAPACITY, RETRY_AFTER_S};
 
 /// The middleware on `/mcp` (inside authentication: an unauthenticated caller learns nothing of
-/// the host's load).
+/// the host's load; and inside the body's deadline, which read the message whole).
 pub async fn refuse_over_capacity(
     State(gate): State<Arc<RunGate>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() != Method::POST || !gate.is_full() {
+    let scope = request.extensions().get::<ClientScope>().cloned();
+    let refusal = scope.as_ref().and_then(|scope| gate.refuses_at_once(scope));
+    let (Some(scope), Some(refusal)) = (scope, refusal) else {
         return next.run(request).await;
-    }
-    let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_LINE_BYTES).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                axum::Json(json!({"error": {"code": "bad_request", "message": format!(
-                    "cannot read the request body (at most {MAX_LINE_BYTES} bytes): {e}"
-                )}})),
-            )
-                .into_response();
-        }
     };
-    let message: Option<Value> = serde_json::from_slice(&bytes).ok();
-    if let Some(id) = message.as_ref().and_then(run_call_id) {
-        if gate.is_full() {
-            let tenant = parts
-                .extensions
-                .get::<crate::admission::ClientScope>()
-                .map(ToString::to_string)
-                .unwrap_or_default();
+    let message: Option<Value> = request
+        .extensions()
+        .get::<Whole>()
+        .and_then(|whole| serde_json::from_slice(&whole.0).ok());
+    match message.as_ref().and_then(run_call_id) {
+        Some(id) if request.method() == Method::POST => {
             tracing::info!(
-                tenant = %tenant,
+                tenant = %scope,
                 max_runs_in_flight = gate.capacity(),
-                "refused a run: over capacity"
+                "refused a run: over capacity (the tenant holds its share)"
             );
-            return over_capacity(id, gate.capacity());
+            over_capacity(id, &refusal)
         }
+        _ => next.run(request).await,
     }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
 }
 
 /// The id of a JSON-RPC `tools/call` that starts a run, `None` for any other message (a batch
@@ -69,8 +54,7 @@ fn run_call_id(message: &Value) -> Option<Value> {
     (message["method"] == "tools/call" && runs).then(|| message.get("id").cloned())?
 }
 
-fn over_capacity(id: Value, limit: usize) -> Response {
-    let refusal = Refusal::OverCapacity { limit };
+fn over_capacity(id: Value, refusal: &Refusal) -> Response {
     let body = json!({
         "jsonrpc": "2.0",
         "id": id,
@@ -107,7 +91,7 @@ mod tests {
 
     #[test]
     fn the_refusal_is_a_503_with_retry_after() {
-        let response = over_capacity(json!(3), 8);
+        let response = over_capacity(json!(3), &Refusal::OverCapacity { limit: 8 });
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
     }

@@ -95,7 +95,7 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Owne
     recv_with_fds_and_sender(sock, buf).map(|(n, fds, _)| (n, fds))
 }
 
-/// Like [`recv_with_fds`], and the sender's pid in this process's PID namespace as the kernel
+/// Like `recv_with_fds`, and the sender's pid in this process's PID namespace as the kernel
 /// attached it (`SCM_CREDENTIALS`: present when the socket has `SO_PASSCRED`, see [`pass_credentials`]).
 pub fn recv_with_fds_and_sender(
     sock: RawFd,
