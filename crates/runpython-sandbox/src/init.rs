@@ -19,7 +19,7 @@ use super::sys::{
     write_all_fd, zero_host_args, AtStep, Step, StepError,
 };
 use super::userns::{drop_ids, forbid_nested_user_namespaces};
-use super::{cgroup, landlock, mounts, seccomp, Plan};
+use super::{cgroup, landlock, mounts, netns, seccomp, Plan};
 
 /// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
 /// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
@@ -50,6 +50,9 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
             & !(plan.template_late() & libc::CLONE_NEWNET);
         // SAFETY: unshare with flags the probe found to work.
         cvt(unsafe { libc::unshare(early | libc::CLONE_NEWNS) }).at(Step::Unshare)?;
+        if early & libc::CLONE_NEWNET != 0 {
+            netns::loopback_up()?;
+        }
         join_netns(plan)?;
         egress_sockets(plan)?;
         if let Some(view) = &plan.view {
@@ -146,6 +149,10 @@ fn enter_userns(plan: &Plan, mut flags: libc::c_int) -> Result<(), StepError> {
     }
     // SAFETY: unshare with flags the probe found to work.
     cvt(unsafe { libc::unshare(flags) }).at(Step::Unshare)?;
+    if flags & libc::CLONE_NEWNET != 0 {
+        // The capabilities over the new namespace last until the exec.
+        netns::loopback_up()?;
+    }
     if flags & libc::CLONE_NEWUSER != 0 {
         plan.ids.write()?;
         if plan.forbid_nested_userns {
