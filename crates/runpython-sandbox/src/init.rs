@@ -398,6 +398,11 @@ extern "C" fn interpreter_main(arg: *mut libc::c_void) -> libc::c_int {
     let args = unsafe { *arg.cast::<InitArgs>() };
     // SAFETY: as above; the plan and exec outlive H's use of them.
     let (plan, exec) = unsafe { (&*args.plan, &*args.exec) };
+    // A session of its own, without a controlling terminal: the host's terminal (when the host has
+    // one) is not the run's, and no terminal but the run's own ptys can become its. It leaves S's
+    // process group; its PID namespace still ends with G.
+    // SAFETY: setsid takes no argument.
+    unsafe { libc::setsid() };
     let error = match restrict_interpreter(plan) {
         // SAFETY: execve with NUL-terminated strings and NULL-terminated arrays prepared in the host.
         Ok(()) => unsafe {

@@ -132,6 +132,7 @@ pub fn prepare_fork(
             "relay_port": crate::egress::setup::RELAY_PORT,
             "dns_port": crate::egress::setup::DNS_PORT,
         })),
+        "devpts": view::DEVPTS_OPTIONS,
         "scratch": {
             "path": view::SCRATCH,
             "size": config.disk_bytes,
