@@ -44,8 +44,10 @@ const SYSTEM: [&str; 8] = [
 const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
 
 /// The run's own terminals: a new devpts instance at `/dev/pts` (never the host's ptys), whose
-/// `ptmx` anyone in the run may open (`/dev/ptmx` links to it), each pty its opener's.
-pub(crate) const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=0620";
+/// `ptmx` anyone in the run may open (`/dev/ptmx` links to it), each pty its opener's. At most 128
+/// at once: the kernel's ptys are shared by every run (`kernel.pty.max` less the host's reserve),
+/// so one run must not take them all.
+pub(crate) const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=0620,max=128";
 
 /// One step of building the view, in order.
 #[derive(Debug)]
