@@ -93,10 +93,10 @@ fn compile(extra: Extra) -> Option<seccompiler::BpfProgram> {
     // n_hdlc and the others are kernel code with a record of use-after-frees reachable from a pty.
     // The command is compared as the kernel reads it, 32 bits.
     let mut terminal = Vec::new();
-    for command in [libc::TIOCSTI, libc::TIOCSETD] {
+    let commands: [u64; 2] = [libc::TIOCSTI, libc::TIOCSETD];
+    for command in commands {
         let condition =
-            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, command as u64)
-                .ok()?;
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, command).ok()?;
         terminal.push(SeccompRule::new(vec![condition]).ok()?);
     }
     for nr in [libc::SYS_ioctl, libc::SYS_ioctl | x32] {
