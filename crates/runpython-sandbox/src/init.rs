@@ -20,7 +20,7 @@ use super::sys::{
     write_all_fd, zero_host_args, AtStep, Step, StepError,
 };
 use super::userns::{drop_ids, forbid_nested_user_namespaces};
-use super::{cgroup, landlock, mounts, seccomp, Plan};
+use super::{cgroup, landlock, mounts, netns, seccomp, Plan};
 
 /// Runs in tokio's forked child (S) before exec. Returns `Ok` only in the process that must exec the
 /// interpreter; S and G (with a PID namespace) wait there and `_exit` with the interpreter's status.
@@ -56,6 +56,9 @@ fn enter_steps(plan: &Plan) -> Result<(), StepError> {
             & !(plan.template_late() & libc::CLONE_NEWNET);
         // SAFETY: unshare with flags the probe found to work.
         cvt(unsafe { libc::unshare(early | libc::CLONE_NEWNS) }).at(Step::Unshare)?;
+        if early & libc::CLONE_NEWNET != 0 {
+            netns::loopback_up()?;
+        }
         join_netns(plan)?;
         egress_sockets(plan)?;
         if let Some(view) = &plan.view {
@@ -152,6 +155,10 @@ fn enter_userns(plan: &Plan, mut flags: libc::c_int) -> Result<(), StepError> {
     }
     // SAFETY: unshare with flags the probe found to work.
     cvt(unsafe { libc::unshare(flags) }).at(Step::Unshare)?;
+    if flags & libc::CLONE_NEWNET != 0 {
+        // The capabilities over the new namespace last until the exec.
+        netns::loopback_up()?;
+    }
     if flags & libc::CLONE_NEWUSER != 0 {
         plan.ids.write()?;
         if plan.forbid_nested_userns {
@@ -397,6 +404,11 @@ extern "C" fn interpreter_main(arg: *mut libc::c_void) -> libc::c_int {
     let args = unsafe { *arg.cast::<InitArgs>() };
     // SAFETY: as above; the plan and exec outlive H's use of them.
     let (plan, exec) = unsafe { (&*args.plan, &*args.exec) };
+    // A session of its own, without a controlling terminal: the host's terminal (when the host has
+    // one) is not the run's, and no terminal but the run's own ptys can become its. It leaves S's
+    // process group; its PID namespace still ends with G.
+    // SAFETY: setsid takes no argument.
+    unsafe { libc::setsid() };
     let error = match restrict_interpreter(plan) {
         // SAFETY: execve with NUL-terminated strings and NULL-terminated arrays prepared in the host.
         Ok(()) => unsafe {

@@ -37,6 +37,16 @@ pub(crate) fn access_list(abi: i32) -> u64 {
     landlock::BitFlags::from(landlock::AccessFs::ReadDir).bits()
 }
 
+/// The run's own terminals (`/dev/pts`, its devpts instance): open them for reading and writing, and
+/// their ioctls (ABI 5+ governs ioctls on devices); nothing is made, removed or executed there.
+pub(crate) fn access_terminals(abi: i32) -> u64 {
+    use landlock::{Access, AccessFs};
+    let abi = landlock::ABI::from(abi);
+    let wanted = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::IoctlDev;
+    // Only the bits this ABI handles: a rule naming another is refused.
+    (wanted & AccessFs::from_all(abi)).bits()
+}
+
 /// Read and execute access bits, for rules added inside the run.
 pub(crate) fn access_read(abi: i32) -> u64 {
     let abi = landlock::ABI::from(abi);

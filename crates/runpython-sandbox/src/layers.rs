@@ -17,7 +17,7 @@ pub(super) type InnerRules = Vec<(CString, u64)>;
 
 /// The run's Landlock ruleset, built in the host (with `run_dir`, the host directory a run without
 /// a view works in), and the rules the run adds on directories only it has (its scratch, `/tmp`,
-/// `/dev/shm`, the view's skeleton, its `/proc`). A ruleset the kernel refuses is missing, with why.
+/// `/dev/shm`, its terminals, the view's skeleton, its `/proc`). A ruleset the kernel refuses is missing, with why.
 pub(super) fn landlock_for(
     decision: &mut Decision,
     read_dirs: &[PathBuf],
@@ -35,6 +35,7 @@ pub(super) fn landlock_for(
                 for dir in [view::SCRATCH, "/tmp", "/dev/shm"] {
                     inner.push((cstring(Path::new(dir))?, all));
                 }
+                inner.push((c"/dev/pts".to_owned(), landlock::access_terminals(abi)));
                 // The view holds only what is allowlisted: its directories may be listed.
                 inner.push((c"/".to_owned(), landlock::access_list(abi)));
             }

@@ -27,6 +27,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Every network namespace the sandbox makes has its loopback up (`127.0.0.1`, `::1`), brought up
+//! by the process that made it (`netns.rs`): a run's servers and clients talk over it, and nothing
+//! else is in the namespace.
+//!
 //! Decide first, then build: `decide::decide` turns the configuration, what the kernel allows
 //! (`probe::kernel`, probed once per process) and who the host is into a `decide::Decision` (pure
 //! data: `RunPython::isolation_report` prints it without building anything); [`prepare`] builds that
@@ -49,7 +53,8 @@
 //! host's memory.
 //!
 //! The filesystem view (`mounts.rs`) is a fresh tmpfs root holding only allowlisted directories
-//! (read-only binds), a minimal `/dev`, the run's own `/proc` and its *scratch*, one tmpfs of
+//! (read-only binds), a minimal `/dev` (with terminals of the run's own: a new devpts instance), its
+//! own `/etc/hosts`, the run's own `/proc` and its *scratch*, one tmpfs of
 //! `disk_bytes` at `/runpython` for everything the code writes; the host's tree is detached by
 //! `pivot_root`. The run's first process to enter the view sends the host a descriptor of the scratch
 //! over a socket pair, before any code runs: the host reads the run's files beneath it only.

@@ -145,6 +145,16 @@ fn build_with(view: &View, fds: &[RawFd; MAX_SOURCES]) -> Result<(), StepError> 
                     ))
                     .at(Step::MountTmpfs)?;
                 }
+                Op::Devpts { target, data } => {
+                    cvt(libc::mount(
+                        c"devpts".as_ptr(),
+                        target.as_ptr(),
+                        c"devpts".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NOEXEC,
+                        data.as_ptr().cast(),
+                    ))
+                    .at(Step::MountDevpts)?;
+                }
                 Op::Mkdir { path, mode } => {
                     if libc::mkdir(path.as_ptr(), 0o700) < 0 {
                         if io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {

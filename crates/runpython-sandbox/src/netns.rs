@@ -2,11 +2,16 @@
 //!
 //! Creating a network namespace costs the kernel ~0.5–1 ms, which a host thread takes off the run's
 //! critical path: it keeps [`READY`] namespaces made and refills when a run ends (idle time). A
-//! namespace is owned by a user namespace the code is not in, so its loopback stays down and cannot be
-//! brought up: the host's own for a root host; for a non-root host, a user namespace made with it by a
-//! helper born with `clone(CLONE_VM | CLONE_NEWUSER | CLONE_NEWNET)` (a threaded process cannot make a
-//! user namespace itself). S joins that owner, then the namespace, then makes the run's own user
-//! namespace inside it.
+//! namespace is owned by a user namespace the code is not in, so the code cannot configure it: the
+//! host's own for a root host; for a non-root host, a user namespace made with it by a helper born
+//! with `clone(CLONE_VM | CLONE_NEWUSER | CLONE_NEWNET)` (a threaded process cannot make a user
+//! namespace itself). S joins that owner, then the namespace, then makes the run's own user namespace
+//! inside it.
+//!
+//! Every network namespace the sandbox makes, here or in a run's own setup, has its loopback up
+//! ([`loopback_up`], by the process that made it, as bubblewrap does): `127.0.0.1` and `::1` are the
+//! run's own, for the servers and clients its code starts. Nothing else is in the namespace, so
+//! nothing of the host is reachable through them.
 //!
 //! The thread shuts down by itself when no run has taken a namespace for [`IDLE`], closing the ones it
 //! holds (each pins kernel memory); the next run starts it again.
@@ -144,7 +149,34 @@ pub fn refill() {
 fn new_netns() -> io::Result<OwnedFd> {
     // SAFETY: unshare of the calling thread's network namespace.
     cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
+    loopback_up().map_err(|e| e.source())?;
     open_high("/proc/thread-self/ns/net")
+}
+
+/// Brings `lo` of the calling thread's network namespace up (`SIOCSIFFLAGS` on a throwaway socket),
+/// with `CAP_NET_ADMIN` over it: the kernel gives it `127.0.0.1/8` and, with IPv6 on, `::1`.
+/// Idempotent. Async-signal-safe.
+pub(crate) fn loopback_up() -> Result<(), StepError> {
+    // SAFETY: a socket, two ioctls on a zeroed ifreq naming "lo", and a close.
+    unsafe {
+        let fd = cvt(libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+        ))
+        .at(Step::LoopbackUp)?;
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo\0".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        let result = (|| {
+            cvt(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req))?;
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            cvt(libc::ioctl(fd, libc::SIOCSIFFLAGS, &req))
+        })();
+        libc::close(fd);
+        result.map(drop).at(Step::LoopbackUp)
+    }
 }
 
 /// What the helper of [`new_owned_netns`] works with.
@@ -190,7 +222,8 @@ pub(crate) fn new_owned_netns() -> io::Result<ReadyNetns> {
             })
         }
         _ => Err(io::Error::other(
-            "cannot map the host's ids in a new user namespace owning a network namespace",
+            "cannot map the host's ids in a new user namespace owning a network namespace, or bring \
+             its loopback up",
         )),
     };
     drop(release_w); // the helper exits; the descriptors keep its namespaces
@@ -199,8 +232,8 @@ pub(crate) fn new_owned_netns() -> io::Result<ReadyNetns> {
     made
 }
 
-/// The helper, born in a new user and network namespace: maps the host's ids to 0, says whether
-/// that worked, and waits until the host has opened its namespaces.
+/// The helper, born in a new user and network namespace: maps the host's ids to 0, brings the
+/// loopback up, says whether both worked, and waits until the host has opened its namespaces.
 extern "C" fn helper_main(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` points at the host's `Helper`, alive until this helper has exited; only system
     // calls follow.
@@ -209,7 +242,9 @@ extern "C" fn helper_main(arg: *mut libc::c_void) -> libc::c_int {
         for fd in args.close {
             libc::close(fd);
         }
-        let byte = [u8::from((*args.ids).write().is_ok())];
+        let byte = [u8::from(
+            (*args.ids).write().is_ok() && loopback_up().is_ok(),
+        )];
         libc::write(args.ready, byte.as_ptr().cast(), 1);
         let mut wait = [0u8; 1];
         libc::read(args.release, wait.as_mut_ptr().cast(), 1);

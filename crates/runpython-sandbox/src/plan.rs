@@ -242,6 +242,18 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
         }
         _ => None,
     };
+    // The run's name and `localhost` are its own loopback's (the host's own file names the host's
+    // names, which mean nothing in a namespace of its own); with the host's network, the host's.
+    let hosts = match &config.network {
+        Network::Host => None,
+        _ if decision.view => {
+            let path = run_dir.join("hosts");
+            std::fs::write(&path, HOSTS)
+                .map_err(|source| Error::io("writing the run's hosts file", &path, source))?;
+            Some(path)
+        }
+        _ => None,
+    };
     let view = if decision.view {
         let root = run_dir.join("root");
         std::fs::create_dir(&root)
@@ -254,6 +266,7 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
             pid_ns: decision.pid_ns,
             host_network: matches!(config.network, Network::Host),
             resolver: resolver.as_deref(),
+            hosts: hosts.as_deref(),
         })?)
     } else {
         None
@@ -369,6 +382,11 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
 /// The run's resolver configuration: the host's resolver inside the run's network namespace, over
 /// TCP when an answer does not fit a datagram.
 const RESOLV_CONF: &str = "nameserver 127.0.0.1\noptions edns0 timeout:2 attempts:2\n";
+
+/// The run's `/etc/hosts`: `localhost` and its hostname (`runpython`, set in its UTS namespace) on
+/// its own loopback.
+const HOSTS: &str =
+    "127.0.0.1\tlocalhost runpython\n::1\tlocalhost ip6-localhost ip6-loopback runpython\n";
 
 /// `RLIMIT_CPU` for a run of `timeout`: one second more than its wall-clock limit.
 pub(crate) fn cpu_seconds(timeout: Duration) -> u64 {

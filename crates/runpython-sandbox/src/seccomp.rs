@@ -1,5 +1,5 @@
 //! Seccomp: a deny-list of system calls the code never needs and whose kernel code has a long record
-//! of privilege escalations. Compiled to BPF once per process by `seccompiler`; installed by the
+//! of privilege escalations, and the terminal ioctls `TIOCSTI` and `TIOCSETD`. Compiled to BPF once per process by `seccompiler`; installed by the
 //! interpreter process last, just before exec.
 
 use std::io;
@@ -86,6 +86,21 @@ fn compile(extra: Extra) -> Option<seccompiler::BpfProgram> {
         for nr in [libc::SYS_socket, libc::SYS_socket | x32] {
             rules.insert(nr, vec![rule.clone()]);
         }
+    }
+    // Two terminal ioctls a run's terminals (its devpts) never need. TIOCSTI pushes bytes into a
+    // terminal's input as if typed there: no terminal is ever typed into from a run. TIOCSETD swaps
+    // the line discipline (and loads its module where `dev.tty.ldisc_autoload` allows): n_gsm,
+    // n_hdlc and the others are kernel code with a record of use-after-frees reachable from a pty.
+    // The command is compared as the kernel reads it, 32 bits.
+    let mut terminal = Vec::new();
+    let commands: [u64; 2] = [libc::TIOCSTI, libc::TIOCSETD];
+    for command in commands {
+        let condition =
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, command).ok()?;
+        terminal.push(SeccompRule::new(vec![condition]).ok()?);
+    }
+    for nr in [libc::SYS_ioctl, libc::SYS_ioctl | x32] {
+        rules.insert(nr, terminal.clone());
     }
     let errno = u32::try_from(libc::EPERM).ok()?;
     let filter = SeccompFilter::new(

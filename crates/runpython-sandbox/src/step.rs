@@ -55,10 +55,11 @@ pub enum Step {
     LoopbackUp,
     EgressSockets,
     EgressNotifier,
+    MountDevpts,
 }
 
 impl Step {
-    pub(crate) const ALL: [Step; 44] = [
+    pub(crate) const ALL: [Step; 45] = [
         Step::Unshare,
         Step::WriteSetgroups,
         Step::WriteUidMap,
@@ -103,6 +104,7 @@ impl Step {
         Step::LoopbackUp,
         Step::EgressSockets,
         Step::EgressNotifier,
+        Step::MountDevpts,
     ];
 
     /// What the step does, for a person.
@@ -154,6 +156,7 @@ impl Step {
             Step::EgressNotifier => {
                 "installing the filter that hands the run's connects to the host"
             }
+            Step::MountDevpts => "mounting the run's own terminals (devpts) at /dev/pts",
         }
     }
 
@@ -189,6 +192,7 @@ impl Step {
             "loopback_up" => Step::LoopbackUp,
             "egress_sockets" => Step::EgressSockets,
             "egress_notifier" => Step::EgressNotifier,
+            "mount_devpts" => Step::MountDevpts,
             _ => Step::ForkedSetup,
         }
     }

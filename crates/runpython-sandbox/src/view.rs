@@ -3,8 +3,9 @@
 //!
 //! A fresh tmpfs becomes the run's root. Into it go, read-only, the system directories (`/usr`, `/etc`,
 //! `/lib*`, `/bin`, `/sbin`; not `/sys`), the interpreter's prefix, runpython's code dir, the run's prepared
-//! environment and any `read_paths`; a minimal `/dev` (null, zero, full, random, urandom and the
-//! `/proc/self/fd` links); the run's own `/proc` (mounted by its init). Everything the code may write is
+//! environment and any `read_paths`; a minimal `/dev` (null, zero, full, random, urandom, the
+//! `/proc/self/fd` links, and the run's own terminals: a new devpts instance at `/dev/pts` with
+//! `/dev/ptmx` linking to its `ptmx`); the run's own `/proc` (mounted by its init). Everything the code may write is
 //! one more tmpfs of `disk_bytes`, the *scratch*, mounted at [`SCRATCH`]: `work/` (the code's cwd),
 //! `tmp/` (bound onto `/tmp`), `shm/` (bound onto `/dev/shm`) and `saved/` (what `save_artifact` hands
 //! the host). Nothing else of the host exists in the view: no `/run`, `/var`, `/home`, `/root`, so no
@@ -42,11 +43,19 @@ const SYSTEM: [&str; 8] = [
 /// Device nodes bound into the view's `/dev`.
 const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
 
+/// The run's own terminals: a new devpts instance at `/dev/pts` (never the host's ptys), whose
+/// `ptmx` anyone in the run may open (`/dev/ptmx` links to it), each pty its opener's. At most 128
+/// at once: the kernel's ptys are shared by every run (`kernel.pty.max` less the host's reserve),
+/// so one run must not take them all.
+pub(crate) const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=0620,max=128";
+
 /// One step of building the view, in order.
 #[derive(Debug)]
 pub(super) enum Op {
     /// A fresh tmpfs over `target`.
     Tmpfs { target: CString, data: CString },
+    /// A new devpts instance over `target` ([`DEVPTS_OPTIONS`]).
+    Devpts { target: CString, data: CString },
     /// A directory (an existing one is fine), then exactly `mode`.
     Mkdir { path: CString, mode: u32 },
     /// Hands `path` to the run's uid (a root host builds the view before dropping to it).
@@ -98,6 +107,9 @@ pub(crate) struct ViewSpec<'a> {
     /// A resolver configuration of the run's own (naming the host's resolver inside the run's
     /// network namespace), bound over `/etc/resolv.conf` (or where that link leads).
     pub resolver: Option<&'a Path>,
+    /// A hosts file of the run's own (its name and `localhost` on its own loopback), bound over
+    /// `/etc/hosts`.
+    pub hosts: Option<&'a Path>,
 }
 
 /// A path as a C string; a NUL byte in it is the caller's error, named.
@@ -176,6 +188,9 @@ pub(crate) fn plan(spec: &ViewSpec<'_>) -> Result<View, Error> {
     }
     b.mkdir(&dev.join("shm"), 0o1777)?;
     b.bind_inside(&scratch.join("shm"), &dev.join("shm"))?;
+    b.mkdir(&dev.join("pts"), 0o755)?;
+    b.devpts(&dev.join("pts"))?;
+    b.symlink("pts/ptmx", &dev.join("ptmx"))?;
     b.read_only(dev)?;
     // The system, read-only.
     for dir in SYSTEM {
@@ -201,19 +216,11 @@ pub(crate) fn plan(spec: &ViewSpec<'_>) -> Result<View, Error> {
     // What the code reads: bound read-only at its own path, parents first.
     let mut reads: Vec<PathBuf> = spec.read_paths.to_vec();
     if let Some(resolver) = spec.resolver {
-        let etc = Path::new("/etc/resolv.conf");
-        match std::fs::canonicalize(etc) {
-            // Inside /etc (bound already): over the file itself, a mount point that exists.
-            Ok(target) if target.starts_with("/etc") => b.bind(resolver, &target, true)?,
-            // A link out of /etc (systemd-resolved's): where it leads, made in the view.
-            Ok(target) => {
-                b.mkdir_parents(&target)?;
-                b.file(&target)?;
-                b.bind(resolver, &target, true)?;
-            }
-            // None at all: glibc then asks 127.0.0.1, the run's resolver, by default.
-            Err(_) => {}
-        }
+        // None at all: glibc then asks 127.0.0.1, the run's resolver, by default.
+        b.over_etc(resolver, Path::new("/etc/resolv.conf"))?;
+    }
+    if let Some(hosts) = spec.hosts {
+        b.over_etc(hosts, Path::new("/etc/hosts"))?;
     }
     if spec.host_network {
         if let Ok(target) = std::fs::canonicalize("/etc/resolv.conf") {
@@ -290,6 +297,31 @@ impl Planner {
         let op = Op::Tmpfs {
             target: self.host(inside)?,
             data: CString::new(data).map_err(|e| Error::Internal(e.to_string()))?,
+        };
+        self.view.ops.push(op);
+        Ok(())
+    }
+
+    /// Binds the host file `source` over the file `etc` of the view's `/etc` (bound already), or
+    /// over where it leads when it is a link out of `/etc` (systemd-resolved's `resolv.conf`), made
+    /// in the view. Nothing when the host has no such file.
+    fn over_etc(&mut self, source: &Path, etc: &Path) -> Result<(), Error> {
+        match std::fs::canonicalize(etc) {
+            // Inside /etc: over the file itself, a mount point that exists.
+            Ok(target) if target.starts_with("/etc") => self.bind(source, &target, true),
+            Ok(target) => {
+                self.mkdir_parents(&target)?;
+                self.file(&target)?;
+                self.bind(source, &target, true)
+            }
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn devpts(&mut self, inside: &Path) -> Result<(), Error> {
+        let op = Op::Devpts {
+            target: self.host(inside)?,
+            data: CString::new(DEVPTS_OPTIONS).map_err(|e| Error::Internal(e.to_string()))?,
         };
         self.view.ops.push(op);
         Ok(())
@@ -441,6 +473,7 @@ mod tests {
             pid_ns: true,
             host_network: false,
             resolver: None,
+            hosts: None,
         })
         .unwrap();
         let r = root.display().to_string();
@@ -471,6 +504,7 @@ mod tests {
             pid_ns: false,
             host_network: false,
             resolver: None,
+            hosts: None,
         })
         .unwrap();
         assert!(targets(&view).contains(&format!("{r}/proc")));
@@ -494,6 +528,7 @@ mod tests {
             pid_ns: true,
             host_network: false,
             resolver: None,
+            hosts: None,
         })
         .unwrap();
         // Nothing is made beneath the view's /bin, a link (the kernel refuses a mount point there);
@@ -513,5 +548,58 @@ mod tests {
             })
             .collect();
         assert!(made.is_empty(), "/bin -> {bin:?}: {made:?}");
+    }
+
+    #[test]
+    fn the_view_has_terminals_and_a_hosts_file_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "127.0.0.1 localhost runpython\n").unwrap();
+        let view = plan(&ViewSpec {
+            root: &root,
+            read_paths: &[],
+            disk_bytes: 1 << 20,
+            owner: None,
+            pid_ns: true,
+            host_network: false,
+            resolver: None,
+            hosts: Some(&hosts),
+        })
+        .unwrap();
+        let r = root.display().to_string();
+        // A new devpts instance, never a bind of the host's, with ptmx a link into it, mounted
+        // before /dev is made read-only (a mount point of its own stays writable).
+        let devpts = view
+            .ops
+            .iter()
+            .position(|op| {
+                matches!(op, Op::Devpts { target, data }
+                if target.to_str().unwrap() == format!("{r}/dev/pts")
+                    && data.to_str().unwrap().contains("newinstance"))
+            })
+            .expect("no devpts of its own");
+        let dev_read_only = view
+            .ops
+            .iter()
+            .position(
+                |op| matches!(op, Op::ReadOnly(t) if t.to_str().unwrap() == format!("{r}/dev")),
+            )
+            .unwrap();
+        assert!(devpts < dev_read_only);
+        assert!(view.ops.iter().any(|op| matches!(op, Op::Symlink { target, path }
+            if target.to_str() == Ok("pts/ptmx") && path.to_str().unwrap() == format!("{r}/dev/ptmx"))));
+        assert!(
+            !targets(&view).iter().any(|b| b.contains("/dev/pts")),
+            "the host's ptys are bound"
+        );
+        if std::path::Path::new("/etc/hosts").exists() {
+            let at = std::fs::canonicalize("/etc/hosts").unwrap();
+            assert!(
+                targets(&view).contains(&format!("{r}{} ro", at.display())),
+                "{:?}",
+                targets(&view)
+            );
+        }
     }
 }

@@ -28,7 +28,7 @@ pub(crate) const LISTENER: u8 = b'L';
 
 /// Brings the loopback up, makes the host's sockets and sends them over `sock`.
 pub(crate) fn make_sockets(sock: RawFd) -> Result<(), StepError> {
-    loopback_up()?;
+    crate::netns::loopback_up()?;
     let mut fds = [-1; 4];
     let made = (|| -> Result<usize, StepError> {
         let v4 = libc::INADDR_LOOPBACK.to_be();
@@ -50,30 +50,6 @@ pub(crate) fn make_sockets(sock: RawFd) -> Result<(), StepError> {
         unsafe { libc::close(fd) };
     }
     sent
-}
-
-/// `lo` up: `SIOCSIFFLAGS` on a throwaway socket.
-fn loopback_up() -> Result<(), StepError> {
-    // SAFETY: a socket, two ioctls on a zeroed ifreq naming "lo", and a close.
-    unsafe {
-        let fd = cvt(libc::socket(
-            libc::AF_INET,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            0,
-        ))
-        .at(Step::LoopbackUp)?;
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo\0".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        let result = (|| {
-            cvt(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req))?;
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            cvt(libc::ioctl(fd, libc::SIOCSIFFLAGS, &req))
-        })();
-        libc::close(fd);
-        result.map(drop).at(Step::LoopbackUp)
-    }
 }
 
 /// A close-on-exec IPv4 socket of `kind` bound to `addr:port` (network byte order address), listening

@@ -30,6 +30,8 @@ pub struct ForkCommand {
     pub(crate) landlock: Option<Vec<(String, u64)>>,
     /// The seccomp program, in hex.
     pub(crate) seccomp: Option<String>,
+    /// The options of the run's own devpts instance (its terminals), mounted over the template's.
+    pub(crate) devpts: &'static str,
     /// With a network the host mediates: the connect notifier and the endpoints it makes.
     pub(crate) egress: Option<EgressSetup>,
     /// Its scratch.

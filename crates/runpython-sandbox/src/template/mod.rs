@@ -158,6 +158,7 @@ pub fn prepare_fork(
         rlimits: limits,
         landlock: landlock_rules,
         seccomp,
+        devpts: view::DEVPTS_OPTIONS,
         egress: egress.then(|| EgressSetup {
             notifier: hex(&crate::egress::setup::program_bytes()),
             relay_port: crate::egress::setup::RELAY_PORT,

@@ -275,11 +275,15 @@ def _setup(s, command, fds, comm):
     if command["net"]:
         flags |= CLONE_NEWNET
     s.unshare(flags)
+    if flags & CLONE_NEWNET:
+        _loopback_up()
     egress = command["egress"]
     egress_fds = _egress_sockets(egress) if egress else []
     if flags & CLONE_NEWUTS:
         s.check(s.libc.sethostname(b"runpython", 9), "hostname")
     scratch = _mount_scratch(s, command["scratch"], command["owner"])
+    # The run's own terminals (a new devpts instance over the template's; /dev/ptmx links here).
+    s.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, command["devpts"].encode(), "mount_devpts")
     uid = command["uid"]
     if uid is not None:
         # A root host's template maps the run uids: this run's own, without a capability left.
@@ -325,10 +329,9 @@ def _setup(s, command, fds, comm):
     return scratch, egress_fds
 
 
-def _egress_sockets(spec):
-    """With a network policy, in the run's fresh network namespace while H still holds the
-    capabilities there: its loopback up, and the host's endpoints in it (the resolver's UDP socket
-    and TCP listener, the relay's listeners). Returns their descriptors, for the host."""
+def _loopback_up():
+    """The run's fresh network namespace gets its own loopback up (127.0.0.1 and ::1), while H still
+    holds the capabilities there."""
     import fcntl
     import socket
     import struct
@@ -340,6 +343,14 @@ def _egress_sockets(spec):
             fcntl.ioctl(probe.fileno(), SIOCSIFFLAGS, struct.pack(ifreq, b"lo", flags | IFF_UP_RUNNING))
     except OSError as exc:
         raise StepFailed("loopback_up", exc.errno or 5) from None
+
+
+def _egress_sockets(spec):
+    """With a network policy, in the run's fresh network namespace (its loopback up) while H still
+    holds the capabilities there: the host's endpoints in it (the resolver's UDP socket and TCP
+    listener, the relay's listeners). Returns their descriptors, for the host."""
+    import socket
+
     dns, relay = int(spec["dns_port"]), int(spec["relay_port"])
     made = []
     try:

@@ -61,7 +61,7 @@ _continue_run = None
 # `ForkCommand` send them: a key missing or unknown is refused, never a default.
 FORK_KEYS = frozenset(
     ("op", "fds", "uid", "owner", "unshare", "net", "userns", "inside", "forbid_nested", "nproc", "rlimits",
-     "landlock", "seccomp", "egress", "scratch")
+     "landlock", "seccomp", "devpts", "egress", "scratch")
 )
 EGRESS_KEYS = frozenset(("notifier", "relay_port", "dns_port"))
 SCRATCH_KEYS = frozenset(("path", "size", "dirs", "rebind"))

@@ -380,9 +380,7 @@ def warm_up(args):
         flag, value = args[0], args[1]
         args = args[2:]
         if flag == "--site":
-            import site
-
-            site.addsitedir(value)
+            add_sites([value], [])
         elif flag == "--warm":
             for name in value.split(","):
                 try:
@@ -580,7 +578,21 @@ def add_sites(dirs, added):
             import site  # with -S its import adds nothing by itself; addsitedir also reads .pth files
 
             site.addsitedir(site_dir)
+            bin_first(site_dir)
             added.append(site_dir)
+
+
+def bin_first(site_dir):
+    """The environment's `bin` (its console scripts), where it has one, first on `PATH`."""
+    bin_dir = site_dir.rstrip("/") + "/bin"
+    try:
+        if posix.stat(bin_dir).st_mode & 0o170000 != 0o040000:  # not a directory
+            return
+    except OSError:
+        return
+    path = env_now(["PATH"])["PATH"]
+    entries = [p for p in (path or "").split(":") if p and p != bin_dir]
+    set_env({"PATH": ":".join([bin_dir] + entries)})
 
 
 def protocol_error(exc):
