@@ -412,12 +412,12 @@ class Environment(unittest.TestCase):
     def test_the_environments_bin_comes_first_on_path(self):
         with tempfile.TemporaryDirectory() as site:
             os.mkdir(os.path.join(site, "bin"))
-            ran = run("import os\nos.environ['PATH']", site_dir=site, env={"PATH": "/usr/bin:/bin"})
+            ran = run("import os\nos.environ['PATH']", site_dirs=[site], env={"PATH": "/usr/bin:/bin"})
             self.assertEqual(ran.result["return_value"], site + "/bin:/usr/bin:/bin", ran.error)
 
     def test_an_environment_without_bin_leaves_path_as_it_was(self):
         with tempfile.TemporaryDirectory() as site:
-            ran = run("import os\nos.environ['PATH']", site_dir=site, env={"PATH": "/usr/bin:/bin"})
+            ran = run("import os\nos.environ['PATH']", site_dirs=[site], env={"PATH": "/usr/bin:/bin"})
             self.assertEqual(ran.result["return_value"], "/usr/bin:/bin", ran.error)
 
 
