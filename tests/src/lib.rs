@@ -10,6 +10,7 @@ pub mod recorder;
 pub mod stats;
 pub mod template_bench;
 pub mod tenant_bench;
+pub mod world;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
