@@ -7,11 +7,15 @@
 //! Measured against the copy it replaced, interleaved (BENCHMARKS.md, egress): the host spends
 //! less CPU per byte, and a 1 MiB pipe moves about a third more bytes per second than the
 //! default 64 KiB one, so a pipe is grown to 1 MiB while the process holds fewer than
-//! [`MAX_BIG_PIPES`] such (each can pin 1 MiB of pages; past them, the default size).
+//! [`MAX_BIG_PIPES`] such (each can pin 1 MiB of pages; past them, the default size). Making a
+//! pipe costs about as much as a small request, so a direction that ended with its pipe empty
+//! gives it back for the next connection ([`MAX_IDLE_PIPES`] kept; one that failed, holding bytes
+//! of its connection, is closed).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -29,6 +33,12 @@ const MAX_BIG_PIPES: usize = 64;
 
 /// Pipes of [`BIG_PIPE`] held now.
 static BIG_PIPES: AtomicUsize = AtomicUsize::new(0);
+
+/// Empty pipes kept for the next connections, at most.
+const MAX_IDLE_PIPES: usize = 32;
+
+/// Empty pipes kept for the next connections.
+static IDLE_PIPES: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
 
 /// Told which secret's placeholder a scanned direction found.
 pub(super) type Found = Box<dyn FnMut(String) + Send>;
@@ -65,8 +75,11 @@ async fn one_way(
     count: impl Fn(u64),
 ) -> io::Result<()> {
     match way {
-        Way::Splice => match Pipe::new() {
-            Ok(pipe) => splice(from, to, &pipe, count).await?,
+        Way::Splice => match Pipe::take() {
+            Ok(pipe) => {
+                splice(from, to, &pipe, count).await?;
+                pipe.give_back();
+            }
             // Out of descriptors or pipe pages: the bytes still pass, through the host.
             Err(_) => copy(from, to, None, count).await?,
         },
@@ -88,6 +101,26 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// An idle pipe, or a new one.
+    fn take() -> io::Result<Pipe> {
+        let idle = IDLE_PIPES.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        idle.map_or_else(Pipe::new, Ok)
+    }
+
+    /// Keeps the pipe for another connection if it is empty (else closes it).
+    fn give_back(self) {
+        let mut held: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int: the bytes the pipe holds.
+        let read = unsafe { libc::ioctl(self.read.as_raw_fd(), libc::FIONREAD, &mut held) };
+        if read != 0 || held != 0 {
+            return;
+        }
+        let mut idle = IDLE_PIPES.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE_PIPES {
+            idle.push(self);
+        }
+    }
+
     fn new() -> io::Result<Pipe> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: pipe2 writes two descriptors into the array.
@@ -291,5 +324,20 @@ mod tests {
         joined.await.unwrap().unwrap();
         assert_eq!(out.load(Ordering::Relaxed), up.len() as u64);
         assert_eq!(inn.load(Ordering::Relaxed), down.len() as u64);
+        // The directions ended cleanly: their pipes, empty, wait for the next connection.
+        assert!(!IDLE_PIPES.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_pipe_holding_bytes_is_never_kept_for_another_connection() {
+        let pipe = Pipe::new().unwrap();
+        // SAFETY: a one-byte write into our pipe.
+        assert_eq!(
+            unsafe { libc::write(pipe.write.as_raw_fd(), b"x".as_ptr().cast(), 1) },
+            1
+        );
+        let before = IDLE_PIPES.lock().unwrap().len();
+        pipe.give_back();
+        assert!(IDLE_PIPES.lock().unwrap().len() <= before);
     }
 }
