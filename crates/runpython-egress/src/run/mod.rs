@@ -7,18 +7,20 @@
 //! TCP), and a relay on `127.0.0.1:1` and `[::1]:1`. The interpreter runs under a seccomp filter
 //! that hands every `connect(2)` to the host (a user notification):
 //!
-//! - TCP to anywhere but the run's own loopback: the host decides with the [`NetworkPolicy`], on the
-//!   address and on the names this run resolved to it ([`crate::policy`]). Refused: the connect fails at once
-//!   with `EACCES` (the runner names the rule in the exception). Allowed: the host connects to the
-//!   destination itself (through `HTTPS_PROXY` when the host has one), then connects the run's own
-//!   socket (a copy of its descriptor, `pidfd_getfd`) to the relay inside the run's namespace, and
-//!   the relay joins the two, counting bytes. A blocking connect returns once the destination
+//! - TCP: the host decides with the [`NetworkPolicy`], on the address and on the names this run
+//!   resolved to it ([`crate::policy`]). Refused: the connect fails at once with `EACCES` (the runner
+//!   asks its resolver why, [`why`], and names the rule in the exception). A loopback address the
+//!   code named itself and the policy does not allow is the run's own: where the run listens there
+//!   ([`listening`]) the kernel's own connect reaches its server, elsewhere it is refused like any
+//!   other address. Allowed: the host connects to the destination itself (through `HTTPS_PROXY` when
+//!   the host has one, by the decided address), then connects the run's own socket (a copy of its
+//!   descriptor, `pidfd_getfd`) to the relay inside the run's namespace, and the relay joins the two
+//!   ([`pump`]: spliced by the kernel), counting bytes. A blocking connect returns once the destination
 //!   answered, with its real error if it did not; a non-blocking one (Python's sockets with a timeout,
 //!   asyncio) returns `EINPROGRESS` at once and a destination that then refuses resets the
 //!   connection.
 //! - UDP: to the run's resolver or its own loopback only; anything else is refused (QUIC falls back
-//!   to TCP). Unix sockets and the run's own loopback: the kernel's own connect, which cannot leave
-//!   the run's namespace.
+//!   to TCP). Unix sockets: the kernel's own connect, which cannot leave the run's namespace.
 //! - Names: the resolver answers what the policy lets resolve, from the host's resolver (or a pin),
 //!   keeping only addresses the policy could allow; a refused name does not resolve.
 //!
