@@ -1,6 +1,9 @@
 //! What the egress path costs: the same sandboxed client against the same loopback HTTP server,
-//! through the policy (every connection decided on the host and relayed) and direct (the host's
-//! network shared), in one run, alternating. Timed inside the run, so a run's start is not counted.
+//! through the policy (every connection decided on the host and joined by the relay) and direct
+//! (the host's network shared), in one run. Each side is a session, so a round is a cell; the
+//! rounds alternate (ABBA), and each figure is the median over the rounds of the pair measured
+//! side by side, so a noisy machine moves both sides of a ratio alike. Timed inside the run, so a
+//! run's start is not counted.
 
 use std::time::Duration;
 
@@ -14,6 +17,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Bytes of the download.
 const DOWNLOAD: u64 = 256 << 20;
+
+/// Rounds of each side.
+const ROUNDS: usize = 8;
 
 /// A keep-alive HTTP/1.1 server on loopback: `GET /small` answers 64 bytes, `GET /big` 256 MiB.
 async fn serve() -> Result<u16, BoxError> {
@@ -58,8 +64,8 @@ async fn serve() -> Result<u16, BoxError> {
     Ok(port)
 }
 
-/// The client: p50 of a small request on one kept-alive connection, p50 of a small request on a
-/// new connection each, and the download's MB/s.
+/// One round of the client: p50 of a small request on one kept-alive connection, p50 of a small
+/// request on a new connection each, and the download's MB/s.
 fn client(port: u16) -> String {
     format!(
         r#"
@@ -96,8 +102,16 @@ s.close()
     )
 }
 
-async fn measure(engine: &RunPython, code: &str) -> Result<(f64, f64, f64), BoxError> {
-    let e = engine.run(code).await?;
+/// One round's figures: kept-alive µs, new-connection µs, MB/s.
+type Round = (f64, f64, f64);
+
+/// One figure of a round.
+type Figure = fn(&Round) -> f64;
+
+async fn measure(
+    run: impl std::future::Future<Output = Result<runpython_core::Envelope, runpython_core::Error>>,
+) -> Result<Round, BoxError> {
+    let e = run.await?;
     let v = e
         .return_value
         .as_array()
@@ -110,7 +124,8 @@ async fn measure(engine: &RunPython, code: &str) -> Result<(f64, f64, f64), BoxE
 /// Adds `egress_rtt_vs_direct` (p50 of a small request on a kept-alive connection, through the
 /// policy over direct), `egress_connect_rtt_vs_direct` (the same with a new connection per
 /// request), `egress_throughput_vs_direct` (a 256 MiB download's rate, through over direct) and the
-/// absolute figures behind them. Skipped (with why) where no policy can be enforced.
+/// absolute figures behind them; each the median over [`ROUNDS`] interleaved rounds. Skipped (with
+/// why) where no policy can be enforced.
 pub async fn egress_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> {
     let port = serve().await?;
     let engine = |network: Network| {
@@ -131,38 +146,57 @@ pub async fn egress_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> 
         return Ok(());
     }
     let direct = engine(Network::Host)?;
+    let (through, direct) = (policy.session(), direct.session());
     let code = client(port);
-    let (mut kept, mut fresh, mut rate) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut kept_d, mut fresh_d, mut rate_d) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..3 {
-        let (k, f, r) = measure(&policy, &code).await?;
-        kept.push(k);
-        fresh.push(f);
-        rate.push(r);
-        let (k, f, r) = measure(&direct, &code).await?;
-        kept_d.push(k);
-        fresh_d.push(f);
-        rate_d.push(r);
+    // A first round each, not counted: the sessions' interpreters and the server warm up.
+    measure(through.run(code.as_str())).await?;
+    measure(direct.run(code.as_str())).await?;
+    let (mut ours, mut theirs): (Vec<Round>, Vec<Round>) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        // ABBA: neither side always goes first.
+        if round % 2 == 0 {
+            ours.push(measure(through.run(code.as_str())).await?);
+            theirs.push(measure(direct.run(code.as_str())).await?);
+        } else {
+            theirs.push(measure(direct.run(code.as_str())).await?);
+            ours.push(measure(through.run(code.as_str())).await?);
+        }
     }
-    let (kept, fresh, rate) = (p50(kept), p50(fresh), p50(rate));
-    let (kept_d, fresh_d, rate_d) = (p50(kept_d), p50(fresh_d), p50(rate_d));
-    m.insert("egress_request_us".into(), json!(round3(kept)));
-    m.insert("egress_request_us_direct".into(), json!(round3(kept_d)));
-    m.insert("egress_rtt_vs_direct".into(), json!(round3(kept / kept_d)));
-    m.insert("egress_connect_request_us".into(), json!(round3(fresh)));
+    let median = |rounds: &[Round], f: Figure| p50(rounds.iter().map(f).collect());
+    let ratio = |f: Figure| p50(ours.iter().zip(&theirs).map(|(a, b)| f(a) / f(b)).collect());
+    let (kept, fresh, rate): (Figure, Figure, Figure) = (|r| r.0, |r| r.1, |r| r.2);
+    m.insert(
+        "egress_request_us".into(),
+        json!(round3(median(&ours, kept))),
+    );
+    m.insert(
+        "egress_request_us_direct".into(),
+        json!(round3(median(&theirs, kept))),
+    );
+    m.insert("egress_rtt_vs_direct".into(), json!(round3(ratio(kept))));
+    m.insert(
+        "egress_connect_request_us".into(),
+        json!(round3(median(&ours, fresh))),
+    );
     m.insert(
         "egress_connect_request_us_direct".into(),
-        json!(round3(fresh_d)),
+        json!(round3(median(&theirs, fresh))),
     );
     m.insert(
         "egress_connect_rtt_vs_direct".into(),
-        json!(round3(fresh / fresh_d)),
+        json!(round3(ratio(fresh))),
     );
-    m.insert("egress_download_mb_s".into(), json!(rate.round()));
-    m.insert("egress_download_mb_s_direct".into(), json!(rate_d.round()));
+    m.insert(
+        "egress_download_mb_s".into(),
+        json!(median(&ours, rate).round()),
+    );
+    m.insert(
+        "egress_download_mb_s_direct".into(),
+        json!(median(&theirs, rate).round()),
+    );
     m.insert(
         "egress_throughput_vs_direct".into(),
-        json!(round3(rate / rate_d)),
+        json!(round3(ratio(rate))),
     );
     Ok(())
 }
@@ -251,10 +285,10 @@ pub async fn secret_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> 
     );
     let (mut fresh, mut kept, mut fresh_o, mut kept_o) = (vec![], vec![], vec![], vec![]);
     for _ in 0..3 {
-        let (f, k, _) = measure(&with, &code_with).await?;
+        let (f, k, _) = measure(with.run(code_with.as_str())).await?;
         fresh.push(f);
         kept.push(k);
-        let (f, k, _) = measure(&without, &code_without).await?;
+        let (f, k, _) = measure(without.run(code_without.as_str())).await?;
         fresh_o.push(f);
         kept_o.push(k);
     }

@@ -12,6 +12,7 @@ pub mod stats;
 pub mod store_bench;
 pub mod template_bench;
 pub mod tenant_bench;
+pub mod world;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};

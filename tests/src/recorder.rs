@@ -1,6 +1,8 @@
 //! A loopback HTTP server that records every request head it gets, plain or over TLS with a
 //! certificate from a test CA: what the secrets suite and bench check substitutions against.
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -45,6 +47,24 @@ impl TestCa {
             key_pem: key.serialize_pem(),
         })
     }
+
+    /// Writes the CA, its certificate and key into `dir` (as `NAME-ca.pem`, `NAME-cert.pem`,
+    /// `NAME-key.pem`), for another process to [`TestCa::load`].
+    pub fn save(&self, dir: &Path, name: &str) -> std::io::Result<()> {
+        std::fs::write(dir.join(format!("{name}-ca.pem")), &self.ca_pem)?;
+        std::fs::write(dir.join(format!("{name}-cert.pem")), &self.cert_pem)?;
+        std::fs::write(dir.join(format!("{name}-key.pem")), &self.key_pem)
+    }
+
+    /// What [`TestCa::save`] wrote.
+    pub fn load(dir: &Path, name: &str) -> std::io::Result<TestCa> {
+        let read = |part: &str| std::fs::read_to_string(dir.join(format!("{name}-{part}.pem")));
+        Ok(TestCa {
+            ca_pem: read("ca")?,
+            cert_pem: read("cert")?,
+            key_pem: read("key")?,
+        })
+    }
 }
 
 /// A running recorder.
@@ -66,7 +86,17 @@ impl Recorder {
     /// Starts one on 127.0.0.1 (TLS with `ca`'s certificate when given). Each request gets
     /// `200 OK` with the body `ok`, on a kept-alive connection.
     pub async fn start(ca: Option<&TestCa>) -> Result<Recorder, BoxError> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at(SocketAddr::from(([127, 0, 0, 1], 0)), ca, None).await
+    }
+
+    /// Starts one on `addr`, each request also appended to `file` (a JSON string per line: see
+    /// [`Recorder::kept`]) when given, for another process to read.
+    pub async fn start_at(
+        addr: SocketAddr,
+        ca: Option<&TestCa>,
+        file: Option<PathBuf>,
+    ) -> Result<Recorder, BoxError> {
+        let listener = TcpListener::bind(addr).await?;
         let port = listener.local_addr()?.port();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let acceptor = match ca {
@@ -86,11 +116,14 @@ impl Recorder {
             }
             None => None,
         };
-        let log = Arc::clone(&seen);
+        let log = Log {
+            seen: Arc::clone(&seen),
+            file: file.map(Arc::new),
+        };
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let _ = stream.set_nodelay(true);
-                let log = Arc::clone(&log);
+                let log = log.clone();
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
                     match acceptor {
@@ -111,9 +144,44 @@ impl Recorder {
     pub fn seen(&self) -> Vec<String> {
         self.seen.lock().map(|s| s.clone()).unwrap_or_default()
     }
+
+    /// What a recorder kept in `file` (none when it has not been written).
+    pub fn kept(file: &Path) -> Vec<String> {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
 }
 
-async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, log: Arc<Mutex<Vec<String>>>) {
+/// Where a recorder keeps what it saw.
+#[derive(Clone)]
+struct Log {
+    seen: Arc<Mutex<Vec<String>>>,
+    file: Option<Arc<PathBuf>>,
+}
+
+impl Log {
+    fn push(&self, request: String) {
+        if let Some(file) = &self.file {
+            use std::io::Write as _;
+            let line = serde_json::Value::String(request.clone()).to_string();
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(file.as_path())
+            {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.push(request);
+        }
+    }
+}
+
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, log: Log) {
     let mut have = Vec::new();
     let mut buf = vec![0u8; 16 << 10];
     loop {
@@ -141,9 +209,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, log: Arc<Mutex<
             }
             let body = String::from_utf8_lossy(&have[end + 4..end + 4 + len]).into_owned();
             have.drain(..end + 4 + len);
-            if let Ok(mut seen) = log.lock() {
-                seen.push(format!("{head}\r\n\r\n{body}"));
-            }
+            log.push(format!("{head}\r\n\r\n{body}"));
             let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
             if stream.write_all(reply).await.is_err() {
                 return;

@@ -449,3 +449,75 @@ async fn isolation_reports_the_mode_and_its_rules() {
     let e = engine.run("1 + 1").await.unwrap();
     assert!(e.network.is_none(), "{:?}", e.network);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_reaches_its_own_loopback_servers_and_is_refused_where_it_listens_on_nothing() {
+    if !enforced() {
+        return;
+    }
+    // A port of the host's loopback, on which the run itself listens on nothing.
+    let host = Server::start();
+    let code = format!(
+        r#"
+import socket, threading
+def serve(family, address):
+    listener = socket.socket(family)
+    listener.bind((address, 0))
+    listener.listen()
+    def answer():
+        while True:
+            conn, _ = listener.accept()
+            conn.sendall(b"own")
+            conn.close()
+    threading.Thread(target=answer, daemon=True).start()
+    return listener, listener.getsockname()[1]
+(l4, p4), (l6, p6) = serve(socket.AF_INET, "127.0.0.1"), serve(socket.AF_INET6, "::1")
+own = [socket.create_connection(a, timeout=5).recv(3).decode() for a in (("127.0.0.1", p4), ("::1", p6))]
+refused = []
+for address in ["127.0.0.1", "127.1", "2130706433", "0.0.0.0", "::1", "::ffff:127.0.0.1", "::"]:
+    try:
+        socket.create_connection((address, {port}), timeout=5).close()
+        refused.append("connected")
+    except OSError as e:
+        refused.append(type(e).__name__ + ": " + str(e))
+[own, refused]
+"#,
+        port = host.port
+    );
+    for way in WAYS {
+        for public in [false, true] {
+            let network = policy(public, &["api.test:443".into()], &[]);
+            let e = run(&engine(network, way, None), way, &code).await;
+            let v = &e.return_value;
+            assert_eq!(
+                v[0],
+                json!(["own", "own"]),
+                "{way:?}: the run's own servers: {v}"
+            );
+            for outcome in v[1].as_array().unwrap() {
+                let outcome = outcome.as_str().unwrap();
+                assert!(
+                    outcome.starts_with("PermissionError")
+                        && outcome.contains("network policy refused")
+                        && outcome.contains("--allow-host"),
+                    "{way:?}, public {public}: {outcome}"
+                );
+            }
+            let refused: Vec<(String, Option<u16>)> = e
+                .network
+                .as_ref()
+                .unwrap()
+                .refused
+                .iter()
+                .map(|r| (r.host.clone(), r.port))
+                .collect();
+            for address in ["127.0.0.1", "0.0.0.0", "::1", "::"] {
+                assert!(
+                    refused.contains(&(address.to_owned(), Some(host.port))),
+                    "{way:?}: {address} not reported in {refused:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(host.seen(), 0, "the host's loopback was reached");
+}

@@ -250,13 +250,14 @@ async fn the_hosts_loopback_is_reachable_only_with_the_hosts_network() {
     if !has("net") {
         return;
     }
-    // The public internet (--allow-network) and no network at all: the run's own loopback, where
-    // nothing listens.
+    // The public internet (--allow-network: the run's own loopback, where the run listens on
+    // nothing, so the code meant the host's: refused with the rule) and no network at all (the run's
+    // own loopback, up, where nothing listens).
     for (engine, mode, outcome) in [
         (
             builder().allow_network(true).build().unwrap(),
             "public",
-            "ConnectionRefusedError",
+            "PermissionError",
         ),
         (builder().build().unwrap(), "off", "ConnectionRefusedError"),
     ] {

@@ -50,7 +50,9 @@ impl Setup {
         }
     }
 
-    fn engine(&self, way: Way, store: Option<Store>) -> RunPython {
+    /// An engine with the secret `API_KEY` for `api.test`: over verified TLS only, or (`over_http`)
+    /// over plain HTTP too.
+    fn engine_with(&self, way: Way, store: Option<Store>, over_http: bool) -> RunPython {
         let allow = [
             format!("api.test:{}", self.plain.port),
             format!("api.test:{}", self.tls.port),
@@ -64,14 +66,16 @@ impl Setup {
             ],
             ..NetworkPolicy::default()
         });
+        let mut secret = Secret::new(
+            "API_KEY",
+            self.value.clone(),
+            vec!["api.test".parse().unwrap()],
+        );
+        secret.over_http = over_http;
         let mut builder = RunPython::builder()
             .timeout(Duration::from_secs(60))
             .network(network)
-            .secret(Secret::new(
-                "API_KEY",
-                self.value.clone(),
-                vec!["api.test".parse().unwrap()],
-            ))
+            .secret(secret)
             .upstream_ca(self.ca.ca_pem.clone().into_bytes());
         if let Way::Forked = way {
             builder = builder.pool(PoolConfig {
@@ -86,6 +90,11 @@ impl Setup {
             builder = builder.store(store);
         }
         builder.build().unwrap()
+    }
+
+    /// An engine whose secret goes over verified TLS only (the default).
+    fn engine(&self, way: Way, store: Option<Store>) -> RunPython {
+        self.engine_with(way, store, false)
     }
 
     /// The run's code: requests to the secret's host (HTTP, HTTPS, Basic auth) and to another
@@ -218,14 +227,15 @@ async fn the_value_reaches_its_host_only_and_never_the_run(way: Way) {
     let placeholder = v["placeholder"].as_str().unwrap().to_owned();
     assert_ne!(placeholder, setup.value);
     assert!(placeholder.len() >= 32, "{placeholder}");
-    // The secret's host got the value, over HTTP and HTTPS, in a bearer token and in Basic auth.
-    assert_eq!(v["http"], 200, "{way:?}: {v}");
+    // The secret's host got the value over HTTPS (verified for it), in a bearer token and in Basic
+    // auth; over plain HTTP the request was refused before anything was sent, and reported.
     assert_eq!(v["https"], 200, "{way:?}: {v}");
     assert_eq!(v["basic"], 200, "{way:?}: {v}");
+    assert_eq!(v["http"], 403, "{way:?}: {v}");
     let plain = setup.plain.seen().join("\n");
     assert!(
-        plain.contains(&format!("Bearer {}", setup.value)),
-        "{way:?}: {plain}"
+        plain.is_empty(),
+        "{way:?}: a plaintext listener got {plain}"
     );
     let tls = setup.tls.seen().join("\n");
     assert!(
@@ -246,13 +256,17 @@ async fn the_value_reaches_its_host_only_and_never_the_run(way: Way) {
     );
     let network = serde_json::to_value(&e.network).unwrap();
     let refused = network["refused"].as_array().cloned().unwrap_or_default();
+    let reported = |host: &str, says: &str| {
+        refused.iter().any(|r| {
+            let reason = r["reason"].as_str().unwrap_or("");
+            r["host"] == host && reason.contains("API_KEY") && reason.contains(says)
+        })
+    };
     assert!(
-        refused
-            .iter()
-            .any(|r| r["host"] == "other.test"
-                && r["reason"].as_str().unwrap_or("").contains("API_KEY")),
+        reported("other.test", "other.test"),
         "{way:?}: {network} {v}"
     );
+    assert!(reported("api.test", "plaintext"), "{way:?}: {network} {v}");
     // Nowhere the run can read holds the value: its environment and every process's, its files,
     // its memory. The scan did look (the prefix it was given is in its own memory).
     assert!(v["hits"].as_u64().unwrap() >= 1, "{v}");
@@ -308,7 +322,8 @@ async fn each_cell_gets_a_placeholder_of_its_own_and_the_old_one_stops_working()
         return;
     }
     let setup = Setup::new().await;
-    let engine = setup.engine(Way::Fresh, None);
+    // Plain HTTP (allowed for this secret), so the recorder reads what was sent.
+    let engine = setup.engine_with(Way::Fresh, None, true);
     let session = engine.session();
     let first = session
         .run("import os\nos.environ['API_KEY']")

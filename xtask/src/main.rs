@@ -205,10 +205,10 @@ fn ci() -> Result<()> {
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
 /// The sandbox (hostile, boundary, the sandbox crate's `command`), run, pool, template, fork-check,
-/// egress, secrets, compat (a run's loopback and terminals) and hostile-install suites again as an
-/// unprivileged user. Users are not root, and the sandbox takes another path for them: their own uid
-/// mapped into the user namespace instead of a fresh uid per run, `RLIMIT_NPROC` really enforced, no
-/// network namespaces
+/// egress (the hostile one too), secrets, compat (a run's loopback and terminals) and hostile-install
+/// suites again as an unprivileged user. Users are not root, and the sandbox takes another path for
+/// them: their own uid mapped into the user namespace instead of a fresh uid per run, `RLIMIT_NPROC`
+/// really enforced, no network namespaces
 /// made ahead of time, a template without a uid range to give its runs.
 fn unprivileged_suites(tools: &Path) -> Result<()> {
     const NAME: &str = "sandbox suites as an unprivileged user";
@@ -251,6 +251,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "--test",
             "egress",
             "--test",
+            "egress_hostile",
+            "--test",
             "secrets",
             "--test",
             "fork_checks",
@@ -272,9 +274,10 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so eleven names build twelve.
-    if suites.len() != 12 {
-        bail!("{NAME}: expected 12 test executables, cargo built {suites:?}");
+    // Both packages have an `egress` suite (the engine's and the CLI's), so twelve names build
+    // thirteen.
+    if suites.len() != 13 {
+        bail!("{NAME}: expected 13 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites

@@ -177,16 +177,25 @@ fn with_network(
     args: &NetworkArgs,
 ) -> Result<RunPythonBuilder, String> {
     builder = builder.network(network(args));
-    for name in args.secret_in_query.iter().chain(&args.secret_in_body) {
-        if !args.secrets.iter().any(|s| &s.name == name) {
+    let options = [
+        ("--secret-in-query", &args.secret_in_query),
+        ("--secret-in-body", &args.secret_in_body),
+        ("--secret-over-http", &args.secret_over_http),
+    ];
+    for (flag, names) in options {
+        if let Some(name) = names
+            .iter()
+            .find(|name| !args.secrets.iter().any(|s| &s.name == *name))
+        {
             return Err(format!(
-                "--secret-in-query/--secret-in-body {name}: no --secret {name}:HOSTS declares it"
+                "{flag} {name}: no --secret {name}:HOSTS declares it; declare the secret first"
             ));
         }
     }
     for secret in &args.secrets {
         let mut secret = secret.clone();
         secret.in_query = args.secret_in_query.contains(&secret.name);
+        secret.over_http = args.secret_over_http.contains(&secret.name);
         if args.secret_in_body.contains(&secret.name) {
             secret.body_limit = Some(SECRET_BODY_LIMIT);
         }

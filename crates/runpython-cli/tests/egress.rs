@@ -197,11 +197,12 @@ fn the_hosts_https_proxy_carries_every_allowed_connection() {
         &[("HTTPS_PROXY", &proxy_url)],
     );
     assert_eq!(e["return_value"], "hello over tls", "{e}");
-    // The tunnel names the host the code asked for, as the proxy resolves it.
+    // The tunnel names the address the policy decided on (a proxy resolving a name again could
+    // reach what nobody decided).
     let connects = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
         connects.lines().collect::<Vec<_>>(),
-        [format!("CONNECT api.test:{} HTTP/1.1", tls.port)],
+        [format!("CONNECT 127.0.0.1:{} HTTP/1.1", tls.port)],
         "{connects}"
     );
     let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
@@ -283,6 +284,20 @@ fn a_secret_goes_to_its_host_over_https_and_the_code_holds_a_placeholder() {
         assert!(stderr.contains(says), "{secret}: {stderr}");
         assert!(!stderr.contains(value), "{stderr}");
     }
+    // Plain HTTP is the operator's choice per declared secret.
+    let out = Command::new(BIN)
+        .args(["run", "--json", "--no-store", "--allow-host", &allow])
+        .args(["--secret", "API_KEY=RUNPYTHON_TEST_KEY:api.test"])
+        .args(["--secret-over-http", "OTHER_KEY", "-c", "1"])
+        .env("RUNPYTHON_TEST_KEY", value)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--secret-over-http OTHER_KEY: no --secret OTHER_KEY:HOSTS declares it"),
+        "{stderr}"
+    );
 }
 
 #[test]

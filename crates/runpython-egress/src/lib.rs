@@ -45,4 +45,4 @@ mod run;
 pub use error::Error;
 pub use policy::{HostAddrs, HostPattern, Network, NetworkPolicy, Sandbox, Secret, Verdict};
 pub use run::credentials::{runner_env, TrustBundle};
-pub use run::{Egress, EgressQuery, Mark, NetworkReport, Refusal};
+pub use run::{Egress, Mark, NetworkReport, Refusal};

@@ -155,10 +155,11 @@ fn patterns(name: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_core::Ho
 }
 
 /// `secrets=`: `{"NAME": ("value", ["host", ...])}`, or per name a dict with `value`, `hosts`,
-/// `in_query` (bool) and `body_limit` (bytes). Errors never hold a value.
+/// `in_query` (bool), `body_limit` (bytes) and `over_http` (bool). Errors never hold a value.
 pub(crate) fn parse_secrets(value: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_core::Secret>> {
     const FORMS: &str = "secrets= takes {\"NAME\": (\"value\", [\"api.example.com\"])} or \
-        {\"NAME\": {\"value\": ..., \"hosts\": [...], \"in_query\": bool, \"body_limit\": int}}";
+        {\"NAME\": {\"value\": ..., \"hosts\": [...], \"in_query\": bool, \"body_limit\": int, \
+        \"over_http\": bool}}";
     let d = dict("secrets", value)?;
     let mut out = Vec::new();
     for (name, spec) in d.iter() {
@@ -166,10 +167,10 @@ pub(crate) fn parse_secrets(value: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_
             .extract()
             .map_err(|_| config(format!("{FORMS}; a name is not a string")))?;
         let knob = format!("secrets[{name:?}]");
-        let (secret_value, hosts, in_query, body_limit) = if let Ok(spec) =
+        let (secret_value, hosts, in_query, body_limit, over_http) = if let Ok(spec) =
             spec.cast::<pyo3::types::PyDict>()
         {
-            let mut parts = (None, None, false, None);
+            let mut parts = (None, None, false, None, false);
             for (key, v) in spec.iter() {
                 let key: String = key.extract()?;
                 match key.as_str() {
@@ -177,18 +178,19 @@ pub(crate) fn parse_secrets(value: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_
                     "hosts" => parts.1 = Some(v),
                     "in_query" => parts.2 = boolean(&format!("{knob}[\"in_query\"]"), &v)?,
                     "body_limit" => parts.3 = Some(count(&format!("{knob}[\"body_limit\"]"), &v)?),
+                    "over_http" => parts.4 = boolean(&format!("{knob}[\"over_http\"]"), &v)?,
                     other => return Err(config(format!("{knob}: unknown key {other:?}"))),
                 }
             }
             match parts {
-                (Some(v), Some(h), q, b) => (v, h, q, b),
+                (Some(v), Some(h), q, b, o) => (v, h, q, b, o),
                 _ => return Err(config(format!("{knob} needs \"value\" and \"hosts\""))),
             }
         } else if let Ok(pair) = spec.cast::<pyo3::types::PyTuple>() {
             if pair.len() != 2 {
                 return Err(config(format!("{knob}: {FORMS}")));
             }
-            (pair.get_item(0)?, pair.get_item(1)?, false, None)
+            (pair.get_item(0)?, pair.get_item(1)?, false, None, false)
         } else {
             return Err(config(format!("{knob}: {FORMS}")));
         };
@@ -205,6 +207,7 @@ pub(crate) fn parse_secrets(value: &Bound<'_, PyAny>) -> PyResult<Vec<runpython_
         let mut secret = runpython_core::Secret::new(name, secret_value, hosts);
         secret.in_query = in_query;
         secret.body_limit = body_limit;
+        secret.over_http = over_http;
         out.push(secret);
     }
     Ok(out)

@@ -250,22 +250,31 @@ def test_secrets_reach_their_hosts_as_values_and_the_code_as_placeholders():
     server, heads = _recording_http_server()
     port = server.server_address[1]
     value = "sk-py-" + __import__("secrets").token_hex(20)
-    rp = RunPython(
-        pool=False,
-        network={"allow": [f"api.test:{port}"], "resolve": {"api.test": "127.0.0.1"}},
-        secrets={"API_KEY": (value, ["api.test"])},
-    )
+    network = {"allow": [f"api.test:{port}"], "resolve": {"api.test": "127.0.0.1"}}
+    # Plain HTTP (this server's): the operator's opt-in, over_http.
+    secret = {"value": value, "hosts": ["api.test"], "over_http": True}
+    rp = RunPython(pool=False, network=network, secrets={"API_KEY": secret})
     code = (
-        "import os, urllib.request\n"
+        "import os, urllib.error, urllib.request\n"
         "key = os.environ['API_KEY']\n"
         f"r = urllib.request.Request('http://api.test:{port}/', headers={{'Authorization': 'Bearer ' + key}})\n"
-        "[key, urllib.request.urlopen(r, timeout=20).status]\n"
+        "try:\n"
+        "    status = urllib.request.urlopen(r, timeout=20).status\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    status = e.code\n"
+        "[key, status]\n"
     )
     e = rp.run(code)
     placeholder, status = e.return_value
     assert status == 200, e
     assert placeholder != value and value not in repr(e)
     assert heads and f"Bearer {value}" in heads[-1]
+    # By default a secret goes only over TLS that verifies for its host: plaintext is refused.
+    sent = len(heads)
+    tls_only = RunPython(pool=False, network=network, secrets={"API_KEY": (value, ["api.test"])})
+    e = tls_only.run(code)
+    assert e.return_value[1] == 403, e
+    assert len(heads) == sent and "plaintext" in repr(e.network)
     server.shutdown()
     with pytest.raises(ConfigError, match="API_KEY") as raised:
         RunPython(network=["api.test"], secrets={"API_KEY": (value, ["other.test"])})

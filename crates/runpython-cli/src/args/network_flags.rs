@@ -36,8 +36,8 @@ pub(crate) struct NetworkArgs {
     /// A credential the code may use but never read (repeatable): NAME:HOST[,HOST...] takes the
     /// value from the host's variable NAME, NAME=VAR:HOSTS from VAR. The code's NAME holds a
     /// placeholder; the host puts the value into request headers (Basic auth included) to those
-    /// hosts only, intercepting their HTTPS with a CA of the run's own. Each host must be allowed
-    /// (--allow-host or --allow-network).
+    /// hosts only, over HTTPS whose certificate verifies for the host, intercepting it with a CA of
+    /// the run's own. Each host must be allowed (--allow-host or --allow-network).
     #[arg(long = "secret", value_name = "NAME[=VAR]:HOSTS", value_parser = parse_secret)]
     pub(crate) secrets: Vec<Secret>,
     /// Also put secret NAME's value into request query strings (repeatable; off by default).
@@ -47,6 +47,11 @@ pub(crate) struct NetworkArgs {
     /// default; a larger body to its hosts is refused).
     #[arg(long = "secret-in-body", value_name = "NAME")]
     pub(crate) secret_in_body: Vec<String>,
+    /// Also put secret NAME's value into plain-HTTP requests to its hosts (repeatable; off by
+    /// default). Anyone on the path reads it, and whoever answers for the host's address gets it
+    /// with no certificate checked: only for hosts reached over a network you trust.
+    #[arg(long = "secret-over-http", value_name = "NAME")]
+    pub(crate) secret_over_http: Vec<String>,
     /// A PEM bundle trusted, besides the host's roots, for the host's TLS to a secret's hosts
     /// (repeatable): a private upstream's CA.
     #[arg(long = "upstream-ca", value_name = "FILE")]

@@ -36,6 +36,9 @@ pub(crate) struct RunnerRequest<'a> {
     pub files: Map<String, Value>,
     /// Whether `read_artifact`, `load_artifact` and `save_artifact` are defined (a store is kept).
     pub artifact_helpers: bool,
+    /// Whether the run's network is mediated: a connect refused with `EACCES` then asks the run's
+    /// resolver why (runpython-egress's `why.rs`), to name the rule in the `PermissionError`.
+    pub network_reasons: bool,
     pub max_return_bytes: usize,
     pub inline_return_bytes: usize,
     /// Bytes of PNG and JPEG displays that may come inline.
@@ -114,6 +117,7 @@ mod tests {
             input_artifacts: Map::new(),
             files: Map::new(),
             artifact_helpers: true,
+            network_reasons: true,
             max_return_bytes: 1,
             inline_return_bytes: 1,
             image_budget: 1,

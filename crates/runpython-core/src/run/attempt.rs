@@ -233,15 +233,11 @@ pub(crate) async fn drive(
     } = slot;
 
     let RunTools {
-        mut tools,
+        tools,
         call_budget,
         saved: saved_artifacts,
     } = crate::run::tools::run_tools(engine, Instant::now(), &scratch)?;
     if let Some(egress) = &spawned.egress {
-        // A refused connection's exception names the rule.
-        tools.insert(crate::tools::network_tool::WhyRefused {
-            query: egress.query(),
-        })?;
         egress.narrow(request.allow_hosts.clone());
     }
     let tools = match &events {
@@ -309,6 +305,7 @@ pub(crate) async fn drive(
         input_artifacts,
         files,
         artifact_helpers: engine.inner.keep.is_some(),
+        network_reasons: spawned.egress.is_some(),
         max_return_bytes: limits.max_return_bytes,
         inline_return_bytes: limits.inline_return_bytes,
         image_budget: limits.max_image_bytes,

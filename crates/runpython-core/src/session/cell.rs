@@ -77,14 +77,11 @@ pub(crate) async fn run_live_cell(
         }
     };
     let RunTools {
-        mut tools,
+        tools,
         call_budget,
         saved: _,
     } = crate::run::tools::run_tools(engine, Instant::now(), &live.scratch)?;
     if let Some(egress) = live.egress() {
-        tools.insert(crate::tools::network_tool::WhyRefused {
-            query: egress.query(),
-        })?;
         // Each cell its own hosts (or the session's whole policy), and placeholders of its own.
         egress.narrow(request.allow_hosts.clone());
         egress.rotate_secrets();
@@ -108,6 +105,7 @@ pub(crate) async fn run_live_cell(
         input_artifacts,
         files,
         artifact_helpers: engine.inner.keep.is_some(),
+        network_reasons: live.egress().is_some(),
         max_return_bytes: limits.max_return_bytes,
         inline_return_bytes: limits.inline_return_bytes,
         image_budget: limits.max_image_bytes,

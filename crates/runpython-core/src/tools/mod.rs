@@ -1,11 +1,10 @@
 //! The tool side of a run: what the code can call besides its own Python. Commands as tools
 //! (`command_tool`) and their supervisor, MCP servers' tools (`mcp_tools`), the host's hidden
-//! artifact tools, nested runs (`nested`) and the network-refusal explainer (`network_tool`).
+//! artifact tools and nested runs (`nested`).
 
 pub(crate) mod artifact_tools;
 pub(crate) mod command_tool;
 #[cfg(feature = "mcp")]
 pub(crate) mod mcp_tools;
 pub(crate) mod nested;
-pub(crate) mod network_tool;
 pub(crate) mod tool_supervisor;

@@ -54,7 +54,7 @@ def full_request(code, **fields):
     """A request with every key the host sends (`RunnerRequest`), `fields` replacing the defaults."""
     request = {
         "code_dir": CODE_DIR, "code": code, "inputs": {}, "typed": False, "env": {}, "trust_bundle": None,
-        "input_artifacts": {}, "files": {}, "artifact_helpers": False, "max_return_bytes": 1_000_000,
+        "input_artifacts": {}, "files": {}, "artifact_helpers": False, "network_reasons": False, "max_return_bytes": 1_000_000,
         "inline_return_bytes": 4096, "image_budget": 0, "site_dirs": [], "saved_dir": "saved", "repr": False,
         "bridge": None,
     }
@@ -423,3 +423,62 @@ class Environment(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class NetworkMessages(unittest.TestCase):
+    """A refused connect's reason, asked of the run's resolver (runpython-egress's `why.rs`)."""
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, CODE_DIR)
+        import runpython_run
+
+        cls.run_module = runpython_run
+
+    def resolver(self, reason):
+        """A UDP resolver on loopback answering every why-question with `reason` (None: NXDOMAIN);
+        the names it was asked, and its address."""
+        import socket
+        import struct
+        import threading
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        asked = []
+
+        def serve():
+            query, peer = sock.recvfrom(2048)
+            at, labels = 12, []
+            while query[at]:
+                labels.append(query[at + 1 : at + 1 + query[at]].decode())
+                at += 1 + query[at]
+            asked.append(labels)
+            question = query[12 : at + 5]
+            if reason is None:
+                sock.sendto(query[:2] + b"\x81\x83\x00\x01\x00\x00\x00\x00\x00\x00" + question, peer)
+                return
+            text = reason.encode()
+            rdata = b"".join(bytes((len(text[i : i + 255]),)) + text[i : i + 255] for i in range(0, len(text), 255))
+            answer = b"\xc0\x0c" + struct.pack("!HHIH", 16, 1, 0, len(rdata)) + rdata
+            sock.sendto(query[:2] + b"\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00" + question + answer, peer)
+
+        threading.Thread(target=serve, daemon=True).start()
+        self.addCleanup(sock.close)
+        return asked, sock.getsockname()
+
+    def test_the_reason_is_asked_by_the_host_in_hex_and_the_port_and_read_whole(self):
+        reason = "93.184.215.14:443 (api.test) is not on the allowlist; " + "x" * 400
+        asked, address = self.resolver(reason)
+        said = self.run_module._refusal_reason("api.test", 443, address)
+        self.assertEqual(said, reason)
+        self.assertEqual(asked, [["443", "api.test".encode().hex(), "why", "runpython", "invalid"]])
+
+    def test_no_reason_or_no_answer_is_none(self):
+        _, address = self.resolver(None)
+        self.assertIsNone(self.run_module._refusal_reason("::1", 80, address))
+        import socket
+
+        silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        silent.bind(("127.0.0.1", 0))
+        self.addCleanup(silent.close)
+        self.assertIsNone(self.run_module._refusal_reason("10.0.0.1", 80, silent.getsockname()))

@@ -58,8 +58,9 @@ const fn v6(segments: [u16; 8], len: u8) -> Ipv6Net {
     Ipv6Net::new_assert(Ipv6Addr::new(a, b, c, d, e, f, g, h), len)
 }
 
-/// Non-public IPv4 ranges (IANA special-purpose registry), the first match naming it.
-const V4_SPECIAL: [(Ipv4Net, &str); 16] = [
+/// Non-public IPv4 ranges (IANA special-purpose registry, then the cloud platforms' own services
+/// in public space), the first match naming it.
+const V4_SPECIAL: [(Ipv4Net, &str); 19] = [
     (v4(0, 0, 0, 0, 8), "a \"this network\" address (0.0.0.0/8)"),
     (v4(10, 0, 0, 0, 8), "a private address (RFC 1918)"),
     (
@@ -100,6 +101,21 @@ const V4_SPECIAL: [(Ipv4Net, &str); 16] = [
     (v4(224, 0, 0, 0, 4), "a multicast address"),
     (v4(255, 255, 255, 255, 32), "the broadcast address"),
     (v4(240, 0, 0, 0, 4), "a reserved address (240.0.0.0/4)"),
+    // Public addresses that reach the cloud host's platform, not the internet (docs/cli.md names
+    // each with where its cloud documents it); every other metadata address is link-local,
+    // CGNAT, an IETF assignment or unique-local, refused above.
+    (
+        v4(168, 63, 129, 16, 32),
+        "Azure's platform address (WireServer: its DNS, DHCP and VM agent)",
+    ),
+    (
+        v4(161, 26, 0, 0, 16),
+        "IBM Cloud's service network (its private DNS resolvers and NTP)",
+    ),
+    (
+        v4(166, 8, 0, 0, 14),
+        "IBM Cloud's service network (its private service endpoints)",
+    ),
 ];
 
 /// Non-public IPv6 ranges, the first match naming it; anything outside [`GLOBAL_UNICAST`] is
@@ -223,6 +239,17 @@ mod tests {
             ("64:ff9b:1::1", "local-use NAT64"),
             ("fec0::1", "site-local"),
             ("4000::1", "outside 2000::/3"),
+            // The clouds' metadata and platform addresses (docs/cli.md lists where each is from).
+            ("168.63.129.16", "Azure's platform address"),
+            ("100.100.100.200", "carrier-grade NAT"),
+            ("192.0.0.192", "IETF protocol assignment"),
+            ("fd00:ec2::254", "unique local"),
+            ("fd00:ec2::253", "unique local"),
+            ("169.254.170.2", "link-local"),
+            ("fe80::a9fe:a9fe", "link-local"),
+            ("161.26.0.7", "IBM Cloud's service network"),
+            ("166.9.12.1", "IBM Cloud's service network"),
+            ("::ffff:168.63.129.16", "Azure"),
         ] {
             let found = special_range(ip(addr));
             assert!(found.is_some_and(|f| f.contains(says)), "{addr}: {found:?}");
@@ -246,6 +273,10 @@ mod tests {
             "::ffff:8.8.8.8",
             "64:ff9b::8.8.8.8",
             "2002:808:808::1",
+            "168.63.129.15",
+            "168.63.129.17",
+            "161.27.0.1",
+            "166.12.0.1",
         ] {
             assert_eq!(special_range(ip(addr)), None, "{addr}");
         }

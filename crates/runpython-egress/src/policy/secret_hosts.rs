@@ -21,6 +21,10 @@ pub struct Secret {
     /// Also substitute it in request bodies up to this many bytes (opt-in); a larger body to one of
     /// its hosts is refused with 413 and reported.
     pub body_limit: Option<usize>,
+    /// Also substitute it in plaintext HTTP to its hosts (opt-in: `--secret-over-http`). By
+    /// default it goes only over TLS whose certificate verifies for the host; a plaintext request
+    /// holding its placeholder is refused with 403 and reported.
+    pub over_http: bool,
 }
 
 impl Secret {
@@ -32,6 +36,7 @@ impl Secret {
             hosts,
             in_query: false,
             body_limit: None,
+            over_http: false,
         }
     }
 
@@ -50,6 +55,7 @@ impl fmt::Debug for Secret {
             .field("hosts", &hosts)
             .field("in_query", &self.in_query)
             .field("body_limit", &self.body_limit)
+            .field("over_http", &self.over_http)
             .finish()
     }
 }
@@ -61,6 +67,7 @@ impl PartialEq for Secret {
             && self.hosts == other.hosts
             && self.in_query == other.in_query
             && self.body_limit == other.body_limit
+            && self.over_http == other.over_http
     }
 }
 

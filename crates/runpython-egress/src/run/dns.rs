@@ -13,6 +13,8 @@
 //! * Any other type for an allowed name (MX, TXT, HTTPS, ...): NOERROR with no answers. PTR:
 //!   NXDOMAIN. More than one question: FORMERR. Another opcode: NOTIMP. Another class: REFUSED.
 //! * A packet that does not parse, or is not a query: dropped (UDP), connection closed (TCP).
+//! * TXT in `why.runpython.invalid`: why the run's connect was refused ([`super::why`]), from
+//!   [`Hooks::explain`]; not a lookup, so not reported.
 //!
 //! Host cost is bounded: at most [`MAX_QUERIES_PER_STUB`] queries in flight per stub, at most
 //! [`MAX_HOST_LOOKUPS`] getaddrinfo calls in the whole process ([`HostResolver`]), each lookup
@@ -31,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Edns, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
-use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::rdata::{A, AAAA, TXT};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -229,8 +231,13 @@ pub async fn serve(
     resolved: Arc<Resolved>,
     hooks: Hooks,
 ) {
-    let Hooks { on_lookup, screen } = hooks;
+    let Hooks {
+        on_lookup,
+        screen,
+        explain,
+    } = hooks;
     let stub = Arc::new(Stub {
+        explain,
         policy,
         host,
         resolver,
@@ -248,7 +255,12 @@ pub struct Hooks {
     pub on_lookup: Arc<dyn Fn(Lookup) + Send + Sync>,
     /// Why a name may not be looked up at all (see [`Screen`]).
     pub screen: Arc<Screen>,
+    /// Why the run's latest connect to a host and port was refused (see [`super::why`]).
+    pub explain: Arc<Explain>,
 }
+
+/// Why the run's latest connect to a host (an address or a name) and port was refused.
+pub type Explain = dyn Fn(&str, u16) -> Option<String> + Send + Sync;
 
 /// Why a name may not be looked up at all, whatever the policy (it carries a secret's
 /// placeholder: a lookup is a message to whoever serves the name).
@@ -257,6 +269,7 @@ pub type Screen = dyn Fn(&str) -> Option<String> + Send + Sync;
 /// What one stub answers with.
 struct Stub {
     screen: Arc<Screen>,
+    explain: Arc<Explain>,
     policy: Arc<NetworkPolicy>,
     host: Arc<HostAddrs>,
     resolver: Arc<dyn Resolve>,
@@ -407,6 +420,9 @@ impl Stub {
             .strip_suffix('.')
             .unwrap_or(&ascii)
             .to_ascii_lowercase();
+        if let Some((host, port)) = super::why::question(&name) {
+            return self.why(question, &host, port);
+        }
         let mut lookup = Lookup {
             name: name.clone(),
             qtype: qtype.to_string(),
@@ -416,6 +432,21 @@ impl Stub {
         let (code, answers) = self.resolve(question, &name, &mut lookup).await;
         (self.on_lookup)(lookup);
         (code, answers)
+    }
+
+    /// The answer to a question in [`super::why::ZONE`]: the reason as TXT, or NXDOMAIN.
+    fn why(&self, question: &Query, host: &str, port: u16) -> (ResponseCode, Vec<Record>) {
+        if question.query_type() != RecordType::TXT || question.query_class() != DNSClass::IN {
+            return (ResponseCode::NoError, Vec::new());
+        }
+        match (self.explain)(host, port) {
+            Some(reason) => {
+                let rdata = RData::TXT(TXT::new(super::why::txt(&reason)));
+                let record = Record::from_rdata(question.name().clone(), 0, rdata);
+                (ResponseCode::NoError, vec![record])
+            }
+            None => (ResponseCode::NXDomain, Vec::new()),
+        }
     }
 
     async fn resolve(
@@ -592,6 +623,9 @@ mod tests {
                 screen: Arc::new(|name: &str| {
                     name.contains("rp_screened").then(|| "screened".to_owned())
                 }),
+                explain: Arc::new(|host: &str, port| {
+                    (host == "10.0.0.1" && port == 80).then(|| "because".to_owned())
+                }),
             },
         ));
         Running {
@@ -738,6 +772,33 @@ mod tests {
             "{lookup:?}"
         );
         assert!(stub.resolved.names_of(ip("93.184.215.14")).is_empty());
+    }
+
+    #[tokio::test]
+    async fn why_a_connect_was_refused_is_answered_in_its_zone_and_not_logged() {
+        let stub = start(NetworkPolicy::public_internet(), &[]).await;
+        let hex: String = "10.0.0.1".bytes().map(|b| format!("{b:02x}")).collect();
+        let asked = format!("80.{hex}.{}.", super::super::why::ZONE);
+        let response = ask(stub.udp, &query(3, &asked, RecordType::TXT)).await;
+        assert_eq!(response.response_code, ResponseCode::NoError);
+        let said: Vec<String> = response
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::TXT(txt) => Some(txt.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(said, ["because"]);
+        let unknown = format!("81.{hex}.{}.", super::super::why::ZONE);
+        let response = ask(stub.udp, &query(4, &unknown, RecordType::TXT)).await;
+        assert_eq!(response.response_code, ResponseCode::NXDomain);
+        assert!(stub.lookups().is_empty(), "{:?}", stub.lookups());
+        assert_eq!(
+            stub.fake.calls.load(Ordering::SeqCst),
+            0,
+            "the host was not asked"
+        );
     }
 
     #[tokio::test]

@@ -7,18 +7,20 @@
 //! TCP), and a relay on `127.0.0.1:1` and `[::1]:1`. The interpreter runs under a seccomp filter
 //! that hands every `connect(2)` to the host (a user notification):
 //!
-//! - TCP to anywhere but the run's own loopback: the host decides with the [`NetworkPolicy`], on the
-//!   address and on the names this run resolved to it ([`crate::policy`]). Refused: the connect fails at once
-//!   with `EACCES` (the runner names the rule in the exception). Allowed: the host connects to the
-//!   destination itself (through `HTTPS_PROXY` when the host has one), then connects the run's own
-//!   socket (a copy of its descriptor, `pidfd_getfd`) to the relay inside the run's namespace, and
-//!   the relay joins the two, counting bytes. A blocking connect returns once the destination
+//! - TCP: the host decides with the [`NetworkPolicy`], on the address and on the names this run
+//!   resolved to it ([`crate::policy`]). Refused: the connect fails at once with `EACCES` (the runner
+//!   asks its resolver why, [`why`], and names the rule in the exception). A loopback address the
+//!   code named itself and the policy does not allow is the run's own: where the run listens there
+//!   ([`listening`]) the kernel's own connect reaches its server, elsewhere it is refused like any
+//!   other address. Allowed: the host connects to the destination itself (through `HTTPS_PROXY` when
+//!   the host has one, by the decided address), then connects the run's own socket (a copy of its
+//!   descriptor, `pidfd_getfd`) to the relay inside the run's namespace, and the relay joins the two
+//!   ([`pump`]: spliced by the kernel), counting bytes. A blocking connect returns once the destination
 //!   answered, with its real error if it did not; a non-blocking one (Python's sockets with a timeout,
 //!   asyncio) returns `EINPROGRESS` at once and a destination that then refuses resets the
 //!   connection.
 //! - UDP: to the run's resolver or its own loopback only; anything else is refused (QUIC falls back
-//!   to TCP). Unix sockets and the run's own loopback: the kernel's own connect, which cannot leave
-//!   the run's namespace.
+//!   to TCP). Unix sockets: the kernel's own connect, which cannot leave the run's namespace.
 //! - Names: the resolver answers what the policy lets resolve, from the host's resolver (or a pin),
 //!   keeping only addresses the policy could allow; a refused name does not resolve.
 //!
@@ -33,11 +35,14 @@
 
 pub(crate) mod credentials;
 mod dns;
+mod listening;
 mod notify;
+mod pump;
 mod relay;
 mod report;
 pub(crate) mod secrets;
 mod upstream;
+mod why;
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::OwnedFd;
@@ -50,10 +55,11 @@ use runpython_sandbox::{EgressChannel, EgressFds};
 use crate::policy::{HostAddrs, HostPattern, NetworkPolicy, Verdict};
 
 pub(crate) use report::Counters;
-use report::Log;
+use report::{Log, Refusals, Totals};
 pub use report::{LogEntry, Mark, NetworkReport, Refusal};
 
-/// Log entries a run keeps; past them, connections and lookups are counted, not listed.
+/// Log entries a run keeps; past them, the log says how many it left out (the report's counts
+/// cover everything).
 const MAX_LOG_ENTRIES: usize = 10_000;
 
 /// Refusals the envelope names; past them, they are counted.
@@ -73,8 +79,12 @@ pub(crate) struct Shared {
     pub pairing: relay::Pairing,
     started: Instant,
     log: Mutex<Log>,
+    /// The report's totals, counted apart from the bounded log.
+    totals: Arc<Totals>,
+    /// The report's refusals, remembered apart from the log.
+    refusals: Mutex<Refusals>,
     /// The latest refusals, for the runner's exception message.
-    reasons: Mutex<std::collections::VecDeque<Remembered>>,
+    reasons: Mutex<std::collections::VecDeque<why::Remembered>>,
     live: AtomicU64,
     /// Set when the run's egress is dropped: every relayed connection closes.
     pub shutdown: tokio::sync::watch::Sender<bool>,
@@ -89,12 +99,26 @@ impl Shared {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn refusals(&self) -> std::sync::MutexGuard<'_, Refusals> {
+        self.refusals.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a refusal into the report (the log has its own entry, while it has room).
+    fn note_refusal(&self, host: String, port: Option<u16>, reason: String) {
+        self.totals.refusals.fetch_add(1, Ordering::Relaxed);
+        self.refusals().note(Refusal { host, port, reason });
+    }
+
     fn elapsed_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 
     /// Logs a lookup.
     pub(crate) fn lookup(&self, lookup: dns::Lookup) {
+        self.totals.lookups.fetch_add(1, Ordering::Relaxed);
+        if let Some(reason) = &lookup.refused {
+            self.note_refusal(lookup.name.clone(), None, reason.clone());
+        }
         let entry = LogEntry {
             at_ms: self.elapsed_ms(),
             kind: "lookup",
@@ -127,16 +151,21 @@ impl Shared {
     ) {
         {
             let mut reasons = self.reasons.lock().unwrap_or_else(|p| p.into_inner());
-            if reasons.len() >= REMEMBERED {
+            if reasons.len() >= why::REMEMBERED {
                 reasons.pop_front();
             }
-            reasons.push_back(Remembered {
+            reasons.push_back(why::Remembered {
                 addr: addr.to_string(),
                 name: name.clone(),
                 port,
                 reason: reason.clone(),
             });
         }
+        self.note_refusal(
+            name.clone().unwrap_or_else(|| addr.to_string()),
+            Some(port),
+            reason.clone(),
+        );
         self.push(LogEntry {
             at_ms: self.elapsed_ms(),
             kind,
@@ -160,7 +189,7 @@ impl Shared {
         dest: SocketAddr,
         rule: Option<String>,
     ) -> (Arc<Counters>, usize) {
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters::of(&self.totals));
         let index = self.push(LogEntry {
             at_ms: self.elapsed_ms(),
             kind: "connect",
@@ -178,6 +207,11 @@ impl Shared {
         (counters, index)
     }
 
+    /// An allowed connection whose destination answered: it counts as made.
+    pub(crate) fn made(&self) {
+        self.totals.connections.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// An allowed connection whose destination did not answer: its entry says so.
     pub(crate) fn failed(&self, index: usize, why: String) {
         let mut log = self.lock();
@@ -191,11 +225,6 @@ impl Shared {
         let mut log = self.lock();
         if log.entries.len() >= MAX_LOG_ENTRIES {
             log.dropped += 1;
-            match (entry.kind, entry.decision) {
-                (_, "refused") => log.dropped_refusals += 1,
-                ("lookup", _) => log.dropped_lookups += 1,
-                _ => log.dropped_connections += 1,
-            }
             return usize::MAX;
         }
         log.entries.push(entry);
@@ -312,65 +341,7 @@ impl Egress {
         });
         *self.shared.narrow.lock().unwrap_or_else(|p| p.into_inner()) = narrowed;
     }
-
-    /// A handle answering why connections were refused, for the run's tools.
-    pub fn query(&self) -> EgressQuery {
-        EgressQuery {
-            shared: Arc::clone(&self.shared),
-        }
-    }
 }
-
-/// Asks a run's egress why a connection was refused (cheap to clone; outlives nothing).
-#[derive(Clone)]
-pub struct EgressQuery {
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for EgressQuery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EgressQuery").finish_non_exhaustive()
-    }
-}
-
-impl EgressQuery {
-    /// Why the latest connect to `host` (an address, or the name the code passed) and `port` was
-    /// refused: by address, else by name, else the latest refusal on that port.
-    pub fn refusal_reason(&self, host: &str, port: u16) -> Option<String> {
-        let host = host
-            .parse::<IpAddr>()
-            .map(|ip| crate::policy::effective_ip(ip).to_string())
-            .unwrap_or_else(|_| host.trim_end_matches('.').to_ascii_lowercase());
-        let reasons = self
-            .shared
-            .reasons
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        reasons
-            .iter()
-            .rev()
-            .find(|r| r.addr == host && r.port == port)
-            .or_else(|| {
-                reasons
-                    .iter()
-                    .rev()
-                    .find(|r| r.name.as_deref() == Some(host.as_str()) && r.port == port)
-            })
-            .or_else(|| reasons.iter().rev().find(|r| r.port == port))
-            .map(|r| r.reason.clone())
-    }
-}
-
-/// A refusal remembered for the runner's exception message.
-struct Remembered {
-    addr: String,
-    name: Option<String>,
-    port: u16,
-    reason: String,
-}
-
-/// Refusals remembered for the runner.
-const REMEMBERED: usize = 64;
 
 impl Shared {
     fn new(policy: Arc<NetworkPolicy>) -> Arc<Shared> {
@@ -401,6 +372,8 @@ impl Shared {
             pairing: relay::Pairing::default(),
             started: Instant::now(),
             log: Mutex::new(Log::default()),
+            totals: Arc::default(),
+            refusals: Mutex::new(Refusals::default()),
             reasons: Mutex::new(std::collections::VecDeque::new()),
             live: AtomicU64::new(0),
             shutdown: tokio::sync::watch::channel(false).0,
@@ -437,6 +410,13 @@ async fn serve_dns(udp: OwnedFd, tcp: OwnedFd, shared: Arc<Shared>) {
         Arc::clone(&shared.resolved),
         dns::Hooks {
             on_lookup: Arc::new(move |lookup| log.lookup(lookup)),
+            explain: {
+                let shared = Arc::clone(&shared);
+                Arc::new(move |host: &str, port| {
+                    let reasons = shared.reasons.lock().unwrap_or_else(|p| p.into_inner());
+                    why::find(&reasons, host, port)
+                })
+            },
             screen: Arc::new(move |name: &str| {
                 let secret = secrets.as_ref()?.placeholder_in(name.as_bytes())?;
                 Some(format!(

@@ -3,8 +3,8 @@
 //! For each notification: read the address the code passed (`process_vm_readv`), check the
 //! notification is still alive (`ID_VALID`, after every read of the target, so a recycled pid or a
 //! reused descriptor number is never acted on), take a copy of the socket (`pidfd_getfd`), decide,
-//! and answer. Anything the relay does not handle (Unix sockets, the run's own loopback, `AF_UNSPEC`)
-//! is the kernel's own connect (`CONTINUE`): every socket the run holds lives in its empty network
+//! and answer. Anything the relay does not handle (Unix sockets, a server on the run's own loopback,
+//! `AF_UNSPEC`) is the kernel's own connect (`CONTINUE`): every socket the run holds lives in its empty network
 //! namespace, so whatever the kernel then does, even to an address the code changed after the host
 //! read it, stays inside that namespace.
 
@@ -196,9 +196,15 @@ async fn answer(notif: &libc::seccomp_notif, shared: &Arc<Shared>, listener: Raw
     let verdict = shared.decide(ip, port, &name_refs);
     let rule = match verdict {
         Verdict::Allow { rule } => rule,
-        // A loopback address the code named itself is its own namespace's; one a lookup led to is
-        // the host's, refused like any other.
-        Verdict::Refuse { .. } if own_loopback && names.is_empty() => return Answer::Continue,
+        // A loopback address the code named itself is its own namespace's: where the run itself
+        // listens, the kernel's own connect reaches its server; where it listens on nothing, the
+        // code meant the host's loopback, refused like any other address. (One a lookup led to is
+        // the host's, refused like any other.)
+        Verdict::Refuse { .. }
+            if own_loopback && names.is_empty() && super::listening::listens(tid, ip, port) =>
+        {
+            return Answer::Continue
+        }
         Verdict::Refuse { reason } => {
             shared.refused("connect", names.into_iter().next(), ip, port, reason);
             return Answer::Return(Err(libc::EACCES));

@@ -1,25 +1,21 @@
 //! The relay: the host's listeners inside the run's network namespace, each accepted connection
 //! joined to the destination the host connected for it (known by the run's end of it), bytes
-//! counted as they pass. A connection the host did not arrange is closed at once.
+//! counted as they pass ([`super::pump`]: spliced by the kernel, or read where they must be
+//! scanned). A connection the host did not arrange is closed at once.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::secrets::{Misuse, Scanner};
+use super::pump::{self, Way};
+use super::secrets::Misuse;
 use super::{Counters, Shared};
-
-/// Bytes buffered each way per connection.
-const BUFFER: usize = 64 << 10;
 
 /// A connection arranged but not accepted within this is forgotten.
 const UNCLAIMED: Duration = Duration::from_secs(30);
@@ -137,6 +133,7 @@ async fn join(child: TcpStream, pending: Pending, shared: Arc<Shared>) {
             return;
         }
     };
+    shared.made();
     let mut shutdown = shared.shutdown.subscribe();
     let mut claimed = None;
     if let (Some(names), Some(secrets)) = (intercept, shared.secrets.clone()) {
@@ -153,105 +150,61 @@ async fn join(child: TcpStream, pending: Pending, shared: Arc<Shared>) {
         }
     }
     // Elsewhere a placeholder in what the code sends ends the connection before it passes (TLS
-    // hides its inside; plaintext does not).
-    let mut child = Counted {
-        inner: child,
-        counters: Arc::clone(&counters),
-        out: true,
-        scan: shared
-            .secrets
-            .as_ref()
-            .map(|s| (s.scanner(), dest, claimed, Arc::clone(&shared))),
-    };
-    let mut upstream = Counted {
-        inner: upstream,
-        counters,
-        out: false,
-        scan: None,
+    // hides its inside; plaintext does not): that direction is read by the host. Every other byte
+    // moves by splice, never through the host's memory.
+    let outgoing = match &shared.secrets {
+        Some(secrets) => {
+            let shared = Arc::clone(&shared);
+            let found =
+                move |secret: String| placeholder_found(&shared, dest, claimed.clone(), secret);
+            Way::Scanned(secrets.scanner(), Box::new(found))
+        }
+        None => Way::Splice,
     };
     tokio::select! {
-        _ = tokio::io::copy_bidirectional_with_sizes(&mut child, &mut upstream, BUFFER, BUFFER) => {}
+        _ = pump::both(&child, &upstream, outgoing, |n| counters.sent(n), |n| counters.received(n)) => {}
         _ = shutdown.wait_for(|stop| *stop) => {}
     }
     shared.leave_live();
 }
 
-/// A stream counting the bytes read from it: the run's end counts what the code sent, the
-/// destination's what the code received.
-struct Counted {
-    inner: TcpStream,
-    counters: Arc<Counters>,
-    out: bool,
-    /// What the code sends is scanned for its secrets' placeholders (the run's end only).
-    scan: Option<(Scanner, SocketAddr, Option<String>, Arc<Shared>)>,
-}
-
-impl AsyncRead for Counted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = (buf.filled().len() - before) as u64;
-        if let (Some((scanner, dest, claimed, shared)), true) = (&mut self.scan, n > 0) {
-            if let Some(secret) = scanner.feed(&buf.filled()[before..]) {
-                // The name the connection claimed, else one the run resolved to the address.
-                let host = claimed.clone().unwrap_or_else(|| {
-                    shared
-                        .resolved
-                        .names_of(dest.ip())
-                        .into_iter()
-                        .next()
-                        .unwrap_or_else(|| dest.ip().to_string())
-                });
-                shared.misuse(
-                    dest.ip(),
-                    Misuse {
-                        secret,
-                        reason: format!(
-                            "its placeholder was sent to {host}:{}, which it is not for; the \
-                             connection was closed",
-                            dest.port()
-                        ),
-                        host,
-                        port: dest.port(),
-                    },
-                );
-                buf.set_filled(before);
-                return Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    "a secret's placeholder sent where it may not go",
-                )));
-            }
-        }
-        if n > 0 {
-            let counter = if self.out {
-                &self.counters.out
-            } else {
-                &self.counters.inn
-            };
-            counter.fetch_add(n, Ordering::Relaxed);
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+/// A placeholder of `secret` in what the code sent on a connection to `dest` that is not
+/// intercepted: reported (the connection then closes).
+fn placeholder_found(shared: &Shared, dest: SocketAddr, claimed: Option<String>, secret: String) {
+    // The name the connection claimed, else one the run resolved to the address.
+    let host = claimed.unwrap_or_else(|| {
+        shared
+            .resolved
+            .names_of(dest.ip())
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| dest.ip().to_string())
+    });
+    let over_http = shared
+        .secrets
+        .as_ref()
+        .is_some_and(|s| s.is_for(&secret, &host, dest.port()));
+    let reason = if over_http {
+        format!(
+            "its placeholder was sent to {host}:{} in plaintext; a secret goes only over TLS \
+             whose certificate verifies for its host, unless the operator allows plain HTTP for \
+             it (--secret-over-http {secret}); the connection was closed",
+            dest.port()
+        )
+    } else {
+        format!(
+            "its placeholder was sent to {host}:{}, which it is not for; the connection was \
+             closed",
+            dest.port()
+        )
+    };
+    shared.misuse(
+        dest.ip(),
+        Misuse {
+            secret,
+            reason,
+            host,
+            port: dest.port(),
+        },
+    );
 }

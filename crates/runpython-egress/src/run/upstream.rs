@@ -1,5 +1,11 @@
 //! The host's side of an allowed connection: straight to the destination, or through the host's
 //! `HTTPS_PROXY` (an HTTP proxy, `CONNECT`), as a corporate network requires.
+//!
+//! Either way it reaches the address the policy decided on, never a name: a tunnel is
+//! `CONNECT ip:port`. A proxy asked for a name resolves it again, and a name whose DNS the code
+//! controls can answer the proxy differently than it answered the run (rebinding to the proxy's
+//! loopback or its private network), so the tunnel would reach what nobody decided. A name is
+//! still what `NO_PROXY` is matched against (a bypass connects to the same address directly).
 
 use std::io;
 use std::net::SocketAddr;
@@ -63,7 +69,7 @@ impl Upstream {
     ) -> io::Result<TcpStream> {
         let connecting = async {
             let stream = match &self.proxy {
-                Some(proxy) if proxy.applies(dest, name) => proxy.tunnel(dest, name).await?,
+                Some(proxy) if proxy.applies(dest, name) => proxy.tunnel(dest).await?,
                 _ => TcpStream::connect(dest).await?,
             };
             stream.set_nodelay(true)?;
@@ -125,15 +131,10 @@ impl Proxy {
         })
     }
 
-    /// A `CONNECT` tunnel to `dest` (by name when there is one: the proxy may resolve what the host
-    /// cannot).
-    async fn tunnel(&self, dest: SocketAddr, name: Option<&str>) -> io::Result<TcpStream> {
+    /// A `CONNECT` tunnel to `dest`, by its address: the one decided.
+    async fn tunnel(&self, dest: SocketAddr) -> io::Result<TcpStream> {
         let mut stream = TcpStream::connect(&self.addr).await?;
-        let target = match (name, dest) {
-            (Some(name), _) => format!("{name}:{}", dest.port()),
-            (None, SocketAddr::V6(v6)) => format!("[{}]:{}", v6.ip(), v6.port()),
-            (None, SocketAddr::V4(v4)) => v4.to_string(),
-        };
+        let target = tunnel_target(dest);
         let mut request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
         if let Some(auth) = &self.auth {
             request.push_str(&format!("Proxy-Authorization: {auth}\r\n"));
@@ -168,6 +169,14 @@ impl Proxy {
                 self.addr
             ))),
         }
+    }
+}
+
+/// What a `CONNECT` names: the address and port (IPv6 in brackets).
+fn tunnel_target(dest: SocketAddr) -> String {
+    match dest {
+        SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+        SocketAddr::V4(v4) => v4.to_string(),
     }
 }
 
@@ -213,5 +222,17 @@ mod tests {
             "proxy:80"
         );
         assert!(Proxy::parse("https://proxy:443", vec![]).is_none());
+    }
+
+    #[test]
+    fn a_tunnel_names_the_decided_address_never_a_name() {
+        assert_eq!(
+            tunnel_target("93.184.215.14:443".parse().unwrap()),
+            "93.184.215.14:443"
+        );
+        assert_eq!(
+            tunnel_target("[2606:2800:220:1::]:8080".parse().unwrap()),
+            "[2606:2800:220:1::]:8080"
+        );
     }
 }

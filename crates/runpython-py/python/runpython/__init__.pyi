@@ -224,6 +224,7 @@ class _SecretSettings(TypedDict, total=False):
     hosts: Sequence[str]
     in_query: bool
     body_limit: int
+    over_http: bool
 
 class _SandboxSettings(TypedDict, total=False):
     memory: int | str

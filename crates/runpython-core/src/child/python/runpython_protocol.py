@@ -7,7 +7,7 @@ default, so the two sides cannot drift apart silently. Standard library only, no
 RUN_REQUEST = frozenset(
     (
         "code_dir", "code", "inputs", "typed", "env", "trust_bundle", "input_artifacts", "files",
-        "artifact_helpers", "max_return_bytes", "inline_return_bytes", "image_budget", "site_dirs",
+        "artifact_helpers", "network_reasons", "max_return_bytes", "inline_return_bytes", "image_budget", "site_dirs",
         "saved_dir", "repr", "bridge",
     )
 )

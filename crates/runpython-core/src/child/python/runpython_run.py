@@ -393,29 +393,60 @@ def warm_up(args):
             runpython_warm.prime(value.split(","))
 
 
-_network_spec = None
+def _refusal_reason(host, port, resolver=("127.0.0.1", 53)):
+    """Why runpython's network policy refused a connect to `host`:`port`, asked of the run's own
+    resolver (a TXT question in why.runpython.invalid, answered from the host's memory of the run's
+    refusals: no tool call, nothing leaves the host); None when it does not say."""
+    import os
+    import socket
+    import struct
+
+    try:
+        hexed = str(host).encode().hex()
+        labels = [b"%d" % int(port)] + [hexed[i : i + 62].encode() for i in range(0, len(hexed), 62)]
+        labels += [b"why", b"runpython", b"invalid"]
+        qname = b"".join(bytes((len(label),)) + label for label in labels) + b"\0"
+        if len(qname) > 255:
+            return None
+        qid = os.urandom(2)
+        # One question (TXT, IN), recursion desired, and an EDNS record offering 1232 bytes.
+        query = qid + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x01" + qname + b"\x00\x10\x00\x01"
+        query += b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(2)
+            s.sendto(query, resolver)
+            while True:
+                answer = s.recv(2048)
+                if answer[:2] == qid:
+                    break
+        flags, qdcount, ancount = struct.unpack("!HHH", answer[2:8])
+        if flags & 0x000F or not ancount:
+            return None
+        at = 12 + len(qname) + 4  # the question, echoed
+        while answer[at] & 0xC0 != 0xC0 and answer[at]:  # the answer's name: a pointer, or labels
+            at += answer[at] + 1
+        at += 2 if answer[at] & 0xC0 == 0xC0 else 1
+        rtype, _, _, rdlength = struct.unpack("!HHIH", answer[at : at + 10])
+        if rtype != 16:
+            return None
+        rdata, parts = answer[at + 10 : at + 10 + rdlength], []
+        while rdata:
+            parts.append(rdata[1 : 1 + rdata[0]])
+            rdata = rdata[1 + rdata[0] :]
+        return b"".join(parts).decode("utf-8", "replace") or None
+    except (OSError, ValueError, IndexError, struct.error):
+        return None
 
 
-def _network_messages(spec):
+def _network_messages():
     """A connect refused by runpython's network policy fails with EACCES; the PermissionError then
-    says which rule refused it (asked of the host) instead of only "Permission denied"."""
+    says which rule refused it (asked of the run's resolver) instead of only "Permission denied"."""
     import errno
     import socket
 
-    global _network_spec
-    _network_spec = spec  # a session's cells each bring their own bridge
     if getattr(socket.socket.connect, "_runpython", False):
         return
     connect = socket.socket.connect
-
-    def why(address):
-        try:
-            tools = sys.modules.get("runpython_tools")
-            if tools is None or tools._bridge is None:
-                tools = _install_bridge(_network_spec, {})
-            return tools.call("runpython_network_refusal", host=str(address[0]), port=int(address[1]))
-        except BaseException:
-            return None
 
     def checked_connect(self, address):
         try:
@@ -423,7 +454,7 @@ def _network_messages(spec):
         except PermissionError as exc:
             if exc.errno != errno.EACCES or self.family not in (socket.AF_INET, socket.AF_INET6):
                 raise
-            reason = why(address)
+            reason = _refusal_reason(address[0], address[1])
             if not reason:
                 raise
             raise PermissionError(
@@ -507,8 +538,8 @@ def run_code(request, namespace, loop=None):
         bridge = _install_bridge(spec, namespace) if visible else None
         if request["artifact_helpers"] and spec is not None:
             _artifact_helpers(namespace, spec, request["saved_dir"])
-        if spec is not None and any(t["name"] == "runpython_network_refusal" for t in spec["tools"]):
-            _network_messages(spec)
+        if request["network_reasons"]:
+            _network_messages()
         code_dir = request["code_dir"]
         if code_dir in sys.path:
             sys.path.remove(code_dir)  # it was only needed to import runpython's own modules

@@ -24,4 +24,6 @@ pub(super) struct Dest<'a> {
     pub host: &'a str,
     /// The destination's port.
     pub port: u16,
+    /// Whether the run's side is TLS (and so the destination's, verified for `host`).
+    pub tls: bool,
 }

@@ -217,6 +217,24 @@ impl RunSecrets {
             .collect()
     }
 
+    /// The first secret that may go to `host:port` but only over TLS whose placeholder (current or
+    /// past) is in `text`.
+    fn tls_only_in(&self, text: &[u8], host: &str, port: u16) -> Option<&Secret> {
+        let placeholders = self.read();
+        let found = placeholders
+            .found_in(text)
+            .filter_map(|index| self.secrets.get(index))
+            .find(|secret| !secret.over_http && secret.matches_host(host, port));
+        found
+    }
+
+    /// Whether secret `name` is one for `host:port`.
+    pub(crate) fn is_for(&self, name: &str, host: &str, port: u16) -> bool {
+        self.secrets
+            .iter()
+            .any(|secret| secret.name == name && secret.matches_host(host, port))
+    }
+
     /// The first secret that may not go to `host:port` whose placeholder (current or past) is in
     /// `text`.
     fn misplaced_in(&self, text: &[u8], host: &str, port: u16) -> Option<&Secret> {

@@ -208,6 +208,7 @@ impl Conn {
             secrets: &self.secrets,
             host: &self.host,
             port: self.port,
+            tls: self.tls,
         }
     }
 
@@ -235,15 +236,18 @@ impl Conn {
         let upgrade = !self.h2 && rewrite::is_upgrade(req.headers());
         let run_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let body = rewrite::request(&self.dest(), &mut parts, body).await?;
+        let rewritten = rewrite::request(&self.dest(), &mut parts, body).await?;
         if upgrade {
             self.upgrading.store(true, Ordering::SeqCst);
         }
-        let sent = self.send(Request::from_parts(parts, body), upgrade).await;
+        let sent = self
+            .send(Request::from_parts(parts, rewritten.body), upgrade)
+            .await;
         let mut response = match sent {
             Ok(response) => response,
             Err(why) => {
                 self.upgrading.store(false, Ordering::SeqCst);
+                self.unsent(&rewritten.filled, &why).await;
                 return Err(Refused::plain(
                     StatusCode::BAD_GATEWAY,
                     &format!("runpython: {}:{}: {why}", self.host, self.port),
@@ -272,6 +276,30 @@ impl Conn {
             Version::HTTP_11
         };
         Ok(response.map(BodyExt::boxed))
+    }
+
+    /// Reports the secrets filled into a request that never left, because the connection to the
+    /// destination could not be opened (its certificate did not verify for the host, say).
+    async fn unsent(&self, filled: &[String], why: &str) {
+        if filled.is_empty() {
+            return;
+        }
+        let never_opened =
+            matches!(&*self.upstream.lock().await, Upstream::Gone(w) if !w.is_empty());
+        if !never_opened {
+            return;
+        }
+        for secret in filled {
+            (self.misuse)(Misuse {
+                secret: secret.clone(),
+                host: self.host.clone(),
+                port: self.port,
+                reason: format!(
+                    "its value was not sent to {}:{}: {why}",
+                    self.host, self.port
+                ),
+            });
+        }
     }
 
     /// Sends `req` to the destination, opening the connection for the first request.
@@ -477,7 +505,7 @@ impl AsyncRead for Counted {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = (buf.filled().len() - before) as u64;
-        self.counters.out.fetch_add(n, Ordering::Relaxed);
+        self.counters.sent(n);
         polled
     }
 }
@@ -490,7 +518,7 @@ impl AsyncWrite for Counted {
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = polled {
-            self.counters.inn.fetch_add(n as u64, Ordering::Relaxed);
+            self.counters.received(n as u64);
         }
         polled
     }
@@ -502,7 +530,7 @@ impl AsyncWrite for Counted {
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if let Poll::Ready(Ok(n)) = polled {
-            self.counters.inn.fetch_add(n as u64, Ordering::Relaxed);
+            self.counters.received(n as u64);
         }
         polled
     }

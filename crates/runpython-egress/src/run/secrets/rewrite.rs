@@ -51,23 +51,47 @@ impl Refused {
 /// A secret and its current placeholder.
 type ForHost<'a> = [(&'a Secret, String)];
 
-/// Checks and rewrites the request's head, and returns the body to forward.
+/// A request made ready to forward: its body, and the secrets whose values are now in it.
+pub(super) struct Rewritten {
+    pub(super) body: Body,
+    pub(super) filled: Vec<String>,
+}
+
+/// Checks and rewrites the request's head, and returns the body to forward. On a plaintext
+/// connection only the secrets allowed over plain HTTP are filled in; a placeholder of another
+/// secret for this host refuses the request.
 pub(super) async fn request(
     dest: &Dest<'_>,
     parts: &mut Parts,
     body: Incoming,
-) -> Result<Body, Refused> {
+) -> Result<Rewritten, Refused> {
     check_host(dest, parts)?;
-    for text in texts(parts) {
-        misplaced(dest, &text)?;
+    let texts = texts(parts);
+    for text in &texts {
+        misplaced(dest, text)?;
+        if !dest.tls {
+            plaintext(dest, text)?;
+        }
     }
-    let matching = dest.secrets.for_host(dest.host, dest.port);
+    let matching: Vec<_> = dest
+        .secrets
+        .for_host(dest.host, dest.port)
+        .into_iter()
+        .filter(|(secret, _)| dest.tls || secret.over_http)
+        .collect();
     if matching.is_empty() {
-        return Ok(body.boxed());
+        return Ok(Rewritten {
+            body: body.boxed(),
+            filled: Vec::new(),
+        });
     }
-    substitute_headers(&mut parts.headers, &matching)?;
-    substitute_query(&mut parts.uri, &matching)?;
-    substitute_body(dest, &mut parts.headers, body, &matching).await
+    let mut filled = substitute_headers(&mut parts.headers, &matching)?;
+    filled.extend(substitute_query(&mut parts.uri, &matching)?);
+    let (body, in_body) = substitute_body(dest, &mut parts.headers, body, &matching).await?;
+    filled.extend(in_body);
+    filled.sort();
+    filled.dedup();
+    Ok(Rewritten { body, filled })
 }
 
 /// A host as compared: lowercase, without a trailing dot or an IPv6 address's brackets.
@@ -185,6 +209,37 @@ fn misplaced(dest: &Dest<'_>, text: &[u8]) -> Result<(), Refused> {
     })
 }
 
+/// Refuses (403, reported) a plaintext request holding a placeholder of a secret for this host
+/// that may go only over TLS: its value would cross the network readable, to whoever answers for
+/// the address.
+fn plaintext(dest: &Dest<'_>, text: &[u8]) -> Result<(), Refused> {
+    let Some(secret) = dest.secrets.tls_only_in(text, dest.host, dest.port) else {
+        return Ok(());
+    };
+    let name = &secret.name;
+    Err(Refused {
+        status: StatusCode::FORBIDDEN,
+        body: format!(
+            "runpython: {name} is filled in only over HTTPS whose certificate verifies for {host}; \
+             this request to {host}:{port} is plaintext and was not sent (the operator allows \
+             plain HTTP for it with --secret-over-http {name})",
+            host = dest.host,
+            port = dest.port
+        ),
+        misuse: Some(Misuse {
+            secret: name.clone(),
+            host: dest.host.to_owned(),
+            port: dest.port,
+            reason: format!(
+                "its placeholder was sent to {}:{} in plaintext; a secret goes only over TLS whose \
+                 certificate verifies for its host (--secret-over-http {name} allows plain HTTP); \
+                 the request was not sent",
+                dest.host, dest.port
+            ),
+        }),
+    })
+}
+
 /// Whether the header carries credentials (which may be Basic).
 fn is_credentials(name: &header::HeaderName) -> bool {
     name == header::AUTHORIZATION || name == header::PROXY_AUTHORIZATION
@@ -200,8 +255,13 @@ fn decode_basic(value: &[u8]) -> Option<Vec<u8>> {
     STANDARD.decode(token.trim()).ok()
 }
 
-/// Fills the secrets into every header value, inside Basic credentials too.
-fn substitute_headers(headers: &mut HeaderMap, matching: &ForHost<'_>) -> Result<(), Refused> {
+/// Fills the secrets into every header value, inside Basic credentials too; the names of those
+/// filled in.
+fn substitute_headers(
+    headers: &mut HeaderMap,
+    matching: &ForHost<'_>,
+) -> Result<Vec<String>, Refused> {
+    let mut filled = Vec::new();
     for (name, value) in headers.iter_mut() {
         let mut bytes = value.as_bytes().to_vec();
         let mut changed = false;
@@ -210,6 +270,7 @@ fn substitute_headers(headers: &mut HeaderMap, matching: &ForHost<'_>) -> Result
             {
                 bytes = new;
                 changed = true;
+                filled.push(secret.name.clone());
             }
         }
         if is_credentials(name) {
@@ -223,6 +284,7 @@ fn substitute_headers(headers: &mut HeaderMap, matching: &ForHost<'_>) -> Result
                     ) {
                         credentials = new;
                         inside = true;
+                        filled.push(secret.name.clone());
                     }
                 }
                 if inside {
@@ -245,28 +307,29 @@ fn substitute_headers(headers: &mut HeaderMap, matching: &ForHost<'_>) -> Result
             *value = new;
         }
     }
-    Ok(())
+    Ok(filled)
 }
 
-/// Fills the secrets that opted in into the target's query, percent-encoded.
-fn substitute_query(uri: &mut Uri, matching: &ForHost<'_>) -> Result<(), Refused> {
+/// Fills the secrets that opted in into the target's query, percent-encoded; the names of those
+/// filled in.
+fn substitute_query(uri: &mut Uri, matching: &ForHost<'_>) -> Result<Vec<String>, Refused> {
     let Some((path, query)) = uri
         .path_and_query()
         .and_then(|pq| pq.as_str().split_once('?'))
     else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let mut query = query.as_bytes().to_vec();
-    let mut changed = false;
+    let mut filled = Vec::new();
     for (secret, placeholder) in matching.iter().filter(|(s, _)| s.in_query) {
         let value = percent_encode(secret.value.as_bytes());
         if let Some(new) = replace_all(&query, placeholder.as_bytes(), value.as_bytes()) {
             query = new;
-            changed = true;
+            filled.push(secret.name.clone());
         }
     }
-    if !changed {
-        return Ok(());
+    if filled.is_empty() {
+        return Ok(filled);
     }
     let invalid = || Refused::plain(StatusCode::BAD_REQUEST, "runpython: invalid request target");
     let mut target = format!("{path}?").into_bytes();
@@ -275,7 +338,7 @@ fn substitute_query(uri: &mut Uri, matching: &ForHost<'_>) -> Result<(), Refused
     let mut parts = std::mem::take(uri).into_parts();
     parts.path_and_query = Some(target);
     *uri = Uri::from_parts(parts).map_err(|_| invalid())?;
-    Ok(())
+    Ok(filled)
 }
 
 /// Every byte but the unreserved ones as `%XX`.
@@ -291,23 +354,24 @@ fn percent_encode(bytes: &[u8]) -> String {
     out
 }
 
-/// Buffers the body, when a secret for this host opted in to bodies, and fills those secrets in;
-/// a body over the largest such limit is refused (413, reported).
+/// Buffers the body, when a secret for this host opted in to bodies, and fills those secrets in
+/// (with the names of those filled in); a body over the largest such limit is refused (413,
+/// reported).
 async fn substitute_body(
     dest: &Dest<'_>,
     headers: &mut HeaderMap,
     mut body: Incoming,
     matching: &ForHost<'_>,
-) -> Result<Body, Refused> {
+) -> Result<(Body, Vec<String>), Refused> {
     let Some((limit, secret)) = matching
         .iter()
         .filter_map(|(s, _)| s.body_limit.map(|limit| (limit, s)))
         .max_by_key(|(limit, _)| *limit)
     else {
-        return Ok(body.boxed());
+        return Ok((body.boxed(), Vec::new()));
     };
     if body.is_end_stream() {
-        return Ok(body.boxed());
+        return Ok((body.boxed(), Vec::new()));
     }
     let over = || Refused {
         status: StatusCode::PAYLOAD_TOO_LARGE,
@@ -347,19 +411,21 @@ async fn substitute_body(
         }
     }
     misplaced(dest, &buffered)?;
+    let mut filled = Vec::new();
     for (secret, placeholder) in matching {
         if secret.body_limit.is_some_and(|l| buffered.len() <= l) {
             if let Some(new) =
                 replace_all(&buffered, placeholder.as_bytes(), secret.value.as_bytes())
             {
                 buffered = new;
+                filled.push(secret.name.clone());
             }
         }
     }
     headers.remove(header::TRANSFER_ENCODING);
     headers.remove(header::TRAILER);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(buffered.len()));
-    Ok(full(Bytes::from(buffered)))
+    Ok((full(Bytes::from(buffered)), filled))
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use base64::engine::general_purpose::STANDARD;
@@ -31,12 +30,16 @@ use super::*;
 
 const VALUE: &str = "sk-live-THE+real/value=";
 
+/// A secret the operator allowed over plain HTTP too, so that the rewrite is tested on plaintext
+/// (`only_verified_tls_gets_a_value_unless_plain_http_is_allowed` tests the default).
 fn secret(name: &str, value: &str, hosts: &[&str]) -> Secret {
-    Secret::new(
+    let mut secret = Secret::new(
         name,
         value,
         hosts.iter().map(|h| h.parse().unwrap()).collect(),
-    )
+    );
+    secret.over_http = true;
+    secret
 }
 
 /// The run's secrets; a test CA is always trusted too, so a host without roots runs the tests.
@@ -290,8 +293,58 @@ async fn plain_http_gets_bearer_and_basic_credentials_filled_in() {
         format!("user:{VALUE}").as_bytes()
     );
     assert!(relayed.misuses.lock().unwrap().is_empty());
-    assert!(relayed.counters.out.load(Ordering::Relaxed) > 0);
-    assert!(relayed.counters.inn.load(Ordering::Relaxed) > 0);
+    assert!(relayed.counters.sent_so_far() > 0);
+    assert!(relayed.counters.received_so_far() > 0);
+}
+
+#[tokio::test]
+async fn only_verified_tls_gets_a_value_unless_plain_http_is_allowed() {
+    let mut tls_only = secret("API_KEY", VALUE, &["api.test"]);
+    tls_only.over_http = false;
+    // Plaintext: refused before anything is sent, and reported naming the secret, the host and
+    // the flag that would allow it.
+    let secrets = run_secrets(vec![tls_only.clone()], &[]);
+    let bearer = format!("Bearer {}", placeholder(&secrets, "API_KEY"));
+    let (addr, log) = destination(None).await;
+    let relayed = relay(&secrets, addr).await;
+    let mut client = http1(relayed.client).await;
+    let request = get("/", false, &[("authorization", &bearer)]);
+    let (status, body) = text_of(client.send_request(request).await.unwrap()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.contains("--secret-over-http API_KEY"), "{body}");
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "the plaintext listener got it"
+    );
+    let misuses = relayed.misuses.lock().unwrap().clone();
+    assert_eq!((misuses.len(), misuses[0].host.as_str()), (1, "api.test"));
+    assert!(misuses[0].reason.contains("plaintext"), "{misuses:?}");
+    // A request without the placeholder passes as it is.
+    let relayed = relay(&secrets, addr).await;
+    let response = http1(relayed.client)
+        .await
+        .send_request(get("/", false, &[]));
+    assert_eq!(response.await.unwrap().status(), StatusCode::OK);
+
+    // TLS whose certificate the host cannot verify for the host: nothing sent, and reported.
+    let (_, unknown) = test_ca();
+    let (addr, log) = destination(Some((unknown, vec![b"http/1.1"]))).await;
+    let relayed = relay(&secrets, addr).await;
+    let tls = tls_client(relayed.client, secrets.ca_pem(), &[b"http/1.1"], "api.test");
+    let mut client = http1(tls.await.unwrap()).await;
+    let request = get("/", false, &[("authorization", &bearer)]);
+    let (status, body) = text_of(client.send_request(request).await.unwrap()).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(log.lock().unwrap().is_empty());
+    let misuses = relayed.misuses.lock().unwrap().clone();
+    assert_eq!(misuses.len(), 1, "{misuses:?}");
+    assert!(
+        misuses[0]
+            .reason
+            .starts_with("its value was not sent to api.test:"),
+        "{misuses:?}"
+    );
+    assert!(!misuses[0].reason.contains(VALUE));
 }
 
 /// ALPN ids a client offers.
