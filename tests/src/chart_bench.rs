@@ -39,7 +39,9 @@ const SETTLE: Duration = Duration::from_millis(300);
 
 /// The harness's runtime: tokio's multi-threaded one, as a host's would be.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }
 
 fn benches_dir() -> PathBuf {

@@ -147,6 +147,42 @@ impl Live {
         self.control.write_all(payload).await.map_err(io)
     }
 
+    /// Interrupts what the interpreter is doing (a cell, a snapshot): a `KeyboardInterrupt` there.
+    pub(crate) async fn interrupt(&mut self) {
+        if let Ok(interrupt) = serde_json::to_vec(&ControlMessage::Interrupt) {
+            let _ = self.send(&interrupt, &[]).await;
+        }
+    }
+
+    /// Sends `message` (a snapshot to take or load) with two fresh pipes: the interpreter gets the
+    /// data pipe's end `data_write` says (the write end: it writes the snapshot; else the read end)
+    /// and the answer pipe's write end. Returns the host's ends: the data pipe's other end and the
+    /// answer's read end.
+    pub(crate) async fn send_snapshot_message(
+        &mut self,
+        message: &ControlMessage<'_>,
+        data_write: bool,
+    ) -> Result<(OwnedFd, tokio::net::unix::pipe::Receiver), Error> {
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| Error::io_pathless("creating a snapshot's pipes", e.into()))
+        };
+        let (data_r, data_w) = pipe()?;
+        let (res_r, res_w) = pipe()?;
+        let (host, child) = if data_write {
+            (data_r, data_w)
+        } else {
+            (data_w, data_r)
+        };
+        let payload = serde_json::to_vec(message).map_err(|e| Error::Internal(e.to_string()))?;
+        self.send(&payload, &[child.as_raw_fd(), res_w.as_raw_fd()])
+            .await?;
+        drop((child, res_w));
+        let answer = tokio::net::unix::pipe::Receiver::from_owned_fd(res_r)
+            .map_err(|e| Error::io_pathless("reading a snapshot's answer", e))?;
+        Ok((host, answer))
+    }
+
     /// Runs one cell to its answer (or its end).
     pub(crate) async fn run_cell(&mut self, spec: CellSpec<'_>) -> Result<CellRaw, Error> {
         let pipe = || {
@@ -278,9 +314,7 @@ impl Live {
         match &ending {
             Ending::TimedOut => {
                 // Interrupt first: the cell gets a KeyboardInterrupt and the session keeps its state.
-                if let Ok(interrupt) = serde_json::to_vec(&ControlMessage::Interrupt) {
-                    let _ = self.send(&interrupt, &[]).await;
-                }
+                self.interrupt().await;
                 let mut answer_rx2 = answer_rx.clone();
                 let stopped =
                     tokio::time::timeout(INTERRUPT_GRACE, answer_rx2.wait_for(|done| *done)).await;

@@ -213,6 +213,8 @@ class _PoolSettings(TypedDict, total=False):
 class _SessionSettings(TypedDict, total=False):
     max_live: int
     idle: _Seconds
+    snapshot_max_bytes: int
+    replay_budget: _Seconds
 
 class _NetworkSettings(TypedDict, total=False):
     allow: Sequence[str]
