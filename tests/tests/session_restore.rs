@@ -77,15 +77,13 @@ const SUMMARY: &str = "[open('data.csv').read(), text, repr(kept), kinds, str(am
 /// A session whose cells had a file, exact values and (where the network is enforced) hosts of
 /// their own, its first host gone: its next cell on a second engine returns what it would have on the
 /// first. `snapshots`: restored from a snapshot, else by replaying every cell.
-async fn restores_exactly(snapshots: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("file://{}", dir.path().display());
+async fn restores_exactly(url: &str, snapshots: bool) {
     let net = enforced().then(|| (server(), server()));
     if net.is_none() {
         eprintln!("allowed hosts not tested: this host enforces no network policy");
     }
     let engine = || {
-        let mut b = builder(&url);
+        let mut b = builder(url);
         if let Some(ports) = net {
             b = b.network(network(ports));
         }
@@ -171,12 +169,27 @@ async fn restores_exactly(snapshots: bool) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn files_exact_values_and_hosts_survive_a_restore_by_replay() {
-    restores_exactly(false).await;
+    let dir = tempfile::tempdir().unwrap();
+    restores_exactly(&format!("file://{}", dir.path().display()), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn files_exact_values_and_hosts_survive_a_restore_from_a_snapshot() {
-    restores_exactly(true).await;
+    let dir = tempfile::tempdir().unwrap();
+    restores_exactly(&format!("file://{}", dir.path().display()), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_exact_values_and_hosts_survive_a_restore_on_a_shared_s3_store() {
+    let moto = match runpython_tests::Moto::start() {
+        Ok(Some(m)) => m,
+        Ok(None) => return,
+        Err(e) => panic!("{e}"),
+    };
+    moto.create_bucket("runpython-restore").unwrap();
+    for (prefix, snapshots) in [("replay", false), ("snapshot", true)] {
+        restores_exactly(&moto.url("runpython-restore", prefix), snapshots).await;
+    }
 }
 
 /// The bytes of session `id`'s snapshot in `store`.
@@ -227,6 +240,7 @@ async fn a_fifty_cell_session_comes_back_from_its_snapshot_replaying_almost_noth
     assert!(restore.replayed <= 2, "{restore:?}");
     assert_eq!(restore.snapshot_cells.unwrap() + restore.replayed, 51);
     assert!(restore.snapshot_ms.is_some(), "{restore:?}");
+    eprintln!("restored: {restore:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
