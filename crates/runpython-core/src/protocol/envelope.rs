@@ -143,8 +143,7 @@ pub struct RestoreReport {
     /// Milliseconds restoring took (the snapshot found and loaded, the cells replayed), before the
     /// cell ran.
     pub ms: f64,
-    /// Of `ms`, loading the snapshot into the new interpreter.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Of `ms`, loading the snapshot in the new interpreter, by its own clock (not its start).
     pub snapshot_ms: Option<f64>,
 }
 

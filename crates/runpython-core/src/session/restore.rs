@@ -67,8 +67,9 @@ pub(crate) async fn restore(
             Err(why) => Err(why),
         };
         match loaded {
-            Ok(()) => {
-                snapshot_ms = Some(loaded_at.elapsed().as_secs_f64() * 1e3);
+            Ok(child_ms) => {
+                snapshot_ms =
+                    Some(child_ms.unwrap_or_else(|| loaded_at.elapsed().as_secs_f64() * 1e3));
                 e.cells = from as u64;
                 why = (from < cells.len()).then(|| {
                     record.note.clone().unwrap_or_else(|| {

@@ -99,6 +99,9 @@ struct Answer {
     bytes: Option<u64>,
     #[serde(default)]
     why: Option<String>,
+    /// Milliseconds the interpreter spent on it, by its own clock.
+    #[serde(default)]
+    ms: Option<f64>,
 }
 
 /// After a recorded cell that ran for `ran_for`: takes a snapshot of the session when one is due,
@@ -314,13 +317,15 @@ pub(crate) async fn find(
 }
 
 /// Loads `found` into `live` (a new interpreter), with the session's environment `site_dirs`, within
-/// `limit`. `Err(why)` when it did not load: the interpreter may hold part of it and must go.
+/// `limit`: the milliseconds the interpreter spent loading it, by its own clock (the wait for a new
+/// interpreter to be ready is not the snapshot's). `Err(why)` when it did not load: the interpreter
+/// may hold part of it and must go.
 pub(crate) async fn load(
     live: &mut Live,
     found: Found,
     site_dirs: Vec<&std::path::Path>,
     limit: Duration,
-) -> Result<Result<(), String>, Error> {
+) -> Result<Result<Option<f64>, String>, Error> {
     let (data, answer) = live
         .send_snapshot_message(&ControlMessage::Restore { site_dirs }, false)
         .await?;
@@ -340,7 +345,7 @@ pub(crate) async fn load(
     let loaded = async {
         let (fed, answer) = tokio::join!(feed, read_answer(answer));
         match (fed, answer) {
-            (_, answer) if answer.status == "ok" => Ok(()),
+            (_, answer) if answer.status == "ok" => Ok(answer.ms),
             (Err(why), _) => Err(format!(
                 "its snapshot could not be read from the store: {why}"
             )),

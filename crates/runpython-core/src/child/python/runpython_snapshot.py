@@ -1,10 +1,11 @@
 """A session's namespace as bytes and back, inside the session's own sandbox (`runpython_session`'s
 `snapshot` and `restore` messages): the standard library's pickle, with what pickle cannot name kept by
-value, and the working directory's files beside it. Functions and classes defined in cells (or anywhere pickle could not import them from again) keep
-their code through `marshal` and, for their globals, the namespace they are loaded into; modules are
-kept by name and imported again. What pickle cannot keep (sockets, open files, generators, threads,
-locks, an enum class defined in a cell) makes `dump` fail, naming the global that holds it: the host
-then keeps the session's earlier snapshot, and the cells after it are replayed.
+value, and the working directory's files beside it. Functions and classes defined in cells (or anywhere
+pickle could not import them from again) keep their code through `marshal` and, for their globals, the
+namespace they are loaded into; modules are kept by name and imported again. What pickle cannot keep
+(sockets, open files, generators, threads, locks, an enum class defined in a cell) makes `dump` fail,
+naming the global that holds it: the host then keeps the session's earlier snapshot, and the cells after
+it are replayed.
 
 The host never loads these bytes. Only a session's new interpreter does (`load`), in its own sandbox,
 where whatever the bytes make it run has the power the session's own cells had and no more.
@@ -65,21 +66,22 @@ def _user_globals(namespace):
     return kept
 
 
-def _state():
+def _state(limit):
     """What a snapshot holds besides the namespace: the stand-in classes of exact values decoded so far
     (so a value decoded after a restore has the class of the ones before it), and the working
     directory's files (those cells were given and those they wrote: a replay would have made them)."""
     values = sys.modules.get("runpython_values")
-    return {"stand_ins": dict(values._STAND_INS) if values is not None else {}, "files": _working_files()}
+    return {"stand_ins": dict(values._STAND_INS) if values is not None else {}, "files": _working_files(limit)}
 
 
-def _working_files():
+def _working_files(limit):
     """The working directory's regular files and directories, by relative path: (mode, bytes) for a
-    file, (mode, None) for a directory. A symbolic link or any other kind of entry cannot be kept."""
+    file, (mode, None) for a directory. A symbolic link or any other kind of entry cannot be kept.
+    Files whose sizes add up past `limit` are not read (TooLarge)."""
     import os
     import stat
 
-    found = {}
+    found, size = {}, 0
     for top, dirs, files in os.walk(".", followlinks=False):
         for name in dirs + files:
             path = os.path.join(top, name)[2:]
@@ -87,6 +89,9 @@ def _working_files():
             if stat.S_ISDIR(info.st_mode):
                 found[path] = (stat.S_IMODE(info.st_mode), None)
             elif stat.S_ISREG(info.st_mode):
+                size += info.st_size
+                if size > limit:
+                    raise TooLarge(size)
                 with open(path, "rb") as f:
                     found[path] = (stat.S_IMODE(info.st_mode), f.read())
             else:
@@ -127,7 +132,7 @@ def dump(namespace, fd, limit):
     entries = _user_globals(namespace)
     try:
         bounded.write(FORMAT + bytes((len(_magic()),)) + _magic())
-        _pickler(pickle)(bounded, namespace).dump({"namespace": entries, "state": _state()})
+        _pickler(pickle)(bounded, namespace).dump({"namespace": entries, "state": _state(limit)})
         out.flush()
     except (TooLarge, Unkept):
         raise
