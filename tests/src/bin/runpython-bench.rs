@@ -576,38 +576,11 @@ summarize(data)",
             "session_idle_rss_mib".into(),
             json!(round3(idle_kib as f64 / 1024.0)),
         );
-        // A 50-cell session whose cells each take 20 ms, restored on a second engine: from its
-        // snapshot, replaying what came after it, against the p50 of one of its cells.
-        let fifty = first.session();
-        fifty.run("import time\nrows = []").await?;
-        let mut own = Vec::new();
-        for _ in 0..50 {
-            let t = Instant::now();
-            fifty
-                .run("time.sleep(0.02)\nrows.append(len(rows))")
-                .await?;
-            own.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        let id = fifty.id().to_owned();
-        drop(fifty);
         drop(session);
         drop(first);
-        let second = engine()?;
-        let t = Instant::now();
-        let e = second.session_with_id(&id)?.run("len(rows)").await?;
-        let restore_ms = t.elapsed().as_secs_f64() * 1e3;
-        assert!(e.restored && e.return_value == json!(50), "{e:?}");
-        let restore = e
-            .restore
-            .ok_or("a restored cell without its restore report")?;
-        let load_ms = restore.snapshot_ms.unwrap_or(0.0);
-        m.insert("session_restore_ms".into(), json!(round3(restore_ms)));
-        m.insert("session_restore_snapshot_ms".into(), json!(round3(load_ms)));
-        m.insert("session_restore_replayed".into(), json!(restore.replayed));
-        m.insert(
-            "session_restore_vs_cell".into(),
-            json!(round3((restore_ms - load_ms) / p50(own))),
-        );
+        runpython_tests::session_bench::restore_figures(&mut m)
+            .await
+            .map_err(|e| e.to_string())?;
     }
 
     // Egress: the same client to the same loopback server, through the policy and direct.

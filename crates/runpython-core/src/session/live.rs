@@ -90,6 +90,32 @@ pub(crate) struct CellSpec<'a> {
 }
 
 impl Live {
+    /// Starts a session's interpreter: every isolation layer and limit of a run; it reads every
+    /// prepared environment (so a cell may add dependencies while the session lives).
+    pub(crate) async fn start(engine: &crate::RunPython) -> Result<Self, Error> {
+        let interpreter = engine.interpreter().await?.clone();
+        let code_dir = crate::child::code_dir()?;
+        if !crate::child::bytecode_ready(&interpreter.executable) {
+            let (python, version) = (interpreter.executable.clone(), interpreter.version);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::child::ensure_bytecode(&python, version, code_dir)
+            })
+            .await;
+        }
+        let envs = engine.inner.deps.root().to_owned();
+        let _ = std::fs::create_dir_all(&envs);
+        let spec = crate::child::SlotSpec {
+            sandbox: engine.inner.sandbox.clone(),
+            timeout: engine.inner.limits.timeout,
+            env_passthrough: engine.inner.env_passthrough.clone(),
+        };
+        // Started from this task's thread, not a blocking-pool thread: the interpreter's parent-death
+        // signal follows the thread that forked it, and the blocking pool ends idle threads (a session
+        // left idle ten seconds was killed with its thread).
+        let slot = spec.spawn_session(&interpreter.executable, code_dir, &[envs.as_path()])?;
+        Self::new(slot)
+    }
+
     /// Takes over an interpreter started in session mode.
     pub(crate) fn new(slot: Slot) -> Result<Self, Error> {
         let Slot {

@@ -54,7 +54,7 @@ pub(crate) async fn restore(
     if let Err(envelope) = can_replay(engine, e, cells, from, env, started) {
         return Ok(Err(envelope));
     }
-    let mut live = crate::session::route::start_live(engine).await?;
+    let mut live = Live::start(engine).await?;
     let mut snapshot_ms = None;
     if let Some(found) = found {
         let loaded_at = Instant::now();
@@ -86,7 +86,7 @@ pub(crate) async fn restore(
                 if let Err(envelope) = can_replay(engine, e, cells, 0, env, started) {
                     return Ok(Err(envelope));
                 }
-                live = crate::session::route::start_live(engine).await?;
+                live = Live::start(engine).await?;
                 from = 0;
             }
         }

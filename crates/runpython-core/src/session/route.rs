@@ -9,14 +9,13 @@ use runpython_bridge::ReplayPlan;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::child::code_dir;
 use crate::error::Error;
 use crate::protocol::envelope::{Envelope, ErrorInfo, Status};
 use crate::protocol::request::{
     check_env, check_files, check_input_names, new_run_id, Event, RunRequest,
 };
 use crate::run::execute::elapsed_ms;
-use crate::session::{check_session_id, new_session_id, Live, SessionRecord};
+use crate::session::{check_session_id, new_session_id, SessionRecord};
 use crate::{RunHandle, RunPython};
 
 /// A session: state kept across calls in one long-lived sandboxed interpreter. Cells run in one
@@ -118,32 +117,6 @@ async fn session_record(engine: &RunPython, id: &str) -> Result<Option<SessionRe
     }
 }
 
-/// Starts a session's interpreter: every isolation layer and limit of a run; it reads every
-/// prepared environment (so a cell may add dependencies while the session lives).
-pub(crate) async fn start_live(engine: &RunPython) -> Result<Live, Error> {
-    let interpreter = engine.interpreter().await?.clone();
-    let code_dir = code_dir()?;
-    if !crate::child::bytecode_ready(&interpreter.executable) {
-        let (python, version) = (interpreter.executable.clone(), interpreter.version);
-        let _ = tokio::task::spawn_blocking(move || {
-            crate::child::ensure_bytecode(&python, version, code_dir)
-        })
-        .await;
-    }
-    let envs = engine.inner.deps.root().to_owned();
-    let _ = std::fs::create_dir_all(&envs);
-    let spec = crate::child::SlotSpec {
-        sandbox: engine.inner.sandbox.clone(),
-        timeout: engine.inner.limits.timeout,
-        env_passthrough: engine.inner.env_passthrough.clone(),
-    };
-    // Started from this task's thread, not a blocking-pool thread: the interpreter's parent-death
-    // signal follows the thread that forked it, and the blocking pool ends idle threads (a session
-    // left idle ten seconds was killed with its thread).
-    let slot = spec.spawn_session(&interpreter.executable, code_dir, &[envs.as_path()])?;
-    Live::new(slot)
-}
-
 /// Runs one cell of the session `id` (routed here by `RunRequest::session`).
 pub(crate) async fn execute_cell(
     engine: &RunPython,
@@ -223,7 +196,7 @@ pub(crate) async fn execute_cell(
                 restore = Some(report);
                 live
             }
-            None => crate::session::route::start_live(engine).await?,
+            None => crate::session::Live::start(engine).await?,
         };
         e.live = Some(live);
         engine
