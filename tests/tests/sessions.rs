@@ -199,13 +199,19 @@ fn counter(path: std::path::PathBuf) -> impl runpython_core::Tool {
 async fn restores_on_a_second_engine(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let calls = dir.path().join("calls");
-    let engine = |calls: std::path::PathBuf| {
-        builder()
+    // `snapshots`: whether sessions are snapshotted (a restore from a snapshot replays no cell).
+    let engine_with = |calls: std::path::PathBuf, snapshots: bool| {
+        let b = builder()
             .store(runpython_core::Store::open(url).unwrap())
-            .tool(counter(calls))
-            .build()
-            .unwrap()
+            .tool(counter(calls));
+        let b = if snapshots {
+            b
+        } else {
+            b.session_snapshot_max(0)
+        };
+        b.build().unwrap()
     };
+    let engine = |calls: std::path::PathBuf| engine_with(calls, true);
     let first = engine(calls.clone());
     let s = first.session();
     let id = s.id().to_owned();
@@ -238,14 +244,16 @@ async fn restores_on_a_second_engine(url: &str) {
     );
     assert_eq!(e.cell, Some(4));
 
-    // A session whose replay calls differently (the code reads a clock, not once()) is reported.
+    // A session whose replay calls differently (the code reads a clock, not once()) is reported
+    // (with no snapshot: one would be loaded instead of replaying the cell).
+    let second = engine_with(calls.clone(), false);
     let s = second.session();
     let id = s.id().to_owned();
     s.run("import time\nstamp = charge(amount=int(time.time() * 1000000))")
         .await
         .unwrap();
     drop(s);
-    let third = engine(calls.clone());
+    let third = engine_with(calls.clone(), false);
     let e = third
         .session_with_id(&id)
         .unwrap()

@@ -601,6 +601,7 @@ fn target_of(metric: &str) -> &'static str {
         "replay_overhead_ratio" => "(resumed / original; < 1 is faster)",
         "import_detect_10k_ms" => "≤ 5",
         "session_cell_vs_floor" => "≤ 0.05",
+        "session_restore_vs_cell" => "≤ 3 (plus the snapshot load), whatever the cells' number",
         "tenant_foreign_vs_missing_read" => "≈ 1 (within noise: a refusal says nothing)",
         "tenant_fair_latency_ratio" => "≤ 2",
         "egress_rtt_vs_direct" => "≤ 1.3",

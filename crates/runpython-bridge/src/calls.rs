@@ -180,6 +180,9 @@ pub struct ReplayPlan {
     pub journal: Journal,
     /// Decisions by suspension id.
     pub decisions: HashMap<String, Value>,
+    /// The journal is a whole attempt's (a session cell that ran to its end): a call it has no entry
+    /// for is a divergence, never made live.
+    pub complete: bool,
 }
 
 #[derive(Debug)]
@@ -480,6 +483,7 @@ impl Shared {
                     let e = &plan.journal.entries[i];
                     Replayed::Diverged(format!("{}({})", e.tool, e.args))
                 }
+                _ if plan.complete => Replayed::Diverged("no further call".into()),
                 _ => Replayed::Live,
             };
             return (replayed, None);

@@ -612,8 +612,13 @@ async fn call_ids_are_the_run_and_the_ordinal_and_a_call_made_again_keeps_its_id
     // journal.
     stall.store(false, Ordering::SeqCst);
     let plan = runpython_bridge::ReplayPlan {
-        journal,
+        journal: journal.clone(),
         decisions: Default::default(),
+        complete: false,
+    };
+    let complete = runpython_bridge::ReplayPlan {
+        complete: true,
+        ..plan.clone()
     };
     let (serving, token, mut client, journal) = keyed_pair(&stall, Some(plan));
     client.hello(&token).await;
@@ -640,4 +645,26 @@ async fn call_ids_are_the_run_and_the_ordinal_and_a_call_made_again_keeps_its_id
             (2, r#"{"args":[],"kwargs":{"n":3}}"#.to_owned()),
         ]
     );
+
+    // Replaying a whole attempt (a session's cell), a call past the journal's end is a divergence
+    // (above it was made live): the tool is not called, and the bridge stops naming the call.
+    let (serving, token, mut client, _) = keyed_pair(&stall, Some(complete));
+    client.hello(&token).await;
+    client.call(1, "key", json!({"n": 1})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.0");
+    client.call(2, "key", json!({"n": 2})).await;
+    assert_eq!(client.recv().await.unwrap()["result"], "r1.1");
+    client.call(3, "key", json!({"n": 3})).await;
+    match serving.await.unwrap() {
+        Stop::Diverged {
+            step,
+            recorded,
+            called,
+        } => {
+            assert_eq!(step, 2);
+            assert!(called.contains(r#""n":3"#), "{called}");
+            assert_eq!(recorded, "no further call");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -119,6 +119,12 @@ async fn builder(args: &EngineArgs) -> anyhow::Result<RunPythonBuilder> {
     if let Some(depth) = args.allow_nested {
         builder = builder.allow_nested(depth);
     }
+    if let Some(bytes) = args.session_snapshot_max {
+        builder = builder.session_snapshot_max(bytes);
+    }
+    if let Some(budget) = args.session_replay_budget {
+        builder = builder.session_replay_budget(budget);
+    }
     builder = with_network(builder, &args.network).map_err(anyhow::Error::msg)?;
     builder = with_limits(builder, &args.limits);
     builder = with_installs(builder, &args.installs)?;

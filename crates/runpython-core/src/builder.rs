@@ -365,6 +365,20 @@ impl RunPythonBuilder {
         self
     }
 
+    /// The largest snapshot of a session's namespace kept in the store, in bytes (default 64 MiB; 0
+    /// takes none): see [`crate::SessionConfig::snapshot_max_bytes`].
+    pub fn session_snapshot_max(mut self, bytes: u64) -> Self {
+        self.sessions.snapshot_max_bytes = bytes;
+        self
+    }
+
+    /// The time a session's restore may spend loading its snapshot and replaying cells (default 60
+    /// s): see [`crate::SessionConfig::replay_budget`].
+    pub fn session_replay_budget(mut self, budget: Duration) -> Self {
+        self.sessions.replay_budget = budget;
+        self
+    }
+
     /// Lets the code call `run_python(code, dependencies=None, inputs=None)`, which runs more code in
     /// its own sandboxed child and returns that run's envelope as a dict, up to `depth` levels down.
     /// The inner run's timeout and tool calls come out of the outer run's remaining budget; a call

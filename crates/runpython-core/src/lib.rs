@@ -63,8 +63,8 @@ pub use session::SessionConfig;
 // ---- What goes in and out: requests, limits, events, the envelope ----
 pub use protocol::envelope::{
     BridgeReport, Dependencies, Dependency, DisplayImage, Envelope, ErrorInfo, Isolation,
-    LimitReport, ListTruncation, RefusedDependency, RlimitReport, Status, StreamTruncation,
-    Truncated,
+    LimitReport, ListTruncation, RefusedDependency, RestoreReport, RlimitReport, Status,
+    StreamTruncation, Truncated,
 };
 pub use protocol::request::{
     parse_size, Event, FileSource, Limits, RunRequest, MAX_INLINE_FILE, RUN_PYTHON_TOOL,

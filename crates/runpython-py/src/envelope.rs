@@ -193,10 +193,21 @@ impl PyEnvelope {
     fn cell(&self) -> Option<u64> {
         self.inner.cell
     }
-    /// True when the session was rebuilt from the store (its cells replayed) before this cell ran.
+    /// True when the session was rebuilt from the store (its snapshot loaded, cells replayed) before
+    /// this cell ran.
     #[getter]
     fn restored(&self) -> bool {
         self.inner.restored
+    }
+    /// With `restored`: how the session came back, as a dict (`from`: "snapshot" or "replay",
+    /// `snapshot_cells`, `replayed`, `why`, `ms`, `snapshot_ms`); `None` otherwise.
+    #[getter]
+    fn restore(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        self.inner
+            .restore
+            .as_ref()
+            .map(|report| serialize_to_py(py, report))
+            .transpose()
     }
     /// The value as a REPL prints it, when the cell asked for it (`repr=True`).
     #[getter]

@@ -64,7 +64,8 @@ pub(crate) fn parse_pool(value: &Bound<'_, PyAny>) -> PyResult<PoolConfig> {
 pub(crate) fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig> {
     let settings = dict("sessions", value).map_err(|_| {
         config(format!(
-            "sessions must be a dict of settings (max_live, idle), got {} {}",
+            "sessions must be a dict of settings (max_live, idle, snapshot_max_bytes, \
+             replay_budget), got {} {}",
             type_name(value),
             short_repr(value)
         ))
@@ -76,9 +77,12 @@ pub(crate) fn parse_sessions(value: &Bound<'_, PyAny>) -> PyResult<SessionConfig
         match key.as_str() {
             "max_live" => sessions.max_live = count(&name, &v)?,
             "idle" => sessions.idle = seconds(&name, &v)?,
+            "snapshot_max_bytes" => sessions.snapshot_max_bytes = count(&name, &v)?,
+            "replay_budget" => sessions.replay_budget = seconds(&name, &v)?,
             _ => {
                 return Err(config(format!(
-                    "sessions has no setting {key:?}; the settings are max_live, idle"
+                    "sessions has no setting {key:?}; the settings are max_live, idle, \
+                     snapshot_max_bytes, replay_budget"
                 )))
             }
         }

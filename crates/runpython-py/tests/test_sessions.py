@@ -4,6 +4,9 @@ another engine; sync, async and as context managers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import decimal
 import pathlib
 import time
 
@@ -145,6 +148,43 @@ def test_a_session_is_restored_from_a_file_store_on_a_second_engine(tmp_path: pa
     second.session(id="restored-on-a-second-engine").close()
 
 
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
+
+
+SUMMARY = "[open('data.csv').read(), repr(kept), [type(v).__name__ for v in kept], str(amount * 3)]"
+
+
+@pytest.mark.parametrize("snapshots", [True, False])
+def test_files_and_exact_values_survive_a_restore_on_a_second_engine(tmp_path: pathlib.Path, snapshots: bool) -> None:
+    url = f"file://{tmp_path}"
+    sessions = {"replay_budget": 30} if snapshots else {"snapshot_max_bytes": 0, "replay_budget": 30}
+    first = RunPython(timeout=30, pool=False, store=url, sessions=sessions)  # type: ignore[arg-type]
+    s = first.session(id="exact")
+    inputs = {
+        "when": datetime.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=datetime.timezone.utc),
+        "amount": decimal.Decimal("1.10"),
+        "tags": {3, 1},
+        "point": Point(1, 2),
+    }
+    cell = "import time\ntime.sleep(0.05)\nkept = (when, amount, tags, point)"
+    assert s.run(cell, inputs=inputs, files={"data.csv": b"a,b\n1,2\n"}).status == "success"
+    expected = s.run(SUMMARY)
+    assert expected.status == "success", expected.error
+    assert expected.return_value[2] == ["datetime", "Decimal", "set", "Point"]
+    del s, first  # the first host is gone, and its interpreter with it
+
+    second = RunPython(timeout=30, pool=False, store=url, sessions=sessions)  # type: ignore[arg-type]
+    e = second.session(id="exact").run(SUMMARY)
+    assert e.status == "success", e.error
+    assert e.return_value == expected.return_value
+    assert e.restore is not None and e.restore["from"] == ("snapshot" if snapshots else "replay"), e.restore
+    assert e.to_dict()["restore"] == e.restore
+    second.session(id="exact").close()
+
+
 def test_closing_a_session_ends_its_interpreter(no_children_left: None) -> None:
     engine = RunPython(timeout=30, pool=False)
     s = engine.session()
@@ -169,6 +209,8 @@ def test_bad_session_ids_and_settings_are_refused(rp: RunPython) -> None:
         rp.session(id=7)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match='sessions has no setting "idel"'):
         RunPython(sessions={"idel": 5})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="snapshot_max_bytes"):
+        RunPython(sessions={"snapshot_max_bytes": -1})  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="sessions must be a dict"):
         RunPython(sessions=3)  # type: ignore[arg-type]
 

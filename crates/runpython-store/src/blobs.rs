@@ -72,7 +72,6 @@ impl Store {
     where
         R: AsyncRead + Unpin + Send,
     {
-        const CHUNK: usize = 256 * 1024;
         self.record_tenant().await?;
         let staging = self.layout().staging(&staging_name());
         let mut writer = object_store::buffered::BufWriter::with_capacity(
@@ -81,35 +80,11 @@ impl Store {
             self.inner.options.upload_part_bytes,
         );
         let mut hasher = blake3::Hasher::new();
-        let mut size = 0u64;
-        // Each chunk is reserved against the tenant's quota before it is sent.
-        let mut reserved = Vec::new();
-        loop {
-            let mut buf = BytesMut::with_capacity(CHUNK);
-            let n = match reader.read_buf(&mut buf).await {
-                Ok(n) => n,
-                Err(source) => {
-                    let _ = writer.abort().await; // best effort: the source error is the news
-                    return Err(Error::Source { source });
-                }
-            };
-            if n == 0 {
-                break;
-            }
-            match self.reserve(n as u64).await {
-                Ok(reservation) => reserved.push(reservation),
-                Err(e) => {
-                    let _ = writer.abort().await;
-                    return Err(e);
-                }
-            }
-            hasher.update(&buf);
-            size += n as u64;
-            if let Err(e) = writer.put(buf.freeze()).await {
-                let _ = writer.abort().await;
-                return Err(self.backend_err("put", &staging, e));
-            }
-        }
+        let (size, reserved) = self
+            .stream_into(&mut reader, &mut writer, &staging, |chunk| {
+                hasher.update(chunk);
+            })
+            .await?;
         writer.shutdown().await.map_err(|e| {
             let source = object_store::Error::Generic {
                 store: "upload",
@@ -227,6 +202,52 @@ impl Store {
                 source: Box::new(source),
             })
             .boxed())
+    }
+}
+
+impl Store {
+    /// Streams `reader` into `writer` chunk by chunk, each reserved against the tenant's quota before
+    /// it is sent and shown to `each`; the bytes and the reservations to commit once the object is
+    /// complete. On a failure (the reader's, the quota's, the backend's) the writer is aborted.
+    pub(crate) async fn stream_into<R>(
+        &self,
+        reader: &mut R,
+        writer: &mut object_store::buffered::BufWriter,
+        key: &object_store::path::Path,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<(u64, Vec<crate::usage::Reservation>)>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        const CHUNK: usize = 256 * 1024;
+        let mut size = 0u64;
+        let mut reserved = Vec::new();
+        loop {
+            let mut buf = BytesMut::with_capacity(CHUNK);
+            let n = match reader.read_buf(&mut buf).await {
+                Ok(n) => n,
+                Err(source) => {
+                    let _ = writer.abort().await; // best effort: the source error is the news
+                    return Err(Error::Source { source });
+                }
+            };
+            if n == 0 {
+                return Ok((size, reserved));
+            }
+            match self.reserve(n as u64).await {
+                Ok(reservation) => reserved.push(reservation),
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(e);
+                }
+            }
+            each(&buf);
+            size += n as u64;
+            if let Err(e) = writer.put(buf.freeze()).await {
+                let _ = writer.abort().await;
+                return Err(self.backend_err("put", key, e));
+            }
+        }
     }
 }
 

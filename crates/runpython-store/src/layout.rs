@@ -116,6 +116,11 @@ impl Layout {
         Ok(Path::from(format!("{}/{n:020}", self.session_parts(id)?)))
     }
 
+    /// Session `id`'s snapshot (one, the latest; beside its numbered parts, deleted with them).
+    pub(crate) fn session_snapshot(&self, id: &str) -> Result<Path> {
+        Ok(Path::from(format!("{}/snapshot", self.session_parts(id)?)))
+    }
+
     /// A value `name` kept with session `id`'s record (beside its numbered parts).
     pub(crate) fn session_value(&self, id: &str, name: &str) -> Result<Path> {
         check_part_name(name)?;

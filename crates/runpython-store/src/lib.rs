@@ -70,6 +70,8 @@ mod store;
 mod tenants;
 mod usage;
 
+/// The bytes this crate's reads return (re-exported so callers need not depend on `bytes`).
+pub use bytes::Bytes;
 /// The `object_store` this crate is built on, for [`Store::with_backend`]: build a backend with the
 /// same version of the crate.
 pub use object_store;

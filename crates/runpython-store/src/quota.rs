@@ -207,6 +207,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_session_snapshot_counts_in_the_quota_and_one_past_it_keeps_the_earlier() {
+        let store = tenant_with_quota(1 << 20);
+        store
+            .put_session_snapshot("s", &vec![1u8; 600 << 10][..])
+            .await
+            .unwrap();
+        let used = store.stored_bytes(Duration::from_secs(60)).await.unwrap();
+        assert!(used >= 600 << 10, "the snapshot is not counted: {used}");
+        let err = store
+            .put_session_snapshot("s", &vec![2u8; 600 << 10][..])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded { .. }), "{err}");
+        let kept: Vec<bytes::Bytes> = futures_util::TryStreamExt::try_collect(
+            store.get_session_snapshot("s").await.unwrap().unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(kept.concat(), vec![1u8; 600 << 10]);
+    }
+
+    #[tokio::test]
     async fn another_tenant_and_a_tenant_without_a_quota_are_not_held() {
         let store = tenant_with_quota(10);
         assert!(store.put_blob(vec![0u8; 11]).await.is_err());

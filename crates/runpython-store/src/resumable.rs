@@ -3,8 +3,13 @@
 
 use std::time::SystemTime;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
-use futures_util::StreamExt as _;
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use object_store::ObjectStoreExt as _;
+use tokio::io::AsyncRead;
 
 use crate::error::Result;
 use crate::layout;
@@ -131,6 +136,66 @@ impl Store {
     pub async fn get_session_part(&self, id: &str, n: u64) -> Result<Option<Bytes>> {
         let key = self.layout().session_part(id, n)?;
         self.read(&key).await
+    }
+
+    /// Keeps `reader`'s bytes as session `id`'s snapshot (the caller's own versioned bytes; one per
+    /// session, the latest), replacing the earlier one only once the whole stream is written:
+    /// streamed, never all in memory, each chunk reserved against the tenant's quota before it is
+    /// sent. A reader that fails, or bytes past the quota, leave the earlier snapshot as it was.
+    /// Deleted with the session. Returns the bytes written.
+    pub async fn put_session_snapshot<R>(&self, id: &str, mut reader: R) -> Result<u64>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        let key = self.layout().session_snapshot(id)?;
+        self.record_tenant().await?;
+        // Small snapshots go in one request; larger ones as a multipart upload that becomes visible
+        // whole when it completes (aborted otherwise).
+        let mut writer = object_store::buffered::BufWriter::with_capacity(
+            Arc::clone(&self.inner.os),
+            key.clone(),
+            self.inner.options.upload_part_bytes,
+        );
+        let (size, reserved) = self
+            .stream_into(&mut reader, &mut writer, &key, |_| {})
+            .await?;
+        tokio::io::AsyncWriteExt::shutdown(&mut writer)
+            .await
+            .map_err(|e| {
+                let source = object_store::Error::Generic {
+                    store: "upload",
+                    source: Box::new(e),
+                };
+                self.backend_err("put", &key, source)
+            })?;
+        reserved
+            .into_iter()
+            .for_each(crate::usage::Reservation::commit);
+        Ok(size)
+    }
+
+    /// Session `id`'s snapshot as a stream of chunks, or `None` when it has none.
+    pub async fn get_session_snapshot(
+        &self,
+        id: &str,
+    ) -> Result<Option<BoxStream<'static, Result<Bytes>>>> {
+        let key = self.layout().session_snapshot(id)?;
+        let got = match self.inner.os.get(&key).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.backend_err("get", &key, e)),
+        };
+        let store = self.inner.url.clone();
+        Ok(Some(
+            got.into_stream()
+                .map_err(move |source| crate::error::Error::Backend {
+                    op: "get",
+                    key: key.to_string(),
+                    store: store.clone(),
+                    source: Box::new(source),
+                })
+                .boxed(),
+        ))
     }
 
     /// Forgets session `id`, its record and every part and value of it (absent is fine).

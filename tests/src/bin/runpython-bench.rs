@@ -499,21 +499,11 @@ summarize(data)",
             "session_idle_rss_mib".into(),
             json!(round3(idle_kib as f64 / 1024.0)),
         );
-        // A 20-cell session, restored on a second engine.
-        let twenty = first.session();
-        for i in 0..20 {
-            twenty.run(format!("v{i} = {i} * 2")).await?;
-        }
-        let id = twenty.id().to_owned();
-        drop(twenty);
         drop(session);
         drop(first);
-        let second = engine()?;
-        let t = Instant::now();
-        let e = second.session_with_id(&id)?.run("v19").await?;
-        let restore_ms = t.elapsed().as_secs_f64() * 1e3;
-        assert!(e.restored && e.return_value == json!(38), "{e:?}");
-        m.insert("session_restore_ms".into(), json!(round3(restore_ms)));
+        runpython_tests::session_bench::restore_figures(&mut m)
+            .await
+            .map_err(|e| e.to_string())?;
     }
 
     // Egress: the same client to the same loopback server, through the policy and direct.

@@ -172,6 +172,14 @@ pub(crate) struct EngineArgs {
     #[arg(long, value_name = "DEPTH", num_args = 0..=1, require_equals = true, default_missing_value = "2",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) allow_nested: Option<u32>,
+    /// The largest snapshot of a session's namespace kept in the store, as 64M (the default), 1G, or
+    /// 0 for none: a session whose namespace pickles to more is restored by replaying its cells.
+    #[arg(long, value_name = "SIZE", value_parser = run_flags::parse_upload_size)]
+    pub(crate) session_snapshot_max: Option<u64>,
+    /// Seconds a session's restore may spend loading its snapshot and replaying cells (default 60);
+    /// past it the restore fails and the session's record is kept.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_timeout)]
+    pub(crate) session_replay_budget: Option<Duration>,
     #[command(flatten)]
     pub(crate) network: network_flags::NetworkArgs,
     #[command(flatten)]

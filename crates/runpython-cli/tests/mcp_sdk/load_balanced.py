@@ -125,13 +125,19 @@ async def failover(lb, hosts, token):
         ok(f"each MCP session's calls land on one host, sessions spread over hosts {sorted({next(iter(c)) for c in spread})}")
 
         main, seen = clients[0], seens[0]
+        # A file given to a cell (uploaded as bytes): a restore on another host puts it back.
+        given = {"name": "data.csv", "content_base64": base64.b64encode(b"a,b\n1,2\n").decode()}
+        cell = envelope_of(await main.call_tool("run_python", {
+            "code": "import time\ntime.sleep(0.05)\ntext = open('data.csv').read()", "session_id": "cells-0",
+            "files": [given]}))
+        assert cell["status"] == "success", cell
         first = envelope_of(await main.call_tool("run_python", {"code": MEMO_CODE}))
         assert first["cached"] is False, first
         suspended = envelope_of(await main.call_tool(
             "run_python", {"code": "ok = request_approval('deploy?')\n'deployed' if ok else 'held'"}))
         assert suspended["status"] == "suspended", suspended
         (dead,) = served(hosts, seen).keys()
-        assert served(hosts, seen)[dead] == 5, served(hosts, seen)
+        assert served(hosts, seen)[dead] == 6, served(hosts, seen)
         hosts[dead].proc.send_signal(signal.SIGKILL)
         hosts[dead].proc.wait()
         started = time.monotonic()
@@ -146,9 +152,12 @@ async def failover(lb, hosts, token):
 
     fresh, seen = client(lb, token)
     async with fresh:
-        cell = envelope_of(await fresh.call_tool("run_python", {"code": "n", "session_id": "cells-0"}))
-        assert cell["return_value"] == 2 and cell["restored"] is True, cell
-        ok("after re-initializing, the session_id state is restored from the store on another host")
+        cell = envelope_of(await fresh.call_tool(
+            "run_python", {"code": "[n, text, open('data.csv').read()]", "session_id": "cells-0"}))
+        assert cell["return_value"] == [2, "a,b\n1,2\n", "a,b\n1,2\n"] and cell["restored"] is True, cell
+        assert cell["restore"]["from"] in ("snapshot", "replay"), cell
+        ok(f"after re-initializing, the session_id state and its files are restored from the store on another "
+           f"host ({cell['restore']['from']}: {cell['restore']['replayed']} cells replayed)")
         resumed = envelope_of(await fresh.call_tool("resume", {
             "run_id": suspended["run_id"], "decisions": {suspended["suspension"]["id"]: True}}))
         assert resumed["status"] == "success" and resumed["return_value"] == "deployed", resumed
@@ -279,7 +288,7 @@ async def main(kind):
         store = (f"s3://{bucket}/{kind}?endpoint=http://127.0.0.1:{port}&allow_http=true&region=us-east-1"
                  "&access_key_id=test&secret_access_key=test")
         args = ["--store", store, "--approval", "request_approval", "--memo", "--timeout", "60",
-                "--max-runs-per-token", "0", "--max-runs-in-flight", str(CAPACITY)]
+                "--max-runs-per-token", "0", "--max-runs-in-flight", str(CAPACITY), "--max-upload-bytes", "1M"]
         tokens = {"agent": new_token()}
         token = tokens["agent"]
         with contextlib.ExitStack() as stack:

@@ -30,6 +30,9 @@ const DISPLAY_PY: &str = include_str!("python/runpython_display.py");
 /// A session's interpreter (`python/runpython_session.py`): cells across one namespace.
 const SESSION_PY: &str = include_str!("python/runpython_session.py");
 
+/// A session's namespace as a snapshot and back (`python/runpython_snapshot.py`), in its sandbox only.
+const SNAPSHOT_PY: &str = include_str!("python/runpython_snapshot.py");
+
 /// runpython's tagged JSON (`python/runpython_values.py`): exact Python values across the boundary,
 /// imported by the runner and the bridge client. The Python package builds the same file into itself
 /// for the host's side.
@@ -114,7 +117,7 @@ pub(crate) fn code_version() -> &'static str {
 
 /// The modules of the code directory, by file name: each written as it is in `python/` (the bridge
 /// client comes from runpython-bridge).
-const MODULES: [(&str, &str); 11] = [
+const MODULES: [(&str, &str); 12] = [
     ("runpython_runner.py", RUNNER_PY),
     ("runpython_run.py", RUN_PY),
     ("runpython_protocol.py", PROTOCOL_PY),
@@ -122,6 +125,7 @@ const MODULES: [(&str, &str); 11] = [
     ("runpython_json.py", JSON_PY),
     ("runpython_display.py", DISPLAY_PY),
     ("runpython_session.py", SESSION_PY),
+    ("runpython_snapshot.py", SNAPSHOT_PY),
     ("runpython_values.py", VALUES_PY),
     ("runpython_tools.py", runpython_bridge::CLIENT_PY),
     runpython_sandbox::TEMPLATE_MODULES[0],

@@ -64,8 +64,20 @@ pub(crate) struct RunnerRequest<'a> {
 pub(crate) enum ControlMessage<'a> {
     /// Run a cell.
     Cell(RunnerRequest<'a>),
-    /// Interrupt the running cell (a `KeyboardInterrupt` in its code).
+    /// Interrupt the running cell (a `KeyboardInterrupt` in its code), or the snapshot being taken.
     Interrupt,
+    /// Pickle the namespace into the frame's first descriptor (a pipe), at most `max_bytes`, and say
+    /// how it went on its second (`runpython_snapshot.dump`).
+    Snapshot {
+        /// The snapshot's bound: past it the child stops and answers `too_large`.
+        max_bytes: u64,
+    },
+    /// Load a snapshot from the frame's first descriptor (a pipe) into the namespace, and say how it
+    /// went on its second (`runpython_snapshot.load`). Sent to a new interpreter only.
+    Restore {
+        /// The session's environment, added before the snapshot's modules are imported.
+        site_dirs: Vec<&'a Path>,
+    },
 }
 
 /// A command on a template's control socket. Each is one message; a fork's carries the descriptors
@@ -174,6 +186,17 @@ mod tests {
         assert_eq!(checked_in_python("control_message", &cell), Ok(()));
         let interrupt = serde_json::to_value(ControlMessage::Interrupt).unwrap();
         assert_eq!(checked_in_python("control_message", &interrupt), Ok(()));
+        let snapshot = serde_json::to_value(ControlMessage::Snapshot { max_bytes: 1 }).unwrap();
+        assert_eq!(checked_in_python("control_message", &snapshot), Ok(()));
+        let restore = serde_json::to_value(ControlMessage::Restore {
+            site_dirs: vec![dir],
+        })
+        .unwrap();
+        assert_eq!(checked_in_python("control_message", &restore), Ok(()));
+        let mut unknown = restore.clone();
+        unknown["max_bytes"] = Value::from(1);
+        let err = checked_in_python("control_message", &unknown).unwrap_err();
+        assert!(err.contains("unknown key 'max_bytes'"), "{err}");
         let err =
             checked_in_python("control_message", &serde_json::json!({"type": "cel"})).unwrap_err();
         assert!(err.contains("'cel'"), "{err}");

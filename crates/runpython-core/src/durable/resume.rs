@@ -15,17 +15,20 @@ use runpython_bridge::{
 };
 use runpython_store::{Listing, Store};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use crate::durable::at_rest::{FileAtRest, RequestAtRest};
 use crate::error::Error;
 use crate::protocol::envelope::{Envelope, Status};
 use crate::protocol::request::RunRequest;
 
 const MAGIC: &[u8; 4] = b"RPCK";
 const VERSION_1: u8 = 1;
-/// Version 2: the same head, and the journal's entries appended as parts (`e-…`), its large values
-/// beside them (`v-<digest>`). Version 1 held the whole journal in the head, rewritten on every call.
-const VERSION_2: u8 = 2;
+/// Version 3: the request at rest as session cells keep theirs ([`RequestAtRest`]). Version 2 (still
+/// read) appended the journal's entries as parts (`e-…`), its large values beside them
+/// (`v-<digest>`), as version 3 does; version 1 held the whole journal in the head, rewritten on
+/// every call.
+const VERSION_3: u8 = 3;
 
 /// A tool that asks a person: it suspends the run with its arguments as the request, and the
 /// decision given to [`crate::RunPython::resume`] becomes its return value.
@@ -77,68 +80,65 @@ struct CheckpointV1 {
     state: RunState,
 }
 
-/// What a resumed run needs, at rest: the request as [`CheckpointV1`] had it, and whether its values
-/// are exact ([`RunRequest::typed`]) and the files put in it, so a resumed run sees what the first
-/// attempt saw.
+/// The second record's shape (still read): [`CheckpointV1`] and whether values are exact and the
+/// files put in the run, their bytes inline.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Checkpoint {
+struct CheckpointV2 {
     code: String,
-    /// JSON text of the inputs object (postcard cannot carry `serde_json::Value`).
     inputs: String,
     input_artifacts: Vec<(String, String)>,
     dependencies: Vec<String>,
-    /// The bridge's own versioned journal record.
     journal: Vec<u8>,
     state: RunState,
     typed: bool,
-    files: Vec<(String, CheckpointFile)>,
+    files: Vec<(String, FileV2)>,
 }
 
-/// A file put in the run, at rest: its bytes (at most [`crate::MAX_INLINE_FILE`]), or the stored
-/// artifact it came from.
+/// A file of a [`CheckpointV2`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
-enum CheckpointFile {
+enum FileV2 {
     Bytes(Vec<u8>),
     Artifact(String),
+}
+
+/// What a resumed run needs, at rest (record version 3): its request as session cells keep theirs
+/// (everything that changed what the code saw: files by artifact id, exact values, environment and
+/// secret names, allowed hosts, timeout), its journal and where it stands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Checkpoint {
+    request: RequestAtRest,
+    /// The bridge's own versioned journal record.
+    journal: Vec<u8>,
+    state: RunState,
 }
 
 #[derive(Serialize, Deserialize)]
 enum CheckpointRecord {
     V1(CheckpointV1),
-    V2(Checkpoint),
+    V2(CheckpointV2),
+    V3(Checkpoint),
 }
 
 impl Checkpoint {
-    fn new(request: &RunRequest, journal: &Journal, state: RunState) -> Result<Self, Error> {
+    async fn new(
+        store: &Store,
+        request: &RunRequest,
+        secrets: Vec<String>,
+        journal: &Journal,
+        state: RunState,
+    ) -> Result<Self, Error> {
         Ok(Self {
-            code: request.code.clone(),
-            inputs: Value::Object(request.inputs.clone()).to_string(),
-            input_artifacts: request.input_artifacts.clone(),
-            dependencies: request.dependencies.clone(),
+            request: RequestAtRest::keep(store, request, secrets).await?,
             journal: journal.encode()?,
             state,
-            typed: request.typed,
-            files: request
-                .files
-                .iter()
-                .map(|(name, source)| {
-                    let file = match source {
-                        crate::FileSource::Bytes(b) | crate::FileSource::Upload(b) => {
-                            CheckpointFile::Bytes(b.clone())
-                        }
-                        crate::FileSource::Artifact(id) => CheckpointFile::Artifact(id.clone()),
-                    };
-                    (name.clone(), file)
-                })
-                .collect(),
         })
     }
 
     fn encode(&self) -> Result<Vec<u8>, Error> {
         let mut out = MAGIC.to_vec();
-        out.push(VERSION_2);
+        out.push(VERSION_3);
         out.extend(
-            postcard::to_allocvec(&CheckpointRecord::V2(self.clone()))
+            postcard::to_allocvec(&CheckpointRecord::V3(self.clone()))
                 .map_err(|e| Error::Internal(format!("cannot encode a checkpoint: {e}")))?,
         );
         Ok(out)
@@ -150,49 +150,57 @@ impl Checkpoint {
         if bytes.len() < 5 || &bytes[..4] != MAGIC {
             return Err(bad("is not a runpython checkpoint".into()));
         }
-        if bytes[4] != VERSION_1 && bytes[4] != VERSION_2 {
+        if !(VERSION_1..=VERSION_3).contains(&bytes[4]) {
             return Err(bad(format!(
                 "has version {}, newer than this runpython understands; upgrade runpython",
                 bytes[4]
             )));
         }
         match postcard::from_bytes(&bytes[5..]) {
-            Ok(CheckpointRecord::V2(record)) => Ok(record),
+            Ok(CheckpointRecord::V3(record)) => Ok(record),
+            Ok(CheckpointRecord::V2(v2)) => {
+                let mut request = RequestAtRest::of_version_1(
+                    v2.code,
+                    v2.inputs,
+                    v2.input_artifacts,
+                    v2.dependencies,
+                );
+                request.typed = v2.typed;
+                request.files = v2
+                    .files
+                    .into_iter()
+                    .map(|(name, file)| {
+                        let file = match file {
+                            FileV2::Bytes(b) => FileAtRest::Bytes(b),
+                            FileV2::Artifact(id) => FileAtRest::Artifact(id),
+                        };
+                        (name, file)
+                    })
+                    .collect();
+                Ok(Self {
+                    request,
+                    journal: v2.journal,
+                    state: v2.state,
+                })
+            }
             Ok(CheckpointRecord::V1(v1)) => Ok(Self {
-                code: v1.code,
-                inputs: v1.inputs,
-                input_artifacts: v1.input_artifacts,
-                dependencies: v1.dependencies,
+                request: RequestAtRest::of_version_1(
+                    v1.code,
+                    v1.inputs,
+                    v1.input_artifacts,
+                    v1.dependencies,
+                ),
                 journal: v1.journal,
                 state: v1.state,
-                typed: false,
-                files: Vec::new(),
             }),
             Err(e) => Err(bad(format!("is corrupt ({e})"))),
         }
     }
 
+    /// The request to run again: its environment variables unset (values are never at rest; a
+    /// resumed run gets the host's passthrough values of its own time, and no per-run ones).
     fn request(&self) -> Result<RunRequest, Error> {
-        let inputs: Map<String, Value> = serde_json::from_str(&self.inputs)
-            .map_err(|e| Error::Internal(format!("checkpoint inputs are not JSON: {e}")))?;
-        let mut request = RunRequest::new(self.code.clone()).no_memo();
-        request.inputs = inputs;
-        request.input_artifacts = self.input_artifacts.clone();
-        request.dependencies = self.dependencies.clone();
-        request.typed = self.typed;
-        request.files = self
-            .files
-            .iter()
-            .map(|(name, file)| {
-                let source = match file {
-                    // Bytes a client uploaded were bounded when they came; resuming re-sends them.
-                    CheckpointFile::Bytes(b) => crate::FileSource::Bytes(b.clone()),
-                    CheckpointFile::Artifact(id) => crate::FileSource::Artifact(id.clone()),
-                };
-                (name.clone(), source)
-            })
-            .collect();
-        Ok(request)
+        self.request.request(&std::collections::BTreeMap::new())
     }
 }
 
@@ -261,11 +269,13 @@ impl SpillStore for CheckpointSpill {
 async fn put_checkpoint(
     store: &Store,
     run_id: &str,
-    request: &RunRequest,
+    (request, secrets): (&RunRequest, &[String]),
     journal: &Journal,
     state: RunState,
 ) -> Result<(), Error> {
-    let bytes = Checkpoint::new(request, journal, state)?.encode()?;
+    let bytes = Checkpoint::new(store, request, secrets.to_vec(), journal, state)
+        .await?
+        .encode()?;
     store.put_checkpoint(run_id, bytes).await?;
     Ok(())
 }
@@ -276,7 +286,7 @@ async fn put_checkpoint(
 pub(crate) async fn durable_sink(
     store: &Store,
     run_id: &str,
-    request: &RunRequest,
+    request: (&RunRequest, &[String]),
     resumed: bool,
 ) -> Result<(Arc<dyn JournalSink>, Arc<dyn SpillStore>), Error> {
     if !resumed {
@@ -317,7 +327,7 @@ pub(crate) fn spill_for(store: &Store, run_id: &str) -> Arc<dyn SpillStore> {
 pub(crate) async fn after_attempt(
     store: &Store,
     run_id: &str,
-    request: &RunRequest,
+    request: (&RunRequest, &[String]),
     envelope: &Envelope,
     journal: Option<Journal>,
     durable_or_resumed: bool,
@@ -392,7 +402,14 @@ pub(crate) async fn load_for_resume(
             )));
         }
     }
-    Ok((checkpoint.request()?, ReplayPlan { journal, decisions }))
+    Ok((
+        checkpoint.request()?,
+        ReplayPlan {
+            journal,
+            decisions,
+            complete: false,
+        },
+    ))
 }
 
 /// The journal of `run_id`: the head's own entries, then every part appended after them, in order (a
@@ -539,4 +556,80 @@ pub(crate) async fn session_of(store: &Store, run_id: &str) -> Result<Option<Str
         )));
     }
     Ok(Some(String::from_utf8_lossy(&bytes[6..]).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn versioned(version: u8, record: &CheckpointRecord) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.push(version);
+        out.extend(postcard::to_allocvec(record).unwrap());
+        out
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_keeps_files_by_artifact_id_and_older_versions_are_still_read() {
+        let store = Store::open("memory://").unwrap();
+        let request = RunRequest::new("1")
+            .file("a.txt", b"abc".to_vec())
+            .env("TOKEN", "value")
+            .typed();
+        let checkpoint = Checkpoint::new(
+            &store,
+            &request,
+            vec!["KEY".into()],
+            &Journal::default(),
+            RunState::Running,
+        )
+        .await
+        .unwrap();
+        let back = Checkpoint::decode("r", &checkpoint.encode().unwrap()).unwrap();
+        let again = back.request().unwrap();
+        assert!(again.typed && again.env.is_empty(), "{again:?}");
+        let crate::FileSource::Artifact(id) = &again.files[0].1 else {
+            panic!("{again:?}")
+        };
+        assert_eq!(&store.get_run_artifact(id).await.unwrap()[..], b"abc");
+
+        // Version 2, with its bytes inline, and version 1.
+        let v2 = CheckpointRecord::V2(CheckpointV2 {
+            code: "2".into(),
+            inputs: "{}".into(),
+            input_artifacts: Vec::new(),
+            dependencies: Vec::new(),
+            journal: Journal::default().encode().unwrap(),
+            state: RunState::Suspended(vec!["s0".into()]),
+            typed: true,
+            files: vec![("b.txt".into(), FileV2::Bytes(b"xyz".to_vec()))],
+        });
+        let old = Checkpoint::decode("r", &versioned(2, &v2)).unwrap();
+        assert_eq!(old.state, RunState::Suspended(vec!["s0".into()]));
+        let old = old.request().unwrap();
+        assert!(old.typed);
+        assert_eq!(
+            old.files,
+            vec![("b.txt".into(), crate::FileSource::Bytes(b"xyz".to_vec()))]
+        );
+        let v1 = CheckpointRecord::V1(CheckpointV1 {
+            code: "3".into(),
+            inputs: "{\"n\": 1}".into(),
+            input_artifacts: Vec::new(),
+            dependencies: vec!["six".into()],
+            journal: Journal::default().encode().unwrap(),
+            state: RunState::Running,
+        });
+        let old = Checkpoint::decode("r", &versioned(1, &v1))
+            .unwrap()
+            .request()
+            .unwrap();
+        assert_eq!(
+            (old.code.as_str(), old.inputs["n"].clone()),
+            ("3", 1.into())
+        );
+        assert!(!old.typed && old.files.is_empty());
+        let err = Checkpoint::decode("r", &versioned(4, &v1)).unwrap_err();
+        assert!(err.to_string().contains("newer"), "{err}");
+    }
 }

@@ -81,6 +81,10 @@ pub struct Envelope {
     /// ran: its interpreter had died, been evicted, or lived on another host.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restored: bool,
+    /// With `restored`: how the session came back (from a snapshot of its namespace, or by replaying
+    /// every cell), what was replayed and why, and what it cost. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreReport>,
     /// The value as Python shows it, when the request asked for it (a REPL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_repr: Option<String>,
@@ -119,6 +123,28 @@ pub struct Envelope {
     /// with the run as the artifact `network-log.jsonl`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<runpython_egress::NetworkReport>,
+}
+
+/// The envelope's `restore`: how a session was restored before the cell ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreReport {
+    /// `"snapshot"`: its namespace was loaded from a snapshot, and the cells recorded after it
+    /// replayed; `"replay"`: every recorded cell was replayed.
+    pub from: String,
+    /// With `"snapshot"`: how many of the recorded cells the snapshot holds the effects of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_cells: Option<u64>,
+    /// Cells replayed (tool calls answered from their journals).
+    pub replayed: u64,
+    /// Why cells were replayed: why the session had no snapshot of its latest cells, or why its
+    /// snapshot could not be used. Absent when none was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// Milliseconds restoring took (the snapshot found and loaded, the cells replayed), before the
+    /// cell ran.
+    pub ms: f64,
+    /// Of `ms`, loading the snapshot in the new interpreter, by its own clock (not its start).
+    pub snapshot_ms: Option<f64>,
 }
 
 /// The envelope's `dependencies`: what the run's environment holds, or what an install refused.
@@ -287,6 +313,7 @@ impl Envelope {
             session_id: None,
             cell: None,
             restored: false,
+            restore: None,
             return_repr: None,
             return_typed: None,
             kept: true,

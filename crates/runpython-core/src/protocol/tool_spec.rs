@@ -230,6 +230,18 @@ pub(crate) fn envelope_schema() -> Value {
             "isolation": nullable_object,
             "kept": {"type": "boolean", "description": "false when the store failed to keep the run after the code ran (absent otherwise)."},
             "store_error": {"type": "string", "description": "The store's error when kept is false."},
+            "restore": {
+                "type": "object",
+                "description": "With restored: how the session came back (from a snapshot, or every cell replayed), and why cells were replayed.",
+                "properties": {
+                    "from": {"type": "string", "enum": ["snapshot", "replay"]},
+                    "snapshot_cells": {"type": ["integer", "null"]},
+                    "replayed": {"type": "integer"},
+                    "why": {"type": ["string", "null"]},
+                    "ms": {"type": "number"},
+                    "snapshot_ms": {"type": ["number", "null"]},
+                },
+            },
         },
         "required": ["status", "return_value", "stdout", "stderr", "error", "artifacts", "run_id"],
     })

@@ -251,10 +251,11 @@ pub(crate) async fn drive(
     // it resumable again.
     let durable = match &engine.inner.keep {
         Some(keep) if engine.inner.durable || replay.is_some() => {
+            let secrets = crate::durable::at_rest::secret_names(&engine.inner.sandbox);
             let sink = crate::durable::resume::durable_sink(
                 &keep.store,
                 run_id,
-                request,
+                (request, &secrets),
                 replay.is_some(),
             )
             .await?;

@@ -389,10 +389,11 @@ async fn keep_attempt(
     )>,
     prepared: &Prepared,
 ) -> Result<(), Error> {
+    let secrets = crate::durable::at_rest::secret_names(&engine.inner.sandbox);
     crate::durable::resume::after_attempt(
         &keep.store,
         &envelope.run_id.clone(),
-        request,
+        (request, &secrets),
         envelope,
         journal,
         engine.inner.durable || resumed,

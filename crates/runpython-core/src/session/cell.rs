@@ -17,7 +17,7 @@ use crate::protocol::request::{new_run_id, Event, RunRequest};
 use crate::run::attempt::OutputUpload;
 use crate::run::execute::{elapsed_ms, Outcome};
 use crate::run::tools::RunTools;
-use crate::session::{CellRecord, CellSpec, Entry, Live};
+use crate::session::{CellRecord, CellRun, CellSpec, Entry, Live};
 use crate::RunPython;
 
 /// Runs one cell in `live` (its dependencies prepared and its interpreter told to use them).
@@ -165,10 +165,12 @@ pub(crate) async fn cell(
         .ok_or_else(|| Error::Internal("a session cell without an interpreter".into()))?;
     let run_id = new_run_id();
     let mark = live.egress().map(runpython_egress::Egress::mark);
+    let ran_at = Instant::now();
     let ran = crate::session::cell::run_live_cell(
         engine, e, &mut live, request, &run_id, replay, events, cancel, false,
     )
     .await;
+    let ran_for = ran_at.elapsed();
     // What this cell did with the network (the session's interpreter keeps one egress).
     let network = match (live.egress(), mark) {
         (Some(egress), Some(mark)) => {
@@ -282,6 +284,7 @@ pub(crate) async fn cell(
                     files: raw.lost.is_none() || !suspended.is_empty(),
                     suspended,
                     streamed,
+                    ran_for,
                 };
                 crate::session::cell::keep_cell(
                     engine,
@@ -295,8 +298,17 @@ pub(crate) async fn cell(
                 .await
             }
         };
-        if let Err(err) = kept {
-            crate::run::execute::not_kept(&mut envelope, &crate::error_report(&err));
+        match kept {
+            Err(err) => crate::run::execute::not_kept(&mut envelope, &crate::error_report(&err)),
+            Ok(()) if completed => {
+                if let Some(why) =
+                    crate::session::snapshot::after_cell(engine, keep, e, &mut live, ran_for).await
+                {
+                    raw.lost = Some(why.clone()); // the cell's outcome stands; the session restores
+                    e.lost = Some(why);
+                }
+            }
+            Ok(()) => {}
         }
     }
     if raw.lost.is_none() {
@@ -332,12 +344,23 @@ async fn keep_cell(
     if cell.record {
         let journal = cell.journal.cloned().unwrap_or_default();
         let mut record = e.record.take().unwrap_or_default();
-        record.cells.push(CellRecord::new(
-            request,
-            &journal,
-            &run_id,
-            cell.suspended.clone(),
-        )?);
+        let ran = CellRun {
+            journal: &journal,
+            run_id: &run_id,
+            suspended: cell.suspended.clone(),
+            failed: envelope.error.as_ref().map(|err| err.kind.clone()),
+            ms: u64::try_from(cell.ran_for.as_millis()).unwrap_or(u64::MAX),
+        };
+        let secrets = crate::durable::at_rest::secret_names(&engine.inner.sandbox);
+        let made = CellRecord::new(&keep.store, request, secrets, ran).await;
+        let made = match made {
+            Ok(made) => made,
+            Err(err) => {
+                e.record = Some(record);
+                return Err(err);
+            }
+        };
+        record.cells.push(made);
         record.dependencies = e.deps.clone();
         let saved = record.save(&keep.store, &e.id).await;
         e.record = Some(record);
@@ -372,6 +395,8 @@ struct KeptCell<'a> {
     files: bool,
     suspended: Vec<String>,
     streamed: Vec<runpython_store::Artifact>,
+    /// How long it ran.
+    ran_for: std::time::Duration,
 }
 
 /// `request` with the environment its kept output is masked with: every variable the session's cells

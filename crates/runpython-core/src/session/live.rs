@@ -90,6 +90,32 @@ pub(crate) struct CellSpec<'a> {
 }
 
 impl Live {
+    /// Starts a session's interpreter: every isolation layer and limit of a run; it reads every
+    /// prepared environment (so a cell may add dependencies while the session lives).
+    pub(crate) async fn start(engine: &crate::RunPython) -> Result<Self, Error> {
+        let interpreter = engine.interpreter().await?.clone();
+        let code_dir = crate::child::code_dir()?;
+        if !crate::child::bytecode_ready(&interpreter.executable) {
+            let (python, version) = (interpreter.executable.clone(), interpreter.version);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::child::ensure_bytecode(&python, version, code_dir)
+            })
+            .await;
+        }
+        let envs = engine.inner.deps.root().to_owned();
+        let _ = std::fs::create_dir_all(&envs);
+        let spec = crate::child::SlotSpec {
+            sandbox: engine.inner.sandbox.clone(),
+            timeout: engine.inner.limits.timeout,
+            env_passthrough: engine.inner.env_passthrough.clone(),
+        };
+        // Started from this task's thread, not a blocking-pool thread: the interpreter's parent-death
+        // signal follows the thread that forked it, and the blocking pool ends idle threads (a session
+        // left idle ten seconds was killed with its thread).
+        let slot = spec.spawn_session(&interpreter.executable, code_dir, &[envs.as_path()])?;
+        Self::new(slot)
+    }
+
     /// Takes over an interpreter started in session mode.
     pub(crate) fn new(slot: Slot) -> Result<Self, Error> {
         let Slot {
@@ -145,6 +171,42 @@ impl Live {
             }
         }
         self.control.write_all(payload).await.map_err(io)
+    }
+
+    /// Interrupts what the interpreter is doing (a cell, a snapshot): a `KeyboardInterrupt` there.
+    pub(crate) async fn interrupt(&mut self) {
+        if let Ok(interrupt) = serde_json::to_vec(&ControlMessage::Interrupt) {
+            let _ = self.send(&interrupt, &[]).await;
+        }
+    }
+
+    /// Sends `message` (a snapshot to take or load) with two fresh pipes: the interpreter gets the
+    /// data pipe's end `data_write` says (the write end: it writes the snapshot; else the read end)
+    /// and the answer pipe's write end. Returns the host's ends: the data pipe's other end and the
+    /// answer's read end.
+    pub(crate) async fn send_snapshot_message(
+        &mut self,
+        message: &ControlMessage<'_>,
+        data_write: bool,
+    ) -> Result<(OwnedFd, tokio::net::unix::pipe::Receiver), Error> {
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| Error::io_pathless("creating a snapshot's pipes", e.into()))
+        };
+        let (data_r, data_w) = pipe()?;
+        let (res_r, res_w) = pipe()?;
+        let (host, child) = if data_write {
+            (data_r, data_w)
+        } else {
+            (data_w, data_r)
+        };
+        let payload = serde_json::to_vec(message).map_err(|e| Error::Internal(e.to_string()))?;
+        self.send(&payload, &[child.as_raw_fd(), res_w.as_raw_fd()])
+            .await?;
+        drop((child, res_w));
+        let answer = tokio::net::unix::pipe::Receiver::from_owned_fd(res_r)
+            .map_err(|e| Error::io_pathless("reading a snapshot's answer", e))?;
+        Ok((host, answer))
     }
 
     /// Runs one cell to its answer (or its end).
@@ -278,9 +340,7 @@ impl Live {
         match &ending {
             Ending::TimedOut => {
                 // Interrupt first: the cell gets a KeyboardInterrupt and the session keeps its state.
-                if let Ok(interrupt) = serde_json::to_vec(&ControlMessage::Interrupt) {
-                    let _ = self.send(&interrupt, &[]).await;
-                }
+                self.interrupt().await;
                 let mut answer_rx2 = answer_rx.clone();
                 let stopped =
                     tokio::time::timeout(INTERRUPT_GRACE, answer_rx2.wait_for(|done| *done)).await;

@@ -6,20 +6,23 @@
 //! The registry keeps at most [`SessionConfig::max_live`] interpreters alive (the least recently used
 //! idle one is evicted past that) and expires those idle for [`SessionConfig::idle`]. A session whose
 //! interpreter is gone (killed after a timeout, evicted, expired, or its host died) is reported as lost in
-//! the next call, never silently empty; with a store it is restored instead, by replaying its recorded
-//! cells ([`record`]) in a new interpreter, tool calls answered from their journals.
+//! the next call, never silently empty; with a store it is restored instead ([`restore`]): the latest
+//! snapshot of its namespace ([`snapshot`]) loaded in a new interpreter, then the cells recorded
+//! after it ([`record`]) replayed, tool calls answered from their journals.
 
 pub(crate) mod cell;
 mod live;
 mod record;
+mod restore;
 pub(crate) mod route;
+mod snapshot;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 pub(crate) use live::{CellRaw, CellSpec, Live};
-pub(crate) use record::{spill_for, CellRecord, SessionRecord};
+pub(crate) use record::{spill_for, CellRecord, CellRun, SessionRecord};
 
 /// Limits of an engine's sessions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +32,12 @@ pub struct SessionConfig {
     pub max_live: usize,
     /// A session unused this long is expired: its interpreter is killed (default 10 minutes).
     pub idle: Duration,
+    /// With a store: the largest snapshot of a session's namespace kept, in bytes (default 64 MiB);
+    /// a namespace that pickles to more is restored by replay. 0 takes no snapshots.
+    pub snapshot_max_bytes: u64,
+    /// With a store: the time a restore may spend loading a snapshot and replaying cells (default 60
+    /// s); past it the restore fails, naming the session and why, and its record is kept.
+    pub replay_budget: Duration,
 }
 
 impl Default for SessionConfig {
@@ -36,6 +45,8 @@ impl Default for SessionConfig {
         Self {
             max_live: 16,
             idle: Duration::from_secs(600),
+            snapshot_max_bytes: 64 << 20,
+            replay_budget: Duration::from_secs(60),
         }
     }
 }
@@ -62,6 +73,8 @@ pub(crate) struct Entry {
     /// Every per-cell environment variable given so far: a later cell's kept output is masked with
     /// them too (the code may have kept a value it read). In memory only, never stored.
     pub secrets: std::collections::BTreeMap<String, String>,
+    /// When the live interpreter's next snapshot is due.
+    pub snapshots: snapshot::Snapshots,
 }
 
 /// The sessions of one engine (shared by its clones).
@@ -126,6 +139,7 @@ impl Registry {
                 added_deps: None,
                 record: None,
                 secrets: std::collections::BTreeMap::new(),
+                snapshots: snapshot::Snapshots::default(),
             }))
         }))
     }

@@ -9,15 +9,13 @@ use runpython_bridge::ReplayPlan;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::child::code_dir;
 use crate::error::Error;
 use crate::protocol::envelope::{Envelope, ErrorInfo, Status};
-use crate::protocol::outcome::Ending;
 use crate::protocol::request::{
     check_env, check_files, check_input_names, new_run_id, Event, RunRequest,
 };
-use crate::run::execute::{elapsed_ms, Outcome};
-use crate::session::{check_session_id, new_session_id, CellRecord, Entry, Live, SessionRecord};
+use crate::run::execute::elapsed_ms;
+use crate::session::{check_session_id, new_session_id, SessionRecord};
 use crate::{RunHandle, RunPython};
 
 /// A session: state kept across calls in one long-lived sandboxed interpreter. Cells run in one
@@ -119,32 +117,6 @@ async fn session_record(engine: &RunPython, id: &str) -> Result<Option<SessionRe
     }
 }
 
-/// Starts a session's interpreter: every isolation layer and limit of a run; it reads every
-/// prepared environment (so a cell may add dependencies while the session lives).
-async fn start_live(engine: &RunPython) -> Result<Live, Error> {
-    let interpreter = engine.interpreter().await?.clone();
-    let code_dir = code_dir()?;
-    if !crate::child::bytecode_ready(&interpreter.executable) {
-        let (python, version) = (interpreter.executable.clone(), interpreter.version);
-        let _ = tokio::task::spawn_blocking(move || {
-            crate::child::ensure_bytecode(&python, version, code_dir)
-        })
-        .await;
-    }
-    let envs = engine.inner.deps.root().to_owned();
-    let _ = std::fs::create_dir_all(&envs);
-    let spec = crate::child::SlotSpec {
-        sandbox: engine.inner.sandbox.clone(),
-        timeout: engine.inner.limits.timeout,
-        env_passthrough: engine.inner.env_passthrough.clone(),
-    };
-    // Started from this task's thread, not a blocking-pool thread: the interpreter's parent-death
-    // signal follows the thread that forked it, and the blocking pool ends idle threads (a session
-    // left idle ten seconds was killed with its thread).
-    let slot = spec.spawn_session(&interpreter.executable, code_dir, &[envs.as_path()])?;
-    Live::new(slot)
-}
-
 /// Runs one cell of the session `id` (routed here by `RunRequest::session`).
 pub(crate) async fn execute_cell(
     engine: &RunPython,
@@ -182,7 +154,7 @@ pub(crate) async fn execute_cell(
         envelope.duration_ms = elapsed_ms(started);
         return Ok(envelope);
     }
-    let mut restored = false;
+    let mut restore = None;
     if e.live.is_none() {
         let record = crate::session::route::session_record(engine, id)
             .await?
@@ -195,26 +167,37 @@ pub(crate) async fn execute_cell(
                 return Ok(lost_envelope(id, &why, started));
             }
         }
-        let mut live = crate::session::route::start_live(engine).await?;
-        if let Some(record) = record {
-            if let Some(last) = record.cells.last() {
-                if !last.suspended.is_empty() {
-                    return Err(Error::InvalidInput(format!(
-                        "session {id} waits for a decision on {} (run {}); resume that run",
-                        last.suspended.join(", "),
-                        last.run_id
-                    )));
+        let live = match record {
+            Some(record) => {
+                if let Some(last) = record.cells.last() {
+                    if !last.suspended.is_empty() {
+                        return Err(Error::InvalidInput(format!(
+                            "session {id} waits for a decision on {} (run {}); resume that run",
+                            last.suspended.join(", "),
+                            last.run_id
+                        )));
+                    }
                 }
+                let upto = record.cells.len();
+                let (live, report) = match crate::session::restore::restore(
+                    engine,
+                    &mut e,
+                    &record,
+                    upto,
+                    &request.env,
+                    started,
+                )
+                .await?
+                {
+                    Ok(restored) => restored,
+                    Err(envelope) => return Ok(*envelope),
+                };
+                e.record = Some(record);
+                restore = Some(report);
+                live
             }
-            if let Err(envelope) =
-                crate::session::route::replay(engine, &mut e, &mut live, &record.cells, started)
-                    .await?
-            {
-                return Ok(*envelope);
-            }
-            e.record = Some(record);
-            restored = true;
-        }
+            None => crate::session::Live::start(engine).await?,
+        };
         e.live = Some(live);
         engine
             .inner
@@ -223,109 +206,9 @@ pub(crate) async fn execute_cell(
     }
     let mut envelope =
         crate::session::cell::cell(engine, &mut e, &request, None, events, cancel, started).await?;
-    envelope.restored = restored;
+    envelope.restored = restore.is_some();
+    envelope.restore = restore;
     Ok(envelope)
-}
-
-/// Replays recorded cells in a new interpreter (output discarded, tool calls answered from their
-/// journals). `Ok(Err(envelope))` when the replay failed: the envelope says why, and the session is
-/// lost.
-async fn replay(
-    engine: &RunPython,
-    e: &mut Entry,
-    live: &mut Live,
-    cells: &[CellRecord],
-    started: Instant,
-) -> Result<Result<(), Box<Envelope>>, Error> {
-    e.cells = 0;
-    e.deps.clear();
-    for (i, cell) in cells.iter().enumerate() {
-        let request = cell.request()?;
-        let plan = ReplayPlan {
-            journal: cell.journal()?,
-            decisions: HashMap::new(),
-        };
-        let raw = match crate::session::cell::run_live_cell(
-            engine,
-            e,
-            live,
-            &request,
-            &cell.run_id,
-            Some(plan),
-            None,
-            None,
-            true,
-        )
-        .await?
-        {
-            Ok((raw, _)) => raw,
-            Err(mut envelope) => {
-                // Its dependencies could not be prepared again.
-                live.kill();
-                envelope.session_id = Some(e.id.clone());
-                envelope.restored = true;
-                e.cells = 0;
-                return Ok(Err(Box::new(envelope)));
-            }
-        };
-        let failed = match &raw.ending {
-            Ending::Bridge(runpython_bridge::Stop::Diverged { .. }) => true,
-            _ => raw.lost.is_some(),
-        };
-        if failed {
-            live.kill();
-            let mut envelope = crate::run::execute::envelope_of(
-                engine,
-                new_run_id(),
-                Outcome {
-                    ending: raw.ending,
-                    answer: &raw.answer,
-                    stdout: &raw.stdout,
-                    stderr: &raw.stderr,
-                    isolation: live.isolation.clone(),
-                    oom_killed: raw.oom_killed,
-                    bridge_stats: raw.bridge_stats.as_deref(),
-                },
-                engine.inner.limits.timeout,
-                started,
-            )?;
-            envelope.session_id = Some(e.id.clone());
-            envelope.restored = true;
-            let why = format!(
-                "restoring session {} failed at its cell {}: {}",
-                e.id,
-                i + 1,
-                envelope
-                    .error
-                    .as_ref()
-                    .map_or("the replay stopped".to_owned(), |err| err.message.clone())
-            );
-            if let Some(err) = &mut envelope.error {
-                err.message = why.clone();
-            } else {
-                envelope.status = Status::Error;
-                envelope.error = Some(ErrorInfo::new("SessionLost", why.clone()));
-            }
-            e.lost = None;
-            e.cells = 0;
-            return Ok(Err(Box::new(envelope)));
-        }
-        e.cells = i as u64 + 1;
-    }
-    if engine.inner.keep.is_some() {
-        // The next cell's envelope lists only what it changed.
-        let _ = live
-            .changed_files(
-                engine
-                    .inner
-                    .keep
-                    .as_ref()
-                    .map(|k| k.collect.clone())
-                    .unwrap_or_default(),
-            )
-            .await;
-    }
-    Ok(Ok(()))
 }
 
 /// Resumes a session's suspended cell `run_id`: the session is rebuilt from its record (the cells
@@ -366,25 +249,37 @@ pub(crate) async fn resume_cell(
     if let Some(mut live) = e.live.take() {
         live.kill();
     }
-    let mut live = crate::session::route::start_live(engine).await?;
-    if let Err(envelope) =
-        crate::session::route::replay(engine, &mut e, &mut live, before, started).await?
+    // `resume` gives no environment values: cells that had some restore only from a snapshot taken
+    // after them, and the suspended cell runs again without its own (as a resumed run does).
+    let none = std::collections::BTreeMap::new();
+    let (live, report) = match crate::session::restore::restore(
+        engine,
+        &mut e,
+        &record,
+        before.len(),
+        &none,
+        started,
+    )
+    .await?
     {
-        return Ok(*envelope);
-    }
+        Ok(restored) => restored,
+        Err(envelope) => return Ok(*envelope),
+    };
     let mut rest = record.clone();
     rest.pop_cell();
     e.record = Some(rest);
     e.live = Some(live);
-    let request = last.request()?;
+    let request = last.request.request(&none)?;
     let plan = ReplayPlan {
         journal: last.journal()?,
         decisions,
+        complete: false,
     };
     let mut envelope =
         crate::session::cell::cell(engine, &mut e, &request, Some(plan), None, None, started)
             .await?;
     envelope.restored = true;
+    envelope.restore = Some(report);
     if let Some(keep) = &engine.inner.keep {
         crate::durable::resume::finish_session_cell(&keep.store, run_id).await?;
     }

@@ -165,7 +165,12 @@ class Envelope:
         """The cell's number in its session, from 1; None for a run of its own."""
     @property
     def restored(self) -> bool:
-        """True when the session was rebuilt from the store (its cells replayed) before this cell ran."""
+        """True when the session was rebuilt from the store (its snapshot loaded, cells replayed) before
+        this cell ran."""
+    @property
+    def restore(self) -> dict[str, Any] | None:
+        """With `restored`: how the session came back ("from": "snapshot" or "replay", "snapshot_cells",
+        "replayed", "why", "ms", "snapshot_ms"); None otherwise."""
     @property
     def return_repr(self) -> str | None:
         """The value as a REPL prints it, when the cell asked for it (`repr=True`)."""
@@ -213,6 +218,8 @@ class _PoolSettings(TypedDict, total=False):
 class _SessionSettings(TypedDict, total=False):
     max_live: int
     idle: _Seconds
+    snapshot_max_bytes: int
+    replay_budget: _Seconds
 
 class _NetworkSettings(TypedDict, total=False):
     allow: Sequence[str]

@@ -24,7 +24,8 @@ pub use state::{
     checkpoints_are_listed_with_their_run_and_time, memo_round_trip_and_expiry,
     memoized_computes_once_for_concurrent_callers, memoized_errors_are_shared_and_not_cached,
     memoized_results_not_kept_are_computed_again,
-    session_records_and_parts_round_trip_and_are_deleted_together, tenants_see_only_their_own,
+    session_records_and_parts_round_trip_and_are_deleted_together,
+    session_snapshots_replace_whole_and_go_with_their_session, tenants_see_only_their_own,
 };
 
 type Check = Result<(), String>;
@@ -110,6 +111,7 @@ pub async fn run_all(store: &Store) -> Check {
         memoized_errors_are_shared_and_not_cached,
         checkpoints_are_listed_with_their_run_and_time,
         session_records_and_parts_round_trip_and_are_deleted_together,
+        session_snapshots_replace_whole_and_go_with_their_session,
         tenants_see_only_their_own,
     );
     Ok(())
@@ -199,7 +201,7 @@ pub async fn aborted_streamed_upload_leaves_nothing_visible(store: &Store) -> Ch
     })
 }
 
-struct FailingReader;
+pub(super) struct FailingReader;
 
 impl tokio::io::AsyncRead for FailingReader {
     fn poll_read(

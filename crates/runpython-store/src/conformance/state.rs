@@ -242,6 +242,67 @@ pub async fn session_records_and_parts_round_trip_and_are_deleted_together(store
         .map_err(fail("delete_session"))
 }
 
+/// A session's snapshot comes back as written, small (one request) or large (a multipart upload); a
+/// stream that fails midway, small or large, leaves the earlier snapshot whole; deleting the session
+/// removes it.
+pub async fn session_snapshots_replace_whole_and_go_with_their_session(store: &Store) -> Check {
+    async fn read(store: &Store, id: &str) -> Result<Option<Vec<u8>>, String> {
+        let Some(stream) = store
+            .get_session_snapshot(id)
+            .await
+            .map_err(fail("get_session_snapshot"))?
+        else {
+            return Ok(None);
+        };
+        let chunks: Vec<bytes::Bytes> = stream
+            .try_collect()
+            .await
+            .map_err(fail("reading the snapshot"))?;
+        Ok(Some(chunks.concat()))
+    }
+    let id = unique("snap");
+    ensure(read(store, &id).await?.is_none(), || {
+        "a session that never kept a snapshot has one".into()
+    })?;
+    let small = b"snapshot one".to_vec();
+    let written = store
+        .put_session_snapshot(&id, &small[..])
+        .await
+        .map_err(fail("put_session_snapshot"))?;
+    ensure(written == small.len() as u64, || {
+        format!("wrote {written} bytes")
+    })?;
+    ensure(read(store, &id).await?.as_ref() == Some(&small), || {
+        "the snapshot came back changed".into()
+    })?;
+    let part = store.inner.options.upload_part_bytes;
+    let large: Vec<u8> = unique("large").bytes().cycle().take(part * 2 + 7).collect();
+    store
+        .put_session_snapshot(&id, &large[..])
+        .await
+        .map_err(fail("put_session_snapshot, large"))?;
+    ensure(read(store, &id).await?.as_ref() == Some(&large), || {
+        "the large snapshot came back changed".into()
+    })?;
+    for head in [&b"short"[..], &large[..]] {
+        let failing = tokio::io::AsyncReadExt::chain(head, super::FailingReader);
+        match store.put_session_snapshot(&id, failing).await {
+            Err(Error::Source { .. }) => {}
+            other => return Err(format!("expected a Source error, got {other:?}")),
+        }
+        ensure(read(store, &id).await?.as_ref() == Some(&large), || {
+            "a snapshot that failed midway replaced the earlier one".into()
+        })?;
+    }
+    store
+        .delete_session(&id)
+        .await
+        .map_err(fail("delete_session"))?;
+    ensure(read(store, &id).await?.is_none(), || {
+        "a deleted session's snapshot is still there".into()
+    })
+}
+
 /// Two tenants of one backend, and its default tenant: each reads only what it wrote. Another tenant's
 /// run, artifact, checkpoint, session and memo entry read exactly as missing ones do (the error differs
 /// from a never-stored id's only in the id), a blob both stored is each one's own, listings hold only

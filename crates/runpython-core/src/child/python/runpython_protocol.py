@@ -14,7 +14,12 @@ RUN_REQUEST = frozenset(
 TRUST_BUNDLE = frozenset(("path", "pem"))
 
 # A session's control messages (`ControlMessage`), by their "type".
-CONTROL = {"cell": RUN_REQUEST | {"type"}, "interrupt": frozenset(("type",))}
+CONTROL = {
+    "cell": RUN_REQUEST | {"type"},
+    "interrupt": frozenset(("type",)),
+    "snapshot": frozenset(("type", "max_bytes")),
+    "restore": frozenset(("type", "site_dirs")),
+}
 
 
 class ProtocolError(Exception):
@@ -43,7 +48,8 @@ def run_request(message, keys=RUN_REQUEST, what="the run's request"):
 
 
 def control_message(message):
-    """A session's control message, checked: a cell (a run's request with its "type") or an interrupt."""
+    """A session's control message, checked: a cell (a run's request with its "type"), an interrupt, a
+    snapshot to take or one to load."""
     kind = message.get("type") if type(message) is dict else None
     keys = CONTROL.get(kind)
     if keys is None:

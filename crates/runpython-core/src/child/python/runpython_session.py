@@ -8,8 +8,9 @@ machinery is `runpython_run`'s.
 import posix
 import sys
 
+import runpython_snapshot
 from runpython_display import _install_display, _save_open_figures
-from runpython_json import json_loads
+from runpython_json import json_dumps, json_loads
 from runpython_protocol import ProtocolError, control_message
 from runpython_run import (
     BRIDGE_FD,
@@ -171,6 +172,56 @@ class _Session:
         posix.dup2(null, BRIDGE_FD, inheritable=False)
         posix.close(null)
 
+    def snapshot(self, request, fds, namespace):
+        """Writes the namespace's snapshot into the pipe `fds[0]` (within `max_bytes`) and says how it
+        went on `fds[1]`; the host keeps the bytes only when this says "ok"."""
+        data, res = fds[0], fds[1]
+        for fd in fds[2:]:
+            posix.close(fd)
+
+        def dump():
+            return {"status": "ok", "bytes": runpython_snapshot.dump(namespace, data, request["max_bytes"])}
+
+        write_result(res, json_dumps(self._timed(dump)))
+
+    def restore(self, request, fds, namespace, sites):
+        """Loads a snapshot from the pipe `fds[0]` into the (new, empty) namespace and says how it went on
+        `fds[1]`. A failed load leaves part of it behind: the host then starts another interpreter."""
+        data, res = fds[0], fds[1]
+        for fd in fds[2:]:
+            posix.close(fd)
+        add_sites(request["site_dirs"], sites)  # a snapshot of a DataFrame imports pandas
+
+        def load():
+            runpython_snapshot.load(namespace, data)
+            return {"status": "ok"}
+
+        write_result(res, json_dumps(self._timed(load)))
+
+    def _timed(self, step):
+        """`step()`'s answer with how long it took; a failure as the answer that names it. The host may
+        interrupt it (a snapshot that takes too long)."""
+        import time
+
+        started = time.perf_counter()
+        with self.lock:
+            self.running = True
+        try:
+            answer = step()
+        except runpython_snapshot.TooLarge as exc:
+            answer = {"status": "too_large", "bytes": exc.args[0]}
+        except runpython_snapshot.Unkept as exc:
+            answer = {"status": "failed", "why": str(exc)}
+        except KeyboardInterrupt:
+            answer = {"status": "failed", "why": "interrupted by the host: it took too long"}
+        except BaseException as exc:
+            answer = {"status": "failed", "why": runpython_snapshot.describe(exc)}
+        finally:
+            with self.lock:
+                self.running = False
+        answer["ms"] = (time.perf_counter() - started) * 1000
+        return answer
+
     def _loop(self):
         if self.loop is None:
             import asyncio
@@ -193,7 +244,13 @@ def main():
             request, fds = session.next_cell()
             if request is None:
                 break
-            session.run_cell(request, fds, namespace, sites)
+            kind = request["type"]
+            if kind == "snapshot":
+                session.snapshot(request, fds, namespace)
+            elif kind == "restore":
+                session.restore(request, fds, namespace, sites)
+            else:
+                session.run_cell(request, fds, namespace, sites)
         except KeyboardInterrupt:
             continue  # an interrupt that arrived between cells
     posix._exit(0)
