@@ -8,6 +8,7 @@ pub mod egress_bench;
 pub mod mcp_bench;
 pub mod py_bench;
 pub mod recorder;
+pub mod start_bench;
 pub mod stats;
 pub mod store_bench;
 pub mod template_bench;
