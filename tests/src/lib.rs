@@ -9,6 +9,7 @@ pub mod mcp_bench;
 pub mod py_bench;
 pub mod recorder;
 pub mod session_bench;
+pub mod start_bench;
 pub mod stats;
 pub mod store_bench;
 pub mod template_bench;

@@ -515,6 +515,22 @@ fn bench(args: &[String]) -> Result<()> {
         ]),
     )?;
     let tools = bootstrap_tools()?;
+    // The yardstick of `cli_run_vs_bwrap`: bubblewrap from Debian's packages.
+    if !Path::new("/usr/bin/bwrap").exists() {
+        let apt = |args: &[&str]| {
+            Command::new("apt-get")
+                .args(args)
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        };
+        eprintln!("==> install bubblewrap (apt-get install bubblewrap)");
+        let install = || apt(&["install", "-y", "-q", "bubblewrap"]);
+        if !(install() || (apt(&["update", "-q"]) && install())) {
+            eprintln!("cannot install bubblewrap with apt-get: cli_run_vs_bwrap is skipped");
+        }
+    }
     let (bench_python, bench_wheel) = pypkg::bench_python(&tools)?;
     let smolagents_python = integrations::bench_python(&tools, &bench_wheel)?;
     let chart_python = pypkg::chart_python(&tools)?;
@@ -604,6 +620,12 @@ fn target_of(metric: &str) -> &'static str {
         "session_restore_vs_cell" => "≤ 3 (plus the snapshot load), whatever the cells' number",
         "tenant_foreign_vs_missing_read" => "≈ 1 (within noise: a refusal says nothing)",
         "tenant_fair_latency_ratio" => "≤ 2",
+        "cli_run_vs_bwrap" => {
+            "≤ 1.0 (runpython run -c 1+1 against bwrap --unshare-all python -I -S)"
+        }
+        "runs_per_s_vs_ns_ceiling" => {
+            "≥ 0.7 (forked runs against namespaces + mounts + cgroups, no Python)"
+        }
         "egress_rtt_vs_direct" => "≤ 1.3",
         "egress_throughput_vs_direct" => "≥ 0.8",
         "chart_run_vs_jupyter_cell" => "≤ 1.2 (a fresh run per call against a warm Jupyter cell)",

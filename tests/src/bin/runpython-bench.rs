@@ -67,6 +67,14 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         "machine".into(),
         json!(machine(&interpreter.minor_version())),
     );
+    let bin = std::env::current_exe()?.with_file_name("runpython");
+    if std::env::var("RUNPYTHON_BENCH_SECTIONS").as_deref() == Ok("fixed_costs") {
+        runpython_tests::start_bench::only(&mut m, &interpreter.executable, &bin, ROUNDS)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("{}", serde_json::to_string(&Value::Object(m))?);
+        return Ok(());
+    }
 
     // Interpreter floor and a trivial cold run, interleaved so that noise hits both alike.
     let (mut floor, mut cold) = (Vec::new(), Vec::new());
@@ -92,7 +100,6 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     // MCP: the server's cost per call over stdio against the library's, also while this process is
     // small (its pool refills fork it). The `runpython` binary sits beside this one (`cargo xtask
     // bench` builds both).
-    let bin = std::env::current_exe()?.with_file_name("runpython");
     if bin.exists() {
         let (mcp_ms, lib_ms) = runpython_tests::mcp_bench::stdio_vs_library(&bin, ROUNDS)
             .await
@@ -103,6 +110,9 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
             "mcp_call_overhead_ms".into(),
             json!(round3(mcp_ms - lib_ms)),
         );
+        // The CLI's whole process against bubblewrap's around the same interpreter.
+        runpython_tests::start_bench::cli_vs_bwrap(&mut m, &bin, &interpreter.executable, ROUNDS)
+            .map_err(|e| e.to_string())?;
     }
 
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
@@ -172,14 +182,16 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         json!(round3(64.0 / t.elapsed().as_secs_f64())),
     );
     drop(busy);
+    let forked_per_s = runs_per_s_16(&forked, "sum(range(1000))")
+        .await
+        .map_err(|e| e.to_string())?;
     m.insert(
         "runs_per_s_16_concurrent".into(),
-        json!(round3(
-            runs_per_s_16(&forked, "sum(range(1000))")
-                .await
-                .map_err(|e| e.to_string())?
-        )),
+        json!(round3(forked_per_s)),
     );
+    // What the kernel allows for the same namespaces, mounts and cgroup joins, without Python.
+    runpython_tests::start_bench::ceiling_figures(&mut m, forked_per_s)
+        .map_err(|e| e.to_string())?;
 
     // The same trivial run, kept in a local file store (script, output, value, manifest written).
     let store_dir = tempfile::tempdir()?;
