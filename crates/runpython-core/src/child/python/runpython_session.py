@@ -54,6 +54,12 @@ class _Session:
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)
         self.running = False
+        # Messages are numbered as they arrive: `current` is the one taken last, and an interrupt that
+        # came before it began marks every message up to `interrupt_upto`.
+        self.received = 0
+        self.current = 0
+        self.current_begun = True
+        self.interrupt_upto = 0
         self.closed = False
         self.loop = None
         self.main_thread = threading.main_thread().ident
@@ -92,26 +98,45 @@ class _Session:
             if message["type"] == "interrupt":
                 for fd in fds:
                     posix.close(fd)
-                with self.lock:
-                    if self.running:
-                        # SIGINT to the main thread itself (a signal to the process may land on this
-                        # thread and leave a sleeping cell asleep): a KeyboardInterrupt in the cell.
-                        import signal
-
-                        signal.pthread_kill(self.main_thread, signal.SIGINT)
+                self._interrupt()
                 continue
             with self.lock:
+                self.received += 1
                 self.cells.append((message, fds))
                 self.ready.notify()
         with self.lock:
             self.closed = True
             self.ready.notify()
 
+    def _interrupt(self):
+        """The host's interrupt: a KeyboardInterrupt in the running cell, or, for one received and not
+        begun yet (on a loaded machine the host's timeout can pass before the cell starts), at its start."""
+        with self.lock:
+            if self.running:
+                # SIGINT to the main thread itself (a signal to the process may land on this thread
+                # and leave a sleeping cell asleep): a KeyboardInterrupt in the cell.
+                import signal
+
+                signal.pthread_kill(self.main_thread, signal.SIGINT)
+            elif self.cells or not self.current_begun:
+                self.interrupt_upto = self.received
+
+    def _begin(self):
+        """The message taken last begins (interruptible from here), or raises KeyboardInterrupt when the
+        host interrupted it before it began."""
+        with self.lock:
+            self.current_begun = True
+            if self.current <= self.interrupt_upto:
+                raise KeyboardInterrupt
+            self.running = True
+
     def next_cell(self):
         with self.lock:
             while not self.cells and not self.closed:
                 self.ready.wait()
             if self.cells:
+                self.current += 1
+                self.current_begun = False
                 return self.cells.pop(0)
             return None, None
 
@@ -131,9 +156,8 @@ class _Session:
         previous = env_now(env)
         set_env(env)
         bind_inputs(request, namespace)
-        with self.lock:
-            self.running = True
         try:
+            self._begin()
             status, result, summary = run_code(request, namespace, self._loop)
         except KeyboardInterrupt as exc:  # the interrupt came as the cell ended
             status, result, summary = "error", format_error(exc, request["code"]), None
@@ -204,9 +228,8 @@ class _Session:
         import time
 
         started = time.perf_counter()
-        with self.lock:
-            self.running = True
         try:
+            self._begin()
             answer = step()
         except runpython_snapshot.TooLarge as exc:
             answer = {"status": "too_large", "bytes": exc.args[0]}
