@@ -52,6 +52,16 @@ async fn state_survives_an_exception_and_top_level_await_works_across_cells() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_interrupted_cell_keeps_the_state() {
+    // As a host started in the background (`cmd &` in a script) is: SIGINT ignored, which its
+    // children inherit across exec.
+    // SAFETY: sets one signal's disposition in this test process.
+    unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::SIGINT,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    }
+    .unwrap();
     let python = builder().build().unwrap();
     let s = python.session();
     s.run("x = 'kept'").await.unwrap();

@@ -255,6 +255,11 @@ class _Session:
 
 
 def main():
+    import signal
+
+    # The host's interrupt is a SIGINT: a host started in the background (its SIGINT ignored, which
+    # an exec keeps and Python then leaves alone) must not make a session's cells uninterruptible.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     warm_up(sys.argv[2:])  # "--session 1" is a pair it skips
     sys.argv = [FILENAME]
     session = _Session()
