@@ -149,8 +149,14 @@ mod tests {
              try:\n    p.{kind}(m)\n    m.get('bridge') and t._check_spec(m['bridge'])\n\
              except (p.ProtocolError, t.BridgeError) as e:\n    print(e); sys.exit(3)\n"
         );
+        python_says(&script, dir, message)
+    }
+
+    /// Runs `script` with the code directory and `message` as its arguments: `Ok` when it exits 0,
+    /// the line it printed when it exits 3 (a refusal).
+    fn python_says(script: &str, dir: &std::path::Path, message: &Value) -> Result<(), String> {
         let out = Command::new(python())
-            .args(["-I", "-S", "-c", &script])
+            .args(["-I", "-S", "-c", script])
             .arg(dir)
             .arg(message.to_string())
             .output()
@@ -238,20 +244,7 @@ mod tests {
             "import sys; sys.path.insert(0, sys.argv[1]); import json, runpython_template as t\n\
              try:\n    t.checked_command(json.loads(sys.argv[2]))\n\
              except ValueError as e:\n    print(e); sys.exit(3)\n";
-        let out = Command::new(python())
-            .args(["-I", "-S", "-c", script])
-            .arg(dir)
-            .arg(command.to_string())
-            .output()
-            .expect("python runs");
-        match out.status.code() {
-            Some(0) => Ok(()),
-            Some(3) => Err(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
-            _ => panic!(
-                "python failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        }
+        python_says(script, dir, command)
     }
 
     #[test]

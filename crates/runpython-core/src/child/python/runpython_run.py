@@ -200,6 +200,16 @@ def _install_bridge(spec, namespace):
     return tools
 
 
+def write_all(fd, data):
+    """Writes all of `data` to `fd`, then closes it."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[posix.write(fd, view):]
+    finally:
+        posix.close(fd)
+
+
 def write_result(result_fd, text):
     view = memoryview(text.encode("utf-8"))
     while view:
@@ -492,12 +502,7 @@ def _write_files(request):
         except OSError:
             pass
         fd = posix.open(name, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL | posix.O_CLOEXEC, 0o444)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[posix.write(fd, view):]
-        finally:
-            posix.close(fd)
+        write_all(fd, data)
 
 
 def bind_inputs(request, namespace):

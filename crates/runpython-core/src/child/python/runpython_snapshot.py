@@ -16,6 +16,8 @@ Standard library only; `pickle` and `marshal` are imported when a snapshot is ta
 import posix
 import sys
 
+from runpython_run import write_all
+
 # What a snapshot's bytes start with, before the pickle: this module's format, then the interpreter's
 # bytecode magic (code objects are kept as `marshal` data, which only the same bytecode reads).
 FORMAT = b"RPNS\x01"
@@ -110,12 +112,7 @@ def _put_files(files):
             os.makedirs(path, exist_ok=True)
             continue
         fd = posix.open(path, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC | posix.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[posix.write(fd, view):]
-        finally:
-            posix.close(fd)
+        write_all(fd, data)
         posix.chmod(path, mode)
     for path in sorted((p for p, (_, data) in files.items() if data is None), reverse=True):
         posix.chmod(path, files[path][0])  # after their files: a read-only directory is written first
