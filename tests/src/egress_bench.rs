@@ -124,7 +124,7 @@ async fn measure(
 /// Adds `egress_rtt_vs_direct` (p50 of a small request on a kept-alive connection, through the
 /// policy over direct), `egress_connect_rtt_vs_direct` (the same with a new connection per
 /// request), `egress_throughput_vs_direct` (a 256 MiB download's rate, through over direct) and the
-/// absolute figures behind them; each the median over [`ROUNDS`] interleaved rounds. Skipped (with
+/// absolute figures behind them; each the median over `ROUNDS` (8) interleaved rounds. Skipped (with
 /// why) where no policy can be enforced.
 pub async fn egress_figures(m: &mut Map<String, Value>) -> Result<(), BoxError> {
     let port = serve().await?;

@@ -110,6 +110,13 @@ fn ci() -> Result<()> {
             "warnings",
         ]),
     )?;
+    // Cheap checks first, so a broken doc link fails in a minute, not after the suites.
+    step(
+        "doc",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
     let tools = bootstrap_tools()?;
     step(
         "test",
@@ -162,12 +169,6 @@ fn ci() -> Result<()> {
     )?;
     eprintln!("==> docs: every block of README.md and docs/");
     docs::check(&tools)?;
-    step(
-        "doc",
-        cargo()
-            .args(["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )?;
     let shared = root().join("../shared/acceptance/run_cases.py");
     if shared.exists() {
         step(
