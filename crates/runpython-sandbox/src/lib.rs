@@ -119,6 +119,7 @@ mod landlock;
 mod layers;
 mod mounts;
 mod netns;
+mod per_boot;
 mod plan;
 mod probe;
 mod report;

@@ -50,6 +50,9 @@ struct State {
     /// The kernel refused a namespace: stop trying (runs make their own).
     refused: bool,
     last_taken: Option<Instant>,
+    /// Namespaces asked for so far: the pool starts filling at the second, so a process that runs
+    /// once (`runpython run`) makes none it will not use.
+    asked: usize,
 }
 
 struct Pool {
@@ -121,11 +124,17 @@ fn fill(pool: &'static Pool) {
 }
 
 /// A ready network namespace for one run, or `None` when the pool is empty (the run then creates its
-/// own). The pool is refilled by [`refill`] when a run ends.
+/// own). The pool is refilled by [`refill`] when a run ends. A process's first run makes its own: only
+/// from its second does the pool fill (a one-shot process would make namespaces for nothing, each
+/// ~1 ms of the kernel's time and more to tear down, beside its one run on the CPU).
 pub(crate) fn take() -> Option<ReadyNetns> {
     let pool = pool();
     let mut state = lock(pool);
     state.last_taken = Some(Instant::now());
+    state.asked += 1;
+    if state.asked < 2 {
+        return None;
+    }
     ensure_thread(pool, &mut state);
     let ready = state.ready.pop();
     if ready.is_none() {

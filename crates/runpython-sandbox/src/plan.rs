@@ -393,9 +393,10 @@ pub(crate) fn cpu_seconds(timeout: Duration) -> u64 {
     timeout.as_secs() + 1
 }
 
-/// What this host's kernel allows (probed once per process).
+/// What this host's kernel allows, probed now (never from the per-boot cache runs use), the answer
+/// kept for the processes after this one.
 pub fn kernel_report() -> KernelReport {
-    probe::kernel().report()
+    probe::kernel_afresh().report()
 }
 
 /// What [`prepare`] would decide for `config`, without building anything (for

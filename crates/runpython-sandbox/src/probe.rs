@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use super::sys::{cvt, getegid, geteuid, in_forked_child, AtStep, Step, StepError};
 use super::userns::{drop_ids, forbid_nested_user_namespaces, IdMaps, RUN_UID_BASE};
-use super::{mounts, netns, seccomp};
+use super::{mounts, netns, per_boot, seccomp};
 
 /// Every namespace flag the sandbox uses.
 pub(crate) const ALL_NS: libc::c_int = libc::CLONE_NEWUSER
@@ -127,17 +127,66 @@ impl Kernel {
     }
 }
 
-/// The probe, run once per process.
+/// The probe, run once per process: the forked probes' answer from the per-boot cache when it holds
+/// one for this process (see [`super::per_boot`]), else probed now and kept.
 pub(crate) fn kernel() -> &'static Kernel {
     static KERNEL: OnceLock<Kernel> = OnceLock::new();
-    KERNEL.get_or_init(run)
+    KERNEL.get_or_init(|| {
+        let forked = per_boot::load().unwrap_or_else(|| {
+            let forked = forked();
+            per_boot::store(&forked);
+            forked
+        });
+        with_live(forked)
+    })
+}
+
+/// Probes everything now, cache or not, and keeps the answer for the processes after this one (for
+/// `runpython doctor`).
+pub(crate) fn kernel_afresh() -> Kernel {
+    let forked = forked();
+    per_boot::store(&forked);
+    with_live(forked)
 }
 
 fn reason(e: StepError) -> String {
     e.to_string()
 }
 
-fn run() -> Kernel {
+/// `None` for a probe that passed, else why it failed.
+fn failed(result: Result<(), String>) -> Option<String> {
+    result.err()
+}
+
+fn passed(failure: Option<String>) -> Result<(), String> {
+    failure.map_or(Ok(()), Err)
+}
+
+/// The forked answer completed with what is cheap to ask every time (Landlock's ABI, the cgroups).
+fn with_live(forked: per_boot::Forked) -> Kernel {
+    Kernel {
+        ns_flags: forked.ns_flags,
+        ns_refused: forked.ns_refused,
+        proc_mount: passed(forked.proc_mount),
+        userns_limit: passed(forked.userns_limit),
+        owned_netns: forked.owned_netns,
+        seccomp: passed(forked.seccomp),
+        landlock_abi: super::landlock::abi(),
+        cgroup: match super::cgroup::hierarchy() {
+            Ok(h) => Ok(h.name()),
+            Err(why) => Err(why.clone()),
+        },
+        cgroup_cpu: match super::cgroup::hierarchy() {
+            Ok(h) => h.cpu(),
+            Err(why) => Err(why.clone()),
+        },
+        egress: passed(forked.egress),
+    }
+}
+
+/// What only a forked child can find out: which namespaces, a fresh `/proc`, the nested-namespace
+/// limit, a network namespace a non-root host owns, the seccomp filter, the connect notifier.
+fn forked() -> per_boot::Forked {
     let probe_uid = (geteuid() == 0).then_some(RUN_UID_BASE - 1);
     let try_flags = |flags| try_namespaces(flags, probe_uid, false, false);
     let mut ns_refused = Vec::new();
@@ -185,23 +234,14 @@ fn run() -> Kernel {
         None => Err("no seccomp filter for this architecture".into()),
         Some(filter) => seccomp::probe(filter).map_err(reason),
     };
-    Kernel {
+    per_boot::Forked {
         ns_flags,
         ns_refused,
-        proc_mount,
-        userns_limit,
+        proc_mount: failed(proc_mount),
+        userns_limit: failed(userns_limit),
         owned_netns,
-        seccomp,
-        landlock_abi: super::landlock::abi(),
-        cgroup: match super::cgroup::hierarchy() {
-            Ok(h) => Ok(h.name()),
-            Err(why) => Err(why.clone()),
-        },
-        cgroup_cpu: match super::cgroup::hierarchy() {
-            Ok(h) => h.cpu(),
-            Err(why) => Err(why.clone()),
-        },
-        egress: probe_egress(),
+        seccomp: failed(seccomp),
+        egress: failed(probe_egress()),
     }
 }
 

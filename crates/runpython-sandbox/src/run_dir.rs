@@ -1,6 +1,6 @@
 //! Run directories: a private 0700 directory per run under the temp directory, named for its host's
-//! pid; removed off the run's critical path when the run ends, and swept once per process when their
-//! host is gone.
+//! pid; removed off the run's critical path when the run ends, and swept when their host is gone (once
+//! per process, and at most once a minute across a user's processes).
 
 use std::path::Path;
 use std::time::Duration;
@@ -40,13 +40,20 @@ const RUN_DIR_PREFIX: &str = "runpython-";
 /// one that exits without dropping its pooled interpreters) cannot remove its own.
 const STALE_RUN_DIR_AGE: Duration = Duration::from_secs(3600);
 
-/// Once per process, on a thread of its own: removes the run directories of hosts that are gone
+/// How often stale run directories are looked for across a user's processes: a host starting many short
+/// processes (`runpython run` in a loop) would otherwise list the temp directory in every one.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Once per process, when due (see [`SWEEP_EVERY`]), on a thread of its own: removes the run directories of hosts that are gone
 /// (their pid no longer exists) and that are older than [`STALE_RUN_DIR_AGE`] (a pid from another
 /// PID namespace sharing this `/tmp` looks gone too; the age keeps its live runs safe). Only
 /// directories this user made are touched: its own uid's, or as root the uids runs are given.
 fn sweep_stale_run_dirs() {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(|| {
+        if !crate::per_boot::due("run-dirs-swept", SWEEP_EVERY) {
+            return;
+        }
         let _ = std::thread::Builder::new()
             .name("runpython-sweep".into())
             .spawn(|| sweep_run_dirs_in(&std::env::temp_dir(), STALE_RUN_DIR_AGE));
@@ -104,13 +111,24 @@ pub fn discard_run_dir(run_dir: tempfile::TempDir) {
     let runtime = tokio::runtime::Handle::try_current();
     match runtime {
         Ok(runtime) if std::fs::rename(&path, &trash).is_ok() => {
-            runtime.spawn_blocking(move || {
-                let _ = std::fs::remove_dir_all(&trash);
-            });
+            // The task owns a guard that deletes on drop: a runtime shutting down drops the blocking
+            // tasks it has not started yet (a one-shot process exiting right after its run), and the
+            // guard then deletes the directory there instead of leaving it for the next host's sweep.
+            let trash = Trash(trash);
+            runtime.spawn_blocking(move || drop(trash));
         }
         _ => {
             let _ = std::fs::remove_dir_all(&path);
         }
+    }
+}
+
+/// A finished run's directory, deleted when this is dropped.
+struct Trash(std::path::PathBuf);
+
+impl Drop for Trash {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -126,6 +144,33 @@ mod tests {
         std::fs::write(path.join("f"), b"x").unwrap();
         discard_run_dir(dir); // no runtime here: it must not panic
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_run_dir_is_removed_when_the_runtime_stops_before_its_removal_started() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .unwrap();
+        let (started, wait) = std::sync::mpsc::channel();
+        // The one blocking thread is busy, so the removal waits in the queue until the runtime stops.
+        runtime.spawn_blocking(move || {
+            started.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+        wait.recv().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_owned();
+        std::fs::write(path.join("f"), b"x").unwrap();
+        runtime.block_on(async { discard_run_dir(dir) });
+        drop(runtime);
+        let mut trash = path.clone().into_os_string();
+        trash.push(".done");
+        assert!(!path.exists());
+        assert!(
+            !std::path::Path::new(&trash).exists(),
+            "the renamed run directory was left behind"
+        );
     }
 
     #[test]

@@ -221,10 +221,15 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
 /// The spawn failed: a sandbox step when the error carries one, else the spawn itself.
 fn spawn_error(program: &Path, source: std::io::Error) -> Error {
     match StepError::from_io(&source) {
-        Some(step) => Error::Setup {
-            step: step.step.describe(),
-            source: step.source(),
-        },
+        Some(step) => {
+            // The kernel refused a step: the per-boot probe may have said it works (the host's
+            // confinement changed in a way its key does not see); the next process probes again.
+            crate::per_boot::forget();
+            Error::Setup {
+                step: step.step.describe(),
+                source: step.source(),
+            }
+        }
         None => Error::Spawn {
             program: program.to_owned(),
             source,
