@@ -252,7 +252,7 @@ mod tests {
 
     fn sample() -> Forked {
         Forked {
-            ns_flags: super::super::probe::ALL_NS,
+            ns_flags: libc::CLONE_NEWUSER | libc::CLONE_NEWPID,
             ns_refused: vec![(libc::CLONE_NEWNET, "unshare: EPERM".into())],
             proc_mount: None,
             userns_limit: Some("no user namespaces".into()),
