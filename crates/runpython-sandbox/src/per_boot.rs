@@ -42,28 +42,32 @@ struct Entry {
     forked: Forked,
 }
 
-/// The directory the entry lives in, created (0700) if missing; `None` where there is none this user
-/// alone can write.
-fn dir() -> Option<PathBuf> {
-    let base = if geteuid() == 0 {
-        PathBuf::from("/run")
-    } else if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-        PathBuf::from(run)
-    } else {
-        std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?
-    };
-    if !base.is_absolute() {
-        return None;
-    }
-    let dir = base.join("runpython");
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir);
-    private_dir(&dir).then_some(dir)
+/// The directory the entries live in, created (0700) if missing and checked once per process; `None`
+/// where there is none this user alone can write.
+fn dir() -> Option<&'static Path> {
+    static DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let base = if geteuid() == 0 {
+            PathBuf::from("/run")
+        } else if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+            PathBuf::from(run)
+        } else {
+            std::env::var_os("XDG_CACHE_HOME")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?
+        };
+        if !base.is_absolute() {
+            return None;
+        }
+        let dir = base.join("runpython");
+        let _ = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir);
+        private_dir(&dir).then_some(dir)
+    })
+    .as_deref()
 }
 
 /// `dir` is a directory itself (not a link to one), owned by this user, writable by no one else.
@@ -125,26 +129,25 @@ fn key() -> String {
 }
 
 /// The file holding this code (the executable, or the shared object the Python package loads), as
-/// device, inode, size and modification time: a rebuilt or upgraded runpython probes again.
+/// device, inode, size and modification time: a rebuilt or upgraded runpython probes again. The
+/// loader names the main program as it was started (possibly relative, or not at all), so anything
+/// but an absolute path is read through `/proc/self/exe`.
 fn code_identity() -> String {
     // SAFETY: dladdr only reads the loader's tables; `info` is plain data it fills.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let here = code_identity as *const libc::c_void;
     // SAFETY: `here` is an address in this object; `info` outlives the call.
-    let path = if unsafe { libc::dladdr(here, &mut info) } != 0 && !info.dli_fname.is_null() {
-        // SAFETY: dladdr set dli_fname to a NUL-terminated path the loader keeps.
-        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-        PathBuf::from(
-            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
-        )
-    } else {
-        PathBuf::from("/proc/self/exe")
-    };
-    let path = if path.as_os_str().is_empty() {
-        PathBuf::from("/proc/self/exe")
-    } else {
-        path
-    };
+    let named = unsafe { libc::dladdr(here, &mut info) } != 0 && !info.dli_fname.is_null();
+    let path = named
+        .then(|| {
+            // SAFETY: dladdr set dli_fname to a NUL-terminated path the loader keeps.
+            let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+            PathBuf::from(
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
+            )
+        })
+        .filter(|path| path.is_absolute())
+        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
     match std::fs::metadata(&path) {
         Ok(m) => format!(
             "{}:{}:{}:{}.{}",
@@ -160,14 +163,14 @@ fn code_identity() -> String {
 
 /// The entry for this process, if one was kept under the same key.
 pub(crate) fn load() -> Option<Forked> {
-    load_in(&dir()?, &key())
+    load_in(dir()?, &key())
 }
 
 /// Keeps `forked` for the processes after this one (best effort: one that cannot be kept only costs
 /// the next process the probe).
 pub(crate) fn store(forked: &Forked) {
     if let Some(dir) = dir() {
-        store_in(&dir, &key(), forked);
+        store_in(dir, &key(), forked);
     }
 }
 
@@ -175,7 +178,7 @@ pub(crate) fn store(forked: &Forked) {
 /// this boot: `true` marks it done now. Where there is no private directory it is always due.
 pub(crate) fn due(stamp: &str, every: std::time::Duration) -> bool {
     let Some(dir) = dir() else { return true };
-    due_in(&dir, stamp, every)
+    due_in(dir, stamp, every)
 }
 
 fn due_in(dir: &Path, stamp: &str, every: std::time::Duration) -> bool {

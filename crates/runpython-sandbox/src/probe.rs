@@ -153,11 +153,6 @@ fn reason(e: StepError) -> String {
     e.to_string()
 }
 
-/// `None` for a probe that passed, else why it failed.
-fn failed(result: Result<(), String>) -> Option<String> {
-    result.err()
-}
-
 fn passed(failure: Option<String>) -> Result<(), String> {
     failure.map_or(Ok(()), Err)
 }
@@ -237,11 +232,11 @@ fn forked() -> per_boot::Forked {
     per_boot::Forked {
         ns_flags,
         ns_refused,
-        proc_mount: failed(proc_mount),
-        userns_limit: failed(userns_limit),
+        proc_mount: proc_mount.err(),
+        userns_limit: userns_limit.err(),
         owned_netns,
-        seccomp: failed(seccomp),
-        egress: failed(probe_egress()),
+        seccomp: seccomp.err(),
+        egress: probe_egress().err(),
     }
 }
 
