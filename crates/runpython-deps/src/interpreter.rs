@@ -38,37 +38,146 @@ struct CacheEntry {
     executable_mtime: Option<SystemTime>,
 }
 
+/// Answers kept in the cache file, the latest first: enough for the few ways one user starts
+/// runpython (a terminal, an editor, an MCP client, CI) without one evicting another's.
+const CACHE_ENTRIES: usize = 16;
+
+/// Files the common version managers (pyenv, asdf, mise) read to decide which interpreter a shim
+/// starts, looked for in the working directory and each of its parents.
+const VERSION_FILES: &[&str] = &[
+    ".python-version",
+    ".tool-versions",
+    ".mise.toml",
+    "mise.toml",
+    ".mise.local.toml",
+];
+
+/// Prefixes of the variables those managers (and a virtual environment's activation) read.
+const VERSION_VARS: &[&str] = &["PYENV", "ASDF", "MISE", "RTX_", "VIRTUAL_ENV", "CONDA"];
+
 static FOUND: Mutex<Vec<(String, Interpreter)>> = Mutex::new(Vec::new());
 
-impl Interpreter {
-    /// Finds an interpreter: `preferred` if given, else `$RUNPYTHON_PYTHON`, else the first CPython ≥ 3.10
-    /// among `python3`, `python3.13` … `python3.10`, `python` on `PATH`. The answer is remembered in this
-    /// process and in a small cache file (checked against the executable's mtime), because resolving a
-    /// shim costs ~100 ms. Blocking: call it off an async runtime's worker threads.
-    pub fn discover(preferred: Option<&Path>) -> Result<Self, Error> {
-        let env_choice = std::env::var_os("RUNPYTHON_PYTHON").map(PathBuf::from);
-        let preferred = preferred.map(Path::to_path_buf).or(env_choice);
-        let key = format!(
-            "{:?}|{:?}",
+/// One discovery's inputs, read from the process (`current`) or given (tests).
+struct Lookup {
+    preferred: Option<PathBuf>,
+    path: std::ffi::OsString,
+    cwd: Option<PathBuf>,
+    /// The version managers' variables (`VERSION_VARS`), sorted.
+    vars: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    cache: Option<PathBuf>,
+    /// Whether this process's earlier answers (`FOUND`) are used.
+    memo: bool,
+}
+
+impl Lookup {
+    fn current(preferred: Option<PathBuf>) -> Self {
+        let mut vars: Vec<_> = std::env::vars_os()
+            .filter(|(name, _)| {
+                let name = name.to_string_lossy();
+                VERSION_VARS.iter().any(|p| name.starts_with(p))
+            })
+            .collect();
+        vars.sort();
+        Self {
             preferred,
-            std::env::var_os("PATH").unwrap_or_default()
-        );
-        if let Ok(found) = FOUND.lock() {
+            path: std::env::var_os("PATH").unwrap_or_default(),
+            cwd: std::env::current_dir().ok(),
+            vars,
+            cache: cache_file(),
+            memo: true,
+        }
+    }
+
+    /// What the answer depends on, as a digest: the preferred program or `PATH`, the program that
+    /// would be asked (the first candidate on `PATH`) with its size and mtime, so a `python3` put
+    /// earlier on `PATH` or replaced is seen; and when that program is a script (a shim), what the
+    /// common shims read besides: the version files in the working directory and above it, the
+    /// global pyenv version and the managers' variables.
+    fn key(&self) -> String {
+        let mut h = blake3::Hasher::new();
+        let mut field = |bytes: &[u8]| {
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        let path = self.path.as_encoded_bytes();
+        let program = match &self.preferred {
+            Some(p) => {
+                field(b"preferred");
+                field(p.as_os_str().as_encoded_bytes());
+                Some(p.clone())
+            }
+            None => {
+                field(b"path");
+                field(path);
+                first_candidate(&self.path)
+            }
+        };
+        let stamp = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| format!("{:?}|{}", m.modified().ok(), m.len()))
+                .unwrap_or_default()
+        };
+        match &program {
+            Some(p) => {
+                field(p.as_os_str().as_encoded_bytes());
+                field(stamp(p).as_bytes());
+            }
+            None => field(b"none"),
+        }
+        if program.as_deref().is_some_and(is_script) {
+            field(b"script");
+            // Not the directory itself: runs started from a fresh directory each time (an agent's
+            // usual way) share one answer unless a version file there says otherwise.
+            if let Some(cwd) = &self.cwd {
+                for dir in cwd.ancestors() {
+                    for name in VERSION_FILES {
+                        let file = dir.join(name);
+                        if let Ok(meta) = std::fs::symlink_metadata(&file) {
+                            field(file.as_os_str().as_encoded_bytes());
+                            field(format!("{:?}|{}", meta.modified().ok(), meta.len()).as_bytes());
+                        }
+                    }
+                }
+            }
+            let root = self
+                .vars
+                .iter()
+                .find(|(k, _)| k == "PYENV_ROOT")
+                .map(|(_, v)| PathBuf::from(v))
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")));
+            if let Some(root) = root {
+                field(stamp(&root.join("version")).as_bytes());
+            }
+            for (name, value) in &self.vars {
+                field(name.as_encoded_bytes());
+                field(value.as_encoded_bytes());
+            }
+        }
+        h.finalize().to_hex().to_string()
+    }
+
+    fn find(&self) -> Result<Interpreter, Error> {
+        let key = self.key();
+        if let (true, Ok(found)) = (self.memo, FOUND.lock()) {
             if let Some((_, hit)) = found.iter().find(|(k, _)| *k == key) {
                 return Ok(hit.clone());
             }
         }
-        let interpreter = match read_cache(&key) {
+        let interpreter = match self.cache.as_deref().and_then(|c| read_cache(c, &key)) {
             Some(hit) => hit,
             None => {
-                let found = match &preferred {
-                    Some(path) => Self::probe(path).map_err(|reason| Error::BadInterpreter {
-                        path: path.clone(),
-                        reason,
-                    })?,
-                    None => search_path()?,
+                let found = match &self.preferred {
+                    Some(path) => {
+                        Interpreter::probe(path).map_err(|reason| Error::BadInterpreter {
+                            path: path.clone(),
+                            reason,
+                        })?
+                    }
+                    None => search_path(&self.path)?,
                 };
-                write_cache(&key, &found);
+                if let Some(cache) = &self.cache {
+                    write_cache(cache, &key, &found);
+                }
                 found
             }
         };
@@ -76,6 +185,21 @@ impl Interpreter {
             found.push((key, interpreter.clone()));
         }
         Ok(interpreter)
+    }
+}
+
+impl Interpreter {
+    /// Finds an interpreter: `preferred` if given, else `$RUNPYTHON_PYTHON`, else the first CPython ≥ 3.10
+    /// among `python3`, `python3.13` … `python3.10`, `python` on `PATH`. The answer is remembered in this
+    /// process and in a small cache file of the last few answers, because resolving a shim costs ~100 ms;
+    /// an answer is reused only while what it depends on is unchanged (see `Lookup::key`: the program
+    /// that would be asked, and for a shim the working directory, the version managers' files and
+    /// variables) and its executable's mtime is the one recorded. Blocking: call it off an async
+    /// runtime's worker threads.
+    pub fn discover(preferred: Option<&Path>) -> Result<Self, Error> {
+        let env_choice = std::env::var_os("RUNPYTHON_PYTHON").map(PathBuf::from);
+        let preferred = preferred.map(Path::to_path_buf).or(env_choice);
+        Lookup::current(preferred).find()
     }
 
     /// Asks `program` what it is. `Err` says why it is not a usable CPython ≥ 3.10.
@@ -131,10 +255,26 @@ impl Interpreter {
     }
 }
 
-fn search_path() -> Result<Interpreter, Error> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
+/// The first candidate file on `path`, in the order `search_path` asks them (the program whose answer
+/// a cached one stands for).
+fn first_candidate(path: &std::ffi::OsStr) -> Option<PathBuf> {
+    std::env::split_paths(path)
+        .flat_map(|dir| CANDIDATES.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether `program` is a script (`#!`): a shim, whose answer may depend on more than its path.
+fn is_script(program: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2];
+    std::fs::File::open(program)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == b"#!")
+}
+
+fn search_path(path: &std::ffi::OsStr) -> Result<Interpreter, Error> {
     let mut tried = Vec::new();
-    for dir in std::env::split_paths(&path) {
+    for dir in std::env::split_paths(path) {
         for name in CANDIDATES {
             let candidate = dir.join(name);
             if !candidate.is_file() {
@@ -166,38 +306,54 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 fn cache_file() -> Option<PathBuf> {
-    Some(cache_dir()?.join("interpreter-v1.json"))
+    Some(cache_dir()?.join("interpreter-v2.json"))
 }
 
 fn mtime(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn read_cache(key: &str) -> Option<Interpreter> {
-    let text = std::fs::read(cache_file()?).ok()?;
-    let entry: CacheEntry = serde_json::from_slice(&text).ok()?;
-    (entry.key == key
-        && entry.executable_mtime.is_some()
-        && entry.executable_mtime == mtime(&entry.interpreter.executable))
-    .then_some(entry.interpreter)
+fn read_entries(file: &Path) -> Vec<CacheEntry> {
+    std::fs::read(file)
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok())
+        .unwrap_or_default()
 }
 
-/// Best effort: a cache that cannot be written only costs the next process a probe.
-fn write_cache(key: &str, interpreter: &Interpreter) {
-    let Some(file) = cache_file() else { return };
-    let entry = CacheEntry {
-        key: key.to_owned(),
-        interpreter: interpreter.clone(),
-        executable_mtime: mtime(&interpreter.executable),
-    };
-    let Ok(text) = serde_json::to_vec(&entry) else {
+fn read_cache(file: &Path, key: &str) -> Option<Interpreter> {
+    read_entries(file)
+        .into_iter()
+        .find(|entry| {
+            entry.key == key
+                && entry.executable_mtime.is_some()
+                && entry.executable_mtime == mtime(&entry.interpreter.executable)
+        })
+        .map(|entry| entry.interpreter)
+}
+
+/// Best effort: a cache that cannot be written only costs the next process a probe. The new answer
+/// goes first; the oldest beyond `CACHE_ENTRIES` are dropped. Two processes writing at once can lose
+/// one's answer (it is asked again next time), never tear the file (written aside, then renamed).
+fn write_cache(file: &Path, key: &str, interpreter: &Interpreter) {
+    let mut entries = read_entries(file);
+    entries.retain(|entry| entry.key != key);
+    entries.insert(
+        0,
+        CacheEntry {
+            key: key.to_owned(),
+            interpreter: interpreter.clone(),
+            executable_mtime: mtime(&interpreter.executable),
+        },
+    );
+    entries.truncate(CACHE_ENTRIES);
+    let Ok(text) = serde_json::to_vec(&entries) else {
         return;
     };
     if let Some(dir) = file.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
     let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &file).is_err() {
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, file).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
 }
@@ -234,5 +390,135 @@ mod tests {
         assert!(err.contains("exited"), "{err}");
         let err = Interpreter::probe(Path::new("/nonexistent/python3")).unwrap_err();
         assert!(err.contains("cannot start"), "{err}");
+    }
+
+    /// A fake interpreter at `dir/python3`: a script that logs each time it is asked to `dir/asked`
+    /// and answers with the executable `answer` (a shell expression) prints.
+    fn fake_python(dir: &Path, answer: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("python3");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho asked >> '{log}'\necho cpython\necho {answer}\necho 3.11.7\n",
+                log = dir.join("asked").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn asked(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("asked"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    fn lookup(path: &[&Path], cwd: &Path, cache: &Path) -> Lookup {
+        Lookup {
+            preferred: None,
+            path: std::env::join_paths(path).unwrap(),
+            cwd: Some(cwd.to_path_buf()),
+            vars: Vec::new(),
+            cache: Some(cache.to_path_buf()),
+            memo: false,
+        }
+    }
+
+    #[test]
+    fn answers_for_two_paths_are_both_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        for dir in [&a, &b] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("exe"), "").unwrap();
+            fake_python(dir, &dir.join("exe").display().to_string());
+        }
+        let cache = t.path().join("cache.json");
+        let first = lookup(&[&a], t.path(), &cache).find().unwrap();
+        assert_eq!(first.executable, a.join("exe"));
+        let other = lookup(&[&b], t.path(), &cache).find().unwrap();
+        assert_eq!(other.executable, b.join("exe"));
+        let again = lookup(&[&a], t.path(), &cache).find().unwrap();
+        assert_eq!(again, first);
+        // One process with the other PATH between did not make the first ask again.
+        assert_eq!((asked(&a), asked(&b)), (1, 1));
+    }
+
+    #[test]
+    fn a_python3_put_earlier_on_path_is_seen() {
+        let t = tempfile::tempdir().unwrap();
+        let (early, late) = (t.path().join("early"), t.path().join("late"));
+        for dir in [&early, &late] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("exe"), "").unwrap();
+        }
+        fake_python(&late, &late.join("exe").display().to_string());
+        let cache = t.path().join("cache.json");
+        let found = lookup(&[&early, &late], t.path(), &cache).find().unwrap();
+        assert_eq!(found.executable, late.join("exe"));
+        // Same PATH, a new interpreter before the one found: it is the one `python3` starts now.
+        fake_python(&early, &early.join("exe").display().to_string());
+        let found = lookup(&[&early, &late], t.path(), &cache).find().unwrap();
+        assert_eq!(found.executable, early.join("exe"));
+    }
+
+    #[test]
+    fn a_shims_answer_is_asked_again_when_its_version_file_changes() {
+        let t = tempfile::tempdir().unwrap();
+        let (bin, project) = (t.path().join("bin"), t.path().join("project"));
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::create_dir(&project).unwrap();
+        for version in ["a", "bb"] {
+            std::fs::write(bin.join(format!("exe-{version}")), "").unwrap();
+        }
+        // As pyenv's shim does: the interpreter named by the project's `.python-version`.
+        let version_file = project.join(".python-version");
+        fake_python(
+            &bin,
+            &format!("{}/exe-$(cat '{}')", bin.display(), version_file.display()),
+        );
+        let cache = t.path().join("cache.json");
+        std::fs::write(&version_file, "a").unwrap();
+        let found = lookup(&[&bin], &project, &cache).find().unwrap();
+        assert_eq!(found.executable, bin.join("exe-a"));
+        std::fs::write(&version_file, "bb").unwrap();
+        let found = lookup(&[&bin], &project, &cache).find().unwrap();
+        assert_eq!(found.executable, bin.join("exe-bb"));
+        // Unchanged, it is not asked again.
+        lookup(&[&bin], &project, &cache).find().unwrap();
+        assert_eq!(asked(&bin), 2);
+    }
+
+    #[test]
+    fn only_a_shims_answer_depends_on_the_version_files_where_it_runs() {
+        let t = tempfile::tempdir().unwrap();
+        let real = Interpreter::discover(None).unwrap().executable;
+        fake_python(t.path(), "x");
+        let (plain, other, project) = (
+            t.path().join("plain"),
+            t.path().join("other"),
+            t.path().join("project"),
+        );
+        for dir in [&plain, &other, &project] {
+            std::fs::create_dir(dir).unwrap();
+        }
+        std::fs::write(project.join(".python-version"), "3.12\n").unwrap();
+        let key = |program: &Path, cwd: &Path| {
+            Lookup {
+                preferred: Some(program.to_path_buf()),
+                path: Default::default(),
+                cwd: Some(cwd.to_path_buf()),
+                vars: Vec::new(),
+                cache: None,
+                memo: false,
+            }
+            .key()
+        };
+        assert_eq!(key(&real, &plain), key(&real, &project));
+        let shim = t.path().join("python3");
+        // Two directories no version file names share the shim's answer; a project's file does not.
+        assert_eq!(key(&shim, &plain), key(&shim, &other));
+        assert_ne!(key(&shim, &plain), key(&shim, &project));
     }
 }
