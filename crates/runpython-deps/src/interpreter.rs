@@ -109,18 +109,14 @@ impl Lookup {
             None => {
                 field(b"path");
                 field(path);
-                first_candidate(&self.path)
+                candidates(&self.path).next()
             }
         };
-        let stamp = |p: &Path| {
-            std::fs::metadata(p)
-                .map(|m| format!("{:?}|{}", m.modified().ok(), m.len()))
-                .unwrap_or_default()
-        };
+        let stamp_of = |p: &Path| std::fs::metadata(p).map(|m| stamp(&m)).unwrap_or_default();
         match &program {
             Some(p) => {
                 field(p.as_os_str().as_encoded_bytes());
-                field(stamp(p).as_bytes());
+                field(stamp_of(p).as_bytes());
             }
             None => field(b"none"),
         }
@@ -134,7 +130,7 @@ impl Lookup {
                         let file = dir.join(name);
                         if let Ok(meta) = std::fs::symlink_metadata(&file) {
                             field(file.as_os_str().as_encoded_bytes());
-                            field(format!("{:?}|{}", meta.modified().ok(), meta.len()).as_bytes());
+                            field(stamp(&meta).as_bytes());
                         }
                     }
                 }
@@ -146,7 +142,7 @@ impl Lookup {
                 .map(|(_, v)| PathBuf::from(v))
                 .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")));
             if let Some(root) = root {
-                field(stamp(&root.join("version")).as_bytes());
+                field(stamp_of(&root.join("version")).as_bytes());
             }
             for (name, value) in &self.vars {
                 field(name.as_encoded_bytes());
@@ -193,7 +189,7 @@ impl Interpreter {
     /// among `python3`, `python3.13` … `python3.10`, `python` on `PATH`. The answer is remembered in this
     /// process and in a small cache file of the last few answers, because resolving a shim costs ~100 ms;
     /// an answer is reused only while what it depends on is unchanged (see `Lookup::key`: the program
-    /// that would be asked, and for a shim the working directory, the version managers' files and
+    /// that would be asked, and for a shim the version managers' files where it runs and their
     /// variables) and its executable's mtime is the one recorded. Blocking: call it off an async
     /// runtime's worker threads.
     pub fn discover(preferred: Option<&Path>) -> Result<Self, Error> {
@@ -255,12 +251,17 @@ impl Interpreter {
     }
 }
 
-/// The first candidate file on `path`, in the order `search_path` asks them (the program whose answer
-/// a cached one stands for).
-fn first_candidate(path: &std::ffi::OsStr) -> Option<PathBuf> {
+/// The candidate files on `path`, in the order `search_path` asks them; the first is the program
+/// whose answer a cached one stands for.
+fn candidates(path: &std::ffi::OsStr) -> impl Iterator<Item = PathBuf> + '_ {
     std::env::split_paths(path)
         .flat_map(|dir| CANDIDATES.iter().map(move |name| dir.join(name)))
-        .find(|candidate| candidate.is_file())
+        .filter(|candidate| candidate.is_file())
+}
+
+/// What of a file's metadata says it changed: its mtime and size.
+fn stamp(meta: &std::fs::Metadata) -> String {
+    format!("{:?}|{}", meta.modified().ok(), meta.len())
 }
 
 /// Whether `program` is a script (`#!`): a shim, whose answer may depend on more than its path.
@@ -274,16 +275,10 @@ fn is_script(program: &Path) -> bool {
 
 fn search_path(path: &std::ffi::OsStr) -> Result<Interpreter, Error> {
     let mut tried = Vec::new();
-    for dir in std::env::split_paths(path) {
-        for name in CANDIDATES {
-            let candidate = dir.join(name);
-            if !candidate.is_file() {
-                continue;
-            }
-            match Interpreter::probe(&candidate) {
-                Ok(found) => return Ok(found),
-                Err(why) => tried.push(format!("{}: {why}", candidate.display())),
-            }
+    for candidate in candidates(path) {
+        match Interpreter::probe(&candidate) {
+            Ok(found) => return Ok(found),
+            Err(why) => tried.push(format!("{}: {why}", candidate.display())),
         }
     }
     if tried.is_empty() {
