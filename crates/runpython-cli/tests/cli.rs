@@ -529,3 +529,50 @@ fn human_mode_says_what_a_suspended_run_waits_for_and_resume_prints_its_output()
     assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
     assert_eq!(text(&resumed.stdout), "the person said yes\n");
 }
+
+/// Two callers with different `PATH`s (a terminal and an MCP client, say), each finding `python3`
+/// through a shim: each shim is asked what it starts once, not again on every run after the other.
+#[test]
+fn runs_from_two_paths_ask_each_shim_once() {
+    let t = tempfile::tempdir().unwrap();
+    let real = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let real = text(&real.stdout).trim().to_owned();
+    let shims: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = t.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            let shim = dir.join("python3");
+            let log = dir.join("asked");
+            std::fs::write(
+                &shim,
+                format!(
+                    "#!/bin/sh\necho asked >> '{}'\nexec '{real}' \"$@\"\n",
+                    log.display()
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+            (dir, log)
+        })
+        .collect();
+    for (dir, _) in [&shims[0], &shims[1], &shims[0], &shims[1]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_runpython"))
+            .args(["run", "--no-store", "--json", "-c", "1+1"])
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+            .env("XDG_CACHE_HOME", t.path().join("cache"))
+            .env_remove("RUNPYTHON_PYTHON")
+            .output()
+            .unwrap();
+        let e = envelope(&out);
+        assert_eq!(e["return_value"], 2, "{e}");
+    }
+    for (dir, log) in &shims {
+        let asked = std::fs::read_to_string(log).unwrap_or_default();
+        assert_eq!(asked.lines().count(), 1, "{}: {asked:?}", dir.display());
+    }
+}

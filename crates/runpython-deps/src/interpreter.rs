@@ -265,11 +265,22 @@ fn stamp(meta: &std::fs::Metadata) -> String {
 }
 
 /// Whether `program` is a script (`#!`): a shim, whose answer may depend on more than its path.
+/// Only a regular file is read, opened without blocking: a FIFO or a terminal named as the
+/// interpreter is not a script (and starting it fails, with the reason), never a wait.
 fn is_script(program: &Path) -> bool {
     use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let mut head = [0u8; 2];
-    std::fs::File::open(program)
-        .and_then(|mut f| f.read_exact(&mut head))
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY).bits())
+        .open(program)
+        .and_then(|mut f| {
+            if !f.metadata()?.is_file() {
+                return Err(std::io::ErrorKind::InvalidInput.into());
+            }
+            f.read_exact(&mut head)
+        })
         .is_ok_and(|()| &head == b"#!")
 }
 
@@ -483,6 +494,30 @@ mod tests {
         // Unchanged, it is not asked again.
         lookup(&[&bin], &project, &cache).find().unwrap();
         assert_eq!(asked(&bin), 2);
+    }
+
+    #[test]
+    fn a_fifo_named_as_the_interpreter_is_refused_not_waited_on() {
+        let t = tempfile::tempdir().unwrap();
+        let fifo = t.path().join("python3");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let cache = t.path().join("cache.json");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lookup = Lookup {
+            preferred: Some(fifo.clone()),
+            ..lookup(&[], t.path(), &cache)
+        };
+        std::thread::spawn(move || {
+            let _ = tx.send(lookup.find().map(|_| ()));
+        });
+        // A hang guard, not a speed target: the answer is immediate.
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("discovery waited on a FIFO");
+        assert!(
+            matches!(got, Err(Error::BadInterpreter { ref path, .. }) if *path == fifo),
+            "{got:?}"
+        );
     }
 
     #[test]
