@@ -49,9 +49,12 @@ pub fn ceiling_figures(m: &mut Map<String, Value>, forked_per_s: f64) -> Result<
     Ok(())
 }
 
-/// `cli_run_ms` (`runpython run --no-store --json -c 1+1`), `bwrap_python_ms` (`bwrap --unshare-all
-/// ... python -I -S -c 1+1`, the same interpreter) and their ratio `cli_run_vs_bwrap`: whole
-/// processes, medians of interleaved rounds. Skipped (said why) where bubblewrap is missing.
+/// `cli_run_ms` (`runpython run --no-store --no-host --json -c 1+1`, a process of its own),
+/// `cli_run_hosted_ms` (the same run handed to a `runpython host --no-store` started for it, which
+/// forks it from its template), `bwrap_python_ms` (`bwrap --unshare-all ... python -I -S -c 1+1`,
+/// the same interpreter) and their ratios `cli_run_vs_bwrap`, `cli_hosted_run_vs_bwrap`: whole
+/// processes, medians of interleaved rounds. Every hosted round is checked to have been served by
+/// the host (its log names the run). Skipped (said why) where bubblewrap is missing.
 pub fn cli_vs_bwrap(
     m: &mut Map<String, Value>,
     runpython: &Path,
@@ -73,30 +76,118 @@ pub fn cli_vs_bwrap(
     }
     let python = std::fs::canonicalize(python)?;
     let mut cli = Command::new(runpython);
-    cli.args(["run", "--no-store", "--json", "-c", "1+1"]);
+    cli.args(["run", "--no-store", "--no-host", "--json", "-c", "1+1"]);
+    let mut hosted = Command::new(runpython);
+    hosted.args(["run", "--no-store", "--json", "-c", "1+1"]);
     let mut sandboxed = Command::new(&bwrap);
     sandboxed
         .args(["--unshare-all", "--die-with-parent", "--ro-bind", "/", "/"])
         .args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"])
         .arg(&python)
         .args(["-I", "-S", "-c", "1+1"]);
-    let (mut cli_ms, mut bwrap_ms) = (Vec::new(), Vec::new());
+    let host = CliHost::start(runpython, &["--no-store"])?;
+    let (mut cli_ms, mut hosted_ms, mut bwrap_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ids = Vec::new();
     for round in 0..rounds + 2 {
-        let a = whole_process_ms(&mut cli)?;
-        let b = whole_process_ms(&mut sandboxed)?;
+        let a = whole_process_ms(&mut cli)?.0;
+        let (b, out) = whole_process_ms(&mut hosted)?;
+        let c = whole_process_ms(&mut sandboxed)?.0;
+        let envelope: Value = serde_json::from_slice(&out.stdout)?;
+        ids.push(envelope["run_id"].as_str().unwrap_or_default().to_owned());
         if round >= 2 {
             cli_ms.push(a);
-            bwrap_ms.push(b);
+            hosted_ms.push(b);
+            bwrap_ms.push(c);
         }
     }
-    let (cli_ms, bwrap_ms) = (p50(cli_ms), p50(bwrap_ms));
+    let log = host.stop()?;
+    if let Some(id) = ids.iter().find(|id| !log.contains(&format!("run {id} "))) {
+        return Err(format!("the hosted run {id:?} was not served by the host: {log}").into());
+    }
+    let (cli_ms, hosted_ms, bwrap_ms) = (p50(cli_ms), p50(hosted_ms), p50(bwrap_ms));
     m.insert("cli_run_ms".into(), json!(round3(cli_ms)));
+    m.insert("cli_run_hosted_ms".into(), json!(round3(hosted_ms)));
     m.insert("bwrap_python_ms".into(), json!(round3(bwrap_ms)));
     m.insert("cli_run_vs_bwrap".into(), json!(round3(cli_ms / bwrap_ms)));
+    m.insert(
+        "cli_hosted_run_vs_bwrap".into(),
+        json!(round3(hosted_ms / bwrap_ms)),
+    );
     Ok(())
 }
 
-fn whole_process_ms(command: &mut Command) -> Result<f64, BoxError> {
+/// A `runpython host FLAGS` started by the bench in its own directory and environment (so the runs
+/// it starts next are this host's), its stderr kept.
+#[derive(Debug)]
+pub struct CliHost {
+    child: std::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl CliHost {
+    /// Started, and ready (its socket in place) within two minutes, or an error with its log.
+    pub fn start(runpython: &Path, flags: &[&str]) -> Result<Self, BoxError> {
+        use std::io::BufRead as _;
+        let mut child = Command::new(runpython)
+            .arg("host")
+            .args(flags)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().ok_or("the host's stderr")?;
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (ready, started) = std::sync::mpsc::channel();
+        let sink = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("runpython host: serving") {
+                    let _ = ready.send(());
+                }
+                if let Ok(mut log) = sink.lock() {
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            }
+        });
+        let host = Self { child, log };
+        if started
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .is_err()
+        {
+            let log = host.stop()?;
+            return Err(format!("runpython host did not start: {log}").into());
+        }
+        Ok(host)
+    }
+
+    /// Stopped (SIGTERM, by its id) and reaped; what it logged.
+    pub fn stop(mut self) -> Result<String, BoxError> {
+        self.terminate()?;
+        // The reader thread ends with the host's stderr.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        Ok(self.log.lock().map(|l| l.clone()).unwrap_or_default())
+    }
+
+    fn terminate(&mut self) -> std::io::Result<()> {
+        if self.child.try_wait()?.is_none() {
+            let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            self.child.wait()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CliHost {
+    /// A bench that failed half-way leaves no host behind.
+    fn drop(&mut self) {
+        let _ = self.terminate();
+    }
+}
+
+fn whole_process_ms(command: &mut Command) -> Result<(f64, std::process::Output), BoxError> {
     let t = Instant::now();
     let out = command.output()?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -108,7 +199,7 @@ fn whole_process_ms(command: &mut Command) -> Result<f64, BoxError> {
         )
         .into());
     }
-    Ok(ms)
+    Ok((ms, out))
 }
 
 /// What a forked run's setup costs the kernel, without Python: a cgroup made per run (memory and

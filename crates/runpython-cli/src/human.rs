@@ -25,22 +25,19 @@ impl StatusLine {
     }
 
     pub(crate) fn show(&mut self, step: &DepsProgress) {
+        if let Some(text) = step.message() {
+            self.show_text(&text);
+        }
+    }
+
+    /// A step as [`DepsProgress::message`] put it (here, or in the host that ran the code).
+    pub(crate) fn show_text(&mut self, text: &str) {
         if !self.tty {
             return;
         }
         const SPINNER: [char; 4] = ['|', '/', '-', '\\'];
-        let text = match step {
-            DepsProgress::Resolving { specs } => format!("resolving {}", specs.join(" ")),
-            DepsProgress::Downloading { detail } => format!("downloading {detail}"),
-            DepsProgress::Installing { detail } => format!("installing {detail}"),
-            DepsProgress::Waiting { .. } => {
-                "waiting for another run preparing the same environment".into()
-            }
-            DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
-            _ => return,
-        };
         // Package names come from the code's imports and its PEP 723 block: shown escaped.
-        let text: String = escape_controls(&text).chars().take(100).collect();
+        let text: String = escape_controls(text).chars().take(100).collect();
         self.frame += 1;
         say_err_raw!("\r\x1b[2K{} {text}", SPINNER[self.frame % SPINNER.len()]);
         self.shown = true;

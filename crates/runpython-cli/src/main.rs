@@ -31,6 +31,7 @@ macro_rules! say_err_raw {
 
 mod args;
 mod commands;
+mod hosting;
 mod human;
 mod settings;
 
@@ -49,7 +50,16 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_logging(cli.verbose, matches!(cli.command, Command::Serve(_)));
+    init_logging(
+        cli.verbose,
+        matches!(cli.command, Command::Serve(_) | Command::Host(_)),
+    );
+    if let Command::Run(args) = &cli.command {
+        // A warm host for these flags runs the code; this process only prints.
+        if let Some(outcome) = commands::hosted(args) {
+            return exit_status(outcome);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -63,6 +73,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => commands::run(args).await,
+            Command::Host(args) => commands::host(args).await,
             Command::Resume(args) => commands::resume(args).await,
             Command::ToolSpec(args) => commands::tool_spec(args).await,
             Command::Mcp(args) => commands::mcp(args).await,
@@ -74,6 +85,10 @@ fn main() -> ExitCode {
             Command::Runs { json, store } => commands::runs(json, store).await,
         }
     });
+    exit_status(outcome)
+}
+
+fn exit_status(outcome: anyhow::Result<ExitCode>) -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {

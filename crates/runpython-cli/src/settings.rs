@@ -72,7 +72,7 @@ pub(crate) fn scoped(args: &EngineArgs, engine: RunPython) -> anyhow::Result<Run
 
 /// The builder these flags describe, with the MCP servers' tools connected. One-shot commands
 /// start no interpreter pool (it would only be killed at exit); `mcp` turns it back on.
-async fn builder(args: &EngineArgs) -> anyhow::Result<RunPythonBuilder> {
+pub(crate) async fn builder(args: &EngineArgs) -> anyhow::Result<RunPythonBuilder> {
     let mut builder = RunPython::builder().pool(PoolConfig {
         size: 0,
         ..PoolConfig::default()

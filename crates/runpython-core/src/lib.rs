@@ -100,7 +100,7 @@ pub use runpython_egress::{
     HostPattern, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
 };
 pub use runpython_sandbox::Error as SandboxError;
-pub use runpython_sandbox::{CollectLimits, KernelReport};
+pub use runpython_sandbox::{code_identity, runtime_dir, CollectLimits, KernelReport};
 
 // ---- Dependencies ----
 /// What an implementer of an [`EnvProvider`] (an installer) needs (its `BoxFuture` is the same type).
@@ -302,6 +302,29 @@ impl RunPython {
             }
         }
         Ok(())
+    }
+
+    /// Starts the template that runs without dependencies are forked from, with its ready forks,
+    /// now rather than at the first such run, so that a server's first run is forked too. Does
+    /// nothing where templates are off (or only for declared warm environments) or ruled out.
+    pub async fn start_base_template(&self) -> Result<(), Error> {
+        let Some(templates) = &self.inner.templates else {
+            return Ok(());
+        };
+        let interpreter = self.interpreter().await?.clone();
+        let python = interpreter.executable.clone();
+        if !crate::child::bytecode_ready(&python) {
+            let code_dir = crate::child::code_dir()?;
+            let version = interpreter.version;
+            let compile = python.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::child::ensure_bytecode(&compile, version, code_dir)
+            })
+            .await;
+        }
+        templates
+            .start_base(&(python, None), self.inner.limits.timeout)
+            .await
     }
 
     /// The tools exposed to the code.

@@ -51,6 +51,21 @@ pub enum Progress {
     },
 }
 
+impl Progress {
+    /// The step as a person reads it on a status line or in a progress notification; `None` for
+    /// [`Progress::Cached`], which nobody needs to see.
+    pub fn message(&self) -> Option<String> {
+        Some(match self {
+            Self::Resolving { specs } => format!("resolving {}", specs.join(" ")),
+            Self::Downloading { detail } => format!("downloading {detail}"),
+            Self::Installing { detail } => format!("installing {detail}"),
+            Self::Waiting { .. } => "waiting for another run preparing the same environment".into(),
+            Self::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
+            Self::Cached { .. } => return None,
+        })
+    }
+}
+
 /// Which packages an install may build from source (running their build scripts, sandboxed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceBuilds<'a> {
@@ -147,6 +162,26 @@ fn allowed_env(vars: impl Iterator<Item = (OsString, OsString)>) -> Vec<(OsStrin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_step_a_person_sees_reads_as_one_line_and_a_cached_one_is_silent() {
+        let done = Progress::Done {
+            key: "k".into(),
+            elapsed: std::time::Duration::from_millis(1500),
+        };
+        assert_eq!(
+            done.message().as_deref(),
+            Some("dependencies ready in 1.5s")
+        );
+        let resolving = Progress::Resolving {
+            specs: vec!["numpy".into(), "pandas>=2".into()],
+        };
+        assert_eq!(
+            resolving.message().as_deref(),
+            Some("resolving numpy pandas>=2")
+        );
+        assert_eq!(Progress::Cached { key: "k".into() }.message(), None);
+    }
 
     #[test]
     fn installers_see_only_the_allowlisted_environment() {

@@ -25,9 +25,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::ServerHandler;
-use runpython_core::{
-    DepsProgress, DisplayImage, Error, Event, RunPython, RESUME_TOOL, RUN_PYTHON_TOOL,
-};
+use runpython_core::{DisplayImage, Error, Event, RunPython, RESUME_TOOL, RUN_PYTHON_TOOL};
 use serde_json::{json, Map, Value};
 
 use crate::admission::{ClientScope, Refusal, RunGate, OVER_CAPACITY};
@@ -433,7 +431,7 @@ impl Server {
         let mut last_output: Option<Instant> = None;
         while let Some(event) = handle.next_event().await {
             let message = match event {
-                Event::Dependencies(step) => match deps_message(&step) {
+                Event::Dependencies(step) => match step.message() {
                     Some(m) => m,
                     None => continue,
                 },
@@ -460,17 +458,4 @@ impl Server {
         }
         with_images(handle.wait().await?)
     }
-}
-
-fn deps_message(step: &DepsProgress) -> Option<String> {
-    Some(match step {
-        DepsProgress::Resolving { specs } => format!("resolving {}", specs.join(" ")),
-        DepsProgress::Downloading { detail } => format!("downloading {detail}"),
-        DepsProgress::Installing { detail } => format!("installing {detail}"),
-        DepsProgress::Waiting { .. } => {
-            "waiting for another run preparing the same environment".into()
-        }
-        DepsProgress::Done { elapsed, .. } => format!("dependencies ready in {elapsed:.1?}"),
-        _ => return None,
-    })
 }

@@ -140,6 +140,7 @@ pub use egress::{EgressChannel, EgressFds};
 pub use error::Error;
 pub use fd::{BeneathDir, CollectLimits, CopyReport};
 pub use fork_check::{ForkCheck, VerifiedRun};
+pub use per_boot::{code_identity, runtime_dir};
 pub use plan::{kernel_report, prepare, report, template_eligible, Plan, Role, Target};
 pub use probe::KernelReport;
 pub use report::{BridgeReport, CpuReport, Isolation, LimitReport, RlimitReport};

@@ -43,7 +43,12 @@ struct Entry {
 }
 
 /// The directory the entries live in, created (0700) if missing and checked once per process; `None`
-/// where there is none this user alone can write.
+/// where there is none this user alone can write. Also where a warm host's socket lives
+/// (`runpython host`): a directory no other user can enter or write.
+pub fn runtime_dir() -> Option<&'static Path> {
+    dir()
+}
+
 fn dir() -> Option<&'static Path> {
     static DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
@@ -132,7 +137,7 @@ fn key() -> String {
 /// device, inode, size and modification time: a rebuilt or upgraded runpython probes again. The
 /// loader names the main program as it was started (possibly relative, or not at all), so anything
 /// but an absolute path is read through `/proc/self/exe`.
-fn code_identity() -> String {
+pub fn code_identity() -> String {
     // SAFETY: dladdr only reads the loader's tables; `info` is plain data it fills.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     let here = code_identity as *const libc::c_void;

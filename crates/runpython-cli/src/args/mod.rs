@@ -32,6 +32,10 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Run Python code from a file, from -c, or from stdin (`-`).
     Run(RunArgs),
+    /// Keep an engine warm for `runpython run`: runs with the same flags, from the same directory and
+    /// environment, are forked from its templates instead of starting an interpreter each (stops on
+    /// SIGINT/SIGTERM, after --idle, or when another host takes its place).
+    Host(HostArgs),
     /// Continue a suspended run with a decision.
     Resume(ResumeArgs),
     /// Print the tool definitions (run_python, get_run_artifact, resume) for a model provider.
@@ -99,6 +103,20 @@ pub(crate) struct RunArgs {
     /// Neither serve this run from the memo nor record it there.
     #[arg(long)]
     pub(crate) no_cache: bool,
+    /// Run in this process even when a `runpython host` serves these flags.
+    #[arg(long)]
+    pub(crate) no_host: bool,
+    #[command(flatten)]
+    pub(crate) engine: EngineArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct HostArgs {
+    /// Stop after this many seconds without a run (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1800)]
+    pub(crate) idle: u64,
+    /// The flags of the runs this host serves: `runpython run` with the same ones, from the same
+    /// directory and environment, hands its run here.
     #[command(flatten)]
     pub(crate) engine: EngineArgs,
 }

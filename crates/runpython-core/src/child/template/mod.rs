@@ -240,6 +240,19 @@ impl Templates {
         }
     }
 
+    /// [`Templates::start_now`] for an environment no one declared warm, as its first run would
+    /// start it; nothing unless every environment's runs are forked.
+    pub(crate) async fn start_base(&self, key: &PoolKey, timeout: Duration) -> Result<(), Error> {
+        if !self.all {
+            return Ok(());
+        }
+        let warmth = Warmth {
+            imports: self.warm_imports.clone(),
+            prime: Vec::new(),
+        };
+        self.start_now(key, &warmth, timeout).await
+    }
+
     fn unavailable(&self, why: String) -> Result<Option<Slot>, Error> {
         if self.require {
             return Err(Error::TemplateUnavailable(why));
