@@ -142,12 +142,12 @@ impl CliHost {
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if line.contains("runpython host: serving") {
-                    let _ = ready.send(());
-                }
                 if let Ok(mut log) = sink.lock() {
                     log.push_str(&line);
                     log.push('\n');
+                }
+                if line.contains("runpython host: serving") {
+                    let _ = ready.send(());
                 }
             }
         });

@@ -54,12 +54,15 @@ impl Host {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                if line.contains("runpython host: serving") {
+                let serving = line.contains("runpython host: serving");
+                {
+                    let mut log = sink.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+                if serving {
                     let _ = ready_tx.send(());
                 }
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
             }
         });
         let host = Self {
