@@ -62,11 +62,14 @@ pub fn chart_pins() -> Vec<String> {
 
 /// Adds the chart figures. `python` is the yardsticks' venv interpreter (`RUNPYTHON_BENCH_CHART_PYTHON`,
 /// made by `cargo xtask bench` from `jupyter_requirements.txt`).
-/// `cpu`, when this user could make one, counts the CPU of the one-shot runs too.
+/// `cpu`, when this user could make one, counts the CPU of the one-shot runs too. `runpython`, the CLI
+/// beside the bench, adds the cell as `runpython run` hands it to a `runpython host` declaring the
+/// same warm environment (`chart_cli_hosted_ms`: the whole client process).
 pub async fn chart_figures(
     m: &mut Map<String, Value>,
     python: &Path,
     cpu: Option<&CpuMeter>,
+    runpython: Option<&Path>,
 ) -> Result<(), BoxError> {
     let store_dir = tempfile::tempdir()?;
     // What `runpython mcp` keeps runs in by default: a local file store (the PNG becomes an artifact).
@@ -126,11 +129,19 @@ pub async fn chart_figures(
     kernel.cell().await?;
     let cold_dir = tempfile::tempdir()?;
     cold_process(python, cold_dir.path()).await?; // builds its matplotlib cache, as a used machine has
+    let cli = match runpython {
+        Some(runpython) => Some(CliCell::start(runpython, &url, store_dir.path()).await?),
+        None => None,
+    };
+    if let Some(cli) = &cli {
+        cli.run().await?; // its first run, excluded as the others' are
+    }
     tokio::time::sleep(POOL_REFILL).await;
 
     let (mut jupyter, mut cold, mut cells) = (vec![], vec![], vec![]);
     let (mut pooled_ms, mut forked_ms, mut pooled_cpu, mut forked_cpu) =
         (vec![], vec![], vec![], vec![]);
+    let mut cli_ms = vec![];
     let cpu_now = || cpu.map_or(0.0, CpuMeter::ms);
     for _ in 0..ROUNDS {
         // Each one-shot run's CPU counts its replacement's making too (an interpreter importing the
@@ -156,9 +167,16 @@ pub async fn chart_figures(
         cells.push(t.elapsed().as_secs_f64() * 1e3);
         check_chart(&e, "a session cell")?;
         cold.push(cold_process(python, cold_dir.path()).await?);
+        if let Some(cli) = &cli {
+            cli_ms.push(cli.run().await?);
+            tokio::time::sleep(SETTLE).await;
+        }
     }
     kernel.stop().await;
     session.close().await?;
+    if let Some(cli) = cli {
+        cli.stop()?;
+    }
 
     let jupyter = p50(jupyter);
     let (pooled_ms, forked_ms) = (p50(pooled_ms), p50(forked_ms));
@@ -183,12 +201,99 @@ pub async fn chart_figures(
             json!(round3(p50(forked_cpu))),
         );
     }
+    if !cli_ms.is_empty() {
+        let cli = p50(cli_ms);
+        m.insert("chart_cli_hosted_ms".into(), json!(round3(cli)));
+        m.insert(
+            "chart_cli_hosted_vs_jupyter_cell".into(),
+            json!(round3(cli / jupyter)),
+        );
+    }
     m.insert("chart_session_cell_ms".into(), json!(round3(cell)));
     m.insert(
         "chart_session_vs_jupyter_cell".into(),
         json!(round3(cell / jupyter)),
     );
     Ok(())
+}
+
+/// The cell as a person or an agent's shell runs it: `runpython run --warm PINS --store URL CELL`, a
+/// whole process, handed to a `runpython host` started with the same flags. Each run is checked as
+/// the library's are, and to have been served by the host (its log names the run).
+struct CliCell {
+    host: crate::start_bench::CliHost,
+    runpython: PathBuf,
+    flags: Vec<String>,
+    cell: PathBuf,
+}
+
+impl CliCell {
+    async fn start(runpython: &Path, url: &str, dir: &Path) -> Result<Self, BoxError> {
+        let cell = dir.join("chart_cell.py");
+        std::fs::write(&cell, CHART_CELL)?;
+        let flags = vec![
+            "--timeout".to_owned(),
+            "300".to_owned(),
+            "--store".to_owned(),
+            url.to_owned(),
+            "--warm".to_owned(),
+            chart_pins().join(","),
+        ];
+        let (program, host_flags) = (runpython.to_owned(), flags.clone());
+        // Starting it installs nothing new (the library's forked engine prepared the same pins) but
+        // waits for its template: off the runtime's threads.
+        let host = tokio::task::spawn_blocking(move || {
+            let flags: Vec<&str> = host_flags.iter().map(String::as_str).collect();
+            crate::start_bench::CliHost::start(&program, &flags).map_err(|e| e.to_string())
+        })
+        .await??;
+        Ok(Self {
+            host,
+            runpython: runpython.to_owned(),
+            flags,
+            cell,
+        })
+    }
+
+    /// One run: its whole process's milliseconds.
+    async fn run(&self) -> Result<f64, BoxError> {
+        let t = Instant::now();
+        let out = Command::new(&self.runpython)
+            .arg("run")
+            .args(&self.flags)
+            .args(["--json", "--no-cache"])
+            .arg(&self.cell)
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let e: Envelope = serde_json::from_slice(&out.stdout).map_err(|e| {
+            format!(
+                "runpython run printed no envelope ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        check_chart(&e, "a hosted CLI run")?;
+        // The host logs a run once it has sent its envelope: the line may be a moment behind.
+        let line = format!("run {} ", e.run_id);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !self.host.log().contains(&line) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if !self.host.log().contains(&line) {
+            return Err(format!(
+                "the hosted CLI run {} was not served by the host: {}",
+                e.run_id,
+                self.host.log()
+            )
+            .into());
+        }
+        Ok(ms)
+    }
+
+    fn stop(self) -> Result<(), BoxError> {
+        self.host.stop().map(drop).map_err(|e| e.to_string().into())
+    }
 }
 
 /// The chart cell's envelope as it must be: success, its value, a `line` chart among its displays

@@ -162,12 +162,17 @@ impl CliHost {
         Ok(host)
     }
 
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
     /// Stopped (SIGTERM, by its id) and reaped; what it logged.
     pub fn stop(mut self) -> Result<String, BoxError> {
         self.terminate()?;
         // The reader thread ends with the host's stderr.
         std::thread::sleep(std::time::Duration::from_millis(50));
-        Ok(self.log.lock().map(|l| l.clone()).unwrap_or_default())
+        Ok(self.log())
     }
 
     fn terminate(&mut self) -> std::io::Result<()> {

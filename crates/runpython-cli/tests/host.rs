@@ -35,10 +35,15 @@ impl Host {
         Self::start_in(Arc::clone(&self.dir), self.tag.clone(), flags)
     }
 
+    /// `flags` without `--idle` get `--idle 120`: a host a failed test leaves behind stops by itself.
     fn start_in(dir: Arc<tempfile::TempDir>, tag: String, flags: &[&str]) -> Self {
+        let idle: &[&str] = match flags.contains(&"--idle") {
+            true => &[],
+            false => &["--idle", "120"],
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_runpython"))
             .arg("host")
-            .args(["--idle", "120"])
+            .args(idle)
             .args(flags)
             .current_dir(dir.path())
             .env("RUNPYTHON_TEST_HOST", &tag)
@@ -335,4 +340,17 @@ fn a_host_that_is_gone_or_replaced_leaves_runs_to_their_own_process() {
     assert!(third.child.wait().unwrap().success());
     assert!(!path.exists(), "the stopped host left its socket");
     assert!(third.log().contains("stopped (SIGTERM)"), "{}", third.log());
+}
+
+#[test]
+fn a_connection_that_sends_nothing_is_closed_and_the_host_still_idles_out() {
+    let mut host = Host::start(&["--no-store", "--idle", "1"]);
+    let silent = std::os::unix::net::UnixStream::connect(socket(&host)).unwrap();
+    let stopped = wait_for(Duration::from_secs(30), || {
+        matches!(host.child.try_wait(), Ok(Some(_)))
+    });
+    assert!(stopped, "a silent connection kept the host: {}", host.log());
+    assert!(host.log().contains("sent no run within"), "{}", host.log());
+    assert!(host.log().contains("stopped (idle)"), "{}", host.log());
+    drop(silent);
 }

@@ -529,7 +529,7 @@ summarize(data)",
     // Real work: the chart cell through runpython's one-shot paths and a session, against a warm
     // Jupyter kernel and a plain Python process running it (their venv made by `cargo xtask bench`).
     match std::env::var_os("RUNPYTHON_BENCH_CHART_PYTHON") {
-        Some(python) => runpython_tests::chart_bench::chart_figures(&mut m, python.as_ref(), cpu.as_ref().ok())
+        Some(python) => runpython_tests::chart_bench::chart_figures(&mut m, python.as_ref(), cpu.as_ref().ok(), bin.exists().then_some(bin.as_path()))
             .await
             .map_err(|e| e.to_string())?,
         None => eprintln!(

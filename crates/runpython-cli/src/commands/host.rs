@@ -23,6 +23,10 @@ use crate::settings;
 /// How often the host looks at its socket (still its own?) and its idle time.
 const TICK: Duration = Duration::from_secs(1);
 
+/// How long a connection may take to send its run (a client sends it as soon as it connects): one
+/// that says nothing is closed, so it can neither hold a task nor keep the host from idling out.
+const REQUEST_WITHIN: Duration = Duration::from_secs(10);
+
 pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
     let path = hosting::socket_path(&args.engine).context(
         "no private directory for the host's socket: /run/runpython as root, else \
@@ -211,10 +215,17 @@ async fn serve(engine: &RunPython, stream: UnixStream) {
         let _ = send(&mut to, &Frame::Failed(reason)).await;
         return;
     }
-    let wire: WireRun = match receive(&mut from).await {
-        Ok(Some(wire)) => wire,
-        Ok(None) => return,
-        Err(e) => {
+    let wire: WireRun = match tokio::time::timeout(REQUEST_WITHIN, receive(&mut from)).await {
+        Ok(Ok(Some(wire))) => wire,
+        Ok(Ok(None)) => return,
+        Err(_) => {
+            say_err!(
+                "runpython host: closed a connection that sent no run within {}s",
+                REQUEST_WITHIN.as_secs()
+            );
+            return;
+        }
+        Ok(Err(e)) => {
             let _ = send(
                 &mut to,
                 &Frame::Failed(format!("a malformed run request: {e}")),
