@@ -3,6 +3,8 @@
 //!
 //! Usage: `RUNPYTHON_BENCH_CHART_PYTHON=target/chart-bench-venv/bin/python runpython-chart-bench`
 //! (`cargo xtask bench` makes that venv; `tests/benches/jupyter_requirements.txt` says what it holds).
+//! The hosted CLI figure needs the `runpython` binary beside this one (`cargo build --release -p
+//! runpython-cli`); without it that figure is left out.
 
 use serde_json::{Map, Value};
 
@@ -21,7 +23,9 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut m = Map::new();
     let cpu = runpython_tests::template_bench::CpuMeter::start().ok();
-    runpython_tests::chart_bench::chart_figures(&mut m, python.as_ref(), cpu.as_ref())
+    let bin = std::env::current_exe()?.with_file_name("runpython");
+    let runpython = bin.exists().then_some(bin.as_path());
+    runpython_tests::chart_bench::chart_figures(&mut m, python.as_ref(), cpu.as_ref(), runpython)
         .await
         .map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string(&Value::Object(m))?);
