@@ -354,3 +354,23 @@ fn a_connection_that_sends_nothing_is_closed_and_the_host_still_idles_out() {
     assert!(host.log().contains("stopped (idle)"), "{}", host.log());
     drop(silent);
 }
+
+#[test]
+fn doctor_says_whether_a_host_serves_its_flags_from_here() {
+    let host = Host::start(&["--no-store"]);
+    let doctor = |args: &[&str]| -> serde_json::Value {
+        let out = host.run(args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["host"].clone()
+    };
+    let served = doctor(&["doctor", "--json", "--no-store"]);
+    assert_eq!(served["serving"], true, "{served}");
+    assert_eq!(served["socket"], socket(&host).display().to_string());
+    let other = doctor(&["doctor", "--json", "--no-store", "--timeout", "9"]);
+    assert_eq!(other["serving"], false, "{other}");
+    let text_out = text(&host.run(&["doctor", "--no-store"]).stdout);
+    assert!(
+        text_out.contains("warm host       serving runs with these flags"),
+        "{text_out}"
+    );
+}
