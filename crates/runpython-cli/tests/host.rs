@@ -374,3 +374,33 @@ fn doctor_says_whether_a_host_serves_its_flags_from_here() {
         "{text_out}"
     );
 }
+
+#[test]
+fn a_run_already_queued_when_the_host_is_told_to_stop_is_served_not_dropped() {
+    let mut host = Host::start(&["--no-store"]);
+    let pid = host.child.id().to_string();
+    let signal = |name: &str| {
+        assert!(Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    // Stopped, the host accepts nothing: the client's connection and run wait in its queue.
+    signal("-STOP");
+    let client = host
+        .command(&["run", "--no-store", "--json", "-c", "6 * 7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    signal("-TERM");
+    signal("-CONT");
+    let out = client.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["return_value"], 42);
+    assert!(host.child.wait().unwrap().success());
+    assert!(host.log().contains("stopped (SIGTERM)"), "{}", host.log());
+}

@@ -27,6 +27,9 @@ const TICK: Duration = Duration::from_secs(1);
 /// that says nothing is closed, so it can neither hold a task nor keep the host from idling out.
 const REQUEST_WITHIN: Duration = Duration::from_secs(10);
 
+/// At shutdown, how long the listener's queue is given to yield one more connection.
+const DRAIN: Duration = Duration::from_millis(20);
+
 pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
     let path = hosting::socket_path(&args.engine).context(
         "no private directory for the host's socket: /run/runpython as root, else \
@@ -69,14 +72,7 @@ pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
     let why = loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    Activity::begin(&activity);
-                    let (engine, activity) = (engine.clone(), activity.clone());
-                    tokio::spawn(async move {
-                        serve(&engine, stream).await;
-                        Activity::end(&activity);
-                    });
-                }
+                Ok((stream, _)) => spawn_serve(&engine, &activity, stream),
                 Err(e) => {
                     // Out of descriptors, say: the runs in flight free some.
                     say_err!("runpython host: accepting a connection: {e}");
@@ -97,11 +93,16 @@ pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    // New runs go back to their own processes; the ones in flight finish (a second signal ends them).
-    drop(listener);
+    // New runs go back to their own processes; the ones already connected (waiting in the listener's
+    // queue: their clients sent their runs) are served, and all in flight finish (a second signal
+    // ends them).
     if inode(&path).ok() == Some(ours) {
         let _ = std::fs::remove_file(&path);
     }
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(DRAIN, listener.accept()).await {
+        spawn_serve(&engine, &activity, stream);
+    }
+    drop(listener);
     loop {
         if Activity::in_flight(&activity) == 0 {
             break;
@@ -114,6 +115,33 @@ pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
     }
     say_err!("runpython host: stopped ({why})");
     Ok(ExitCode::SUCCESS)
+}
+
+/// One connection served on a task of its own, counted in `activity` until it is done (even if
+/// its task ends early).
+fn spawn_serve(engine: &RunPython, activity: &Arc<Mutex<Activity>>, stream: UnixStream) {
+    let busy = Busy::new(activity);
+    let engine = engine.clone();
+    tokio::spawn(async move {
+        serve(&engine, stream).await;
+        drop(busy);
+    });
+}
+
+/// A connection counted in flight while this lives.
+struct Busy(Arc<Mutex<Activity>>);
+
+impl Busy {
+    fn new(activity: &Arc<Mutex<Activity>>) -> Self {
+        Activity::begin(activity);
+        Self(Arc::clone(activity))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        Activity::end(&self.0);
+    }
 }
 
 /// Runs in flight, and when the last one ended.
