@@ -20,8 +20,9 @@
 //! connects only to a socket its own user owns and a host whose peer credentials are its own user.
 //!
 //! **The protocol.** One connection per run. Frames are a little-endian `u32` length and a postcard
-//! body: the client sends one [`WireRun`]; the host answers with [`Frame`]s, the last an
-//! `Envelope` or `Failed`. The client going away (its process killed, Ctrl-C) ends the run: the
+//! body. The host says `Ready` (or `Failed`, refusing the peer) as it accepts; only then does the
+//! client send its one [`WireRun`], so a client that gave up waiting runs the code itself and the host
+//! never runs it too. The host answers with [`Frame`]s, the last an `Envelope` or `Failed`. The client going away (its process killed, Ctrl-C) ends the run: the
 //! host watches the connection and drops the run, which kills its processes.
 
 use std::io::{Read, Write};
@@ -35,7 +36,12 @@ use crate::args::EngineArgs;
 
 /// Bumped whenever the frames change meaning; part of the socket's name, so an older host is never
 /// asked by a newer client.
-const PROTOCOL: u32 = 1;
+const PROTOCOL: u32 = 2;
+
+/// How long a client waits for the host's `Ready` before it runs the code itself. A host accepts at
+/// once unless it is stopped (Ctrl-Z in its terminal) or starved; the client then must not hang, and
+/// since it has sent nothing yet, the host can never run that code as well.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The largest frame either end reads: a run's request holds its `--file`s (each up to
 /// [`runpython_core::MAX_INLINE_FILE`]), and an envelope is bounded by the engine's limits.
@@ -74,6 +80,8 @@ pub(crate) enum WireFile {
 /// What the host answers, in order.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Frame {
+    /// The connection is accepted: send the run. The first frame.
+    Ready,
     /// A dependency step, as the status line shows it.
     Status(String),
     Stdout(String),
@@ -122,10 +130,11 @@ fn fingerprint(engine: &EngineArgs) -> Option<String> {
     Some(digest.to_hex()[..32].to_string())
 }
 
-/// A connection to the host at `path`, when one is there: the socket is this user's, and so is the
-/// process listening on it. `None` otherwise (no host, one that stopped, or one to distrust): the
-/// caller runs the code itself.
-pub(crate) fn connect(path: &std::path::Path) -> Option<UnixStream> {
+/// A connection to the host at `path`, ready for a run, when one is there: the socket is this
+/// user's, so is the process listening on it, and it said `Ready` within [`READY_WITHIN`]. `None`
+/// otherwise (no host, one that stopped or does not answer, one to distrust): the caller runs the
+/// code itself. `Some(Err(reason))`: the host refused this process.
+pub(crate) fn connect(path: &std::path::Path) -> Option<Result<UnixStream, String>> {
     let meta = std::fs::symlink_metadata(path).ok()?;
     let me = nix::unistd::geteuid().as_raw();
     if !meta.file_type().is_socket() || meta.uid() != me {
@@ -134,7 +143,17 @@ pub(crate) fn connect(path: &std::path::Path) -> Option<UnixStream> {
     let stream = UnixStream::connect(path).ok()?;
     let peer =
         nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
-    (peer.uid() == me).then_some(stream)
+    if peer.uid() != me {
+        return None;
+    }
+    stream.set_read_timeout(Some(READY_WITHIN)).ok()?;
+    let answer = receive::<Frame>(&stream);
+    stream.set_read_timeout(None).ok()?;
+    match answer.ok()?? {
+        Frame::Ready => Some(Ok(stream)),
+        Frame::Failed(reason) => Some(Err(reason)),
+        _ => None,
+    }
 }
 
 /// `value` as one frame.

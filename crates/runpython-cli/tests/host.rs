@@ -402,5 +402,52 @@ fn a_run_already_queued_when_the_host_is_told_to_stop_is_served_not_dropped() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["return_value"], 42);
     assert!(host.child.wait().unwrap().success());
+    let id = v["run_id"].as_str().unwrap();
+    assert!(
+        host.log().contains(&format!("run {id} ")),
+        "not served: {}",
+        host.log()
+    );
     assert!(host.log().contains("stopped (SIGTERM)"), "{}", host.log());
+}
+
+#[test]
+fn a_stopped_host_leaves_the_run_to_its_own_process_and_never_runs_it_too() {
+    let mut host = Host::start(&["--no-store"]);
+    let pid = host.child.id().to_string();
+    let signal = |name: &str| {
+        assert!(Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    // Ctrl-Z in the host's terminal: it accepts nothing until continued.
+    signal("-STOP");
+    let mut client = host
+        .command(&["run", "--no-store", "--json", "-c", "6 * 7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let finished = wait_for(Duration::from_secs(20), || {
+        matches!(client.try_wait(), Ok(Some(_)))
+    });
+    if !finished {
+        let _ = client.kill();
+    }
+    let out = client.wait_with_output().unwrap();
+    signal("-CONT");
+    assert!(finished, "the client hung on a stopped host");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["return_value"], 42);
+    // Continued, the host finds the client gone before it sent anything: nothing runs there.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !host.log().contains("runpython host: run "),
+        "{}",
+        host.log()
+    );
+    assert!(host.served(&host.run(&["run", "--no-store", "--json", "-c", "1"])));
 }

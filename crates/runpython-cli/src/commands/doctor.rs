@@ -13,7 +13,7 @@ use crate::settings;
 pub(crate) async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let report = settings::engine(&args.engine).await?.doctor().await;
     let socket = hosting::socket_path(&args.engine);
-    let serving = socket.as_deref().and_then(hosting::connect).is_some();
+    let serving = matches!(socket.as_deref().and_then(hosting::connect), Some(Ok(_)));
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         if let Some(fields) = value.as_object_mut() {

@@ -243,6 +243,9 @@ async fn serve(engine: &RunPython, stream: UnixStream) {
         let _ = send(&mut to, &Frame::Failed(reason)).await;
         return;
     }
+    if send(&mut to, &Frame::Ready).await.is_err() {
+        return; // the client gave up waiting and runs the code itself
+    }
     let wire: WireRun = match tokio::time::timeout(REQUEST_WITHIN, receive(&mut from)).await {
         Ok(Ok(Some(wire))) => wire,
         Ok(Ok(None)) => return,

@@ -52,8 +52,12 @@ pub(crate) fn hosted(args: &RunArgs) -> Option<anyhow::Result<ExitCode>> {
     if args.no_host {
         return None;
     }
-    let stream = hosting::connect(&hosting::socket_path(&args.engine)?)?;
-    Some(hosted_on(stream, args))
+    Some(
+        match hosting::connect(&hosting::socket_path(&args.engine)?)? {
+            Ok(stream) => hosted_on(stream, args),
+            Err(reason) => Err(anyhow::anyhow!("{reason}")),
+        },
+    )
 }
 
 fn hosted_on(stream: std::os::unix::net::UnixStream, args: &RunArgs) -> anyhow::Result<ExitCode> {
@@ -84,6 +88,9 @@ fn hosted_on(stream: std::os::unix::net::UnixStream, args: &RunArgs) -> anyhow::
                 return finish(&envelope, args.json);
             }
             Frame::Failed(reason) => bail!("{reason}"),
+            Frame::Ready => {
+                bail!("the runpython host said Ready twice: a host of another version?")
+            }
         }
     }
 }
