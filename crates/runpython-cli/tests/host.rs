@@ -413,7 +413,7 @@ fn a_run_already_queued_when_the_host_is_told_to_stop_is_served_not_dropped() {
 
 #[test]
 fn a_stopped_host_leaves_the_run_to_its_own_process_and_never_runs_it_too() {
-    let mut host = Host::start(&["--no-store"]);
+    let host = Host::start(&["--no-store"]);
     let pid = host.child.id().to_string();
     let signal = |name: &str| {
         assert!(Command::new("kill")
