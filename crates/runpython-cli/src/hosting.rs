@@ -13,17 +13,18 @@
 //!
 //! **Who may use it.** The socket lives in the user's private runtime directory
 //! ([`runpython_core::runtime_dir`]: `0700`, owned by the user, checked without following links).
-//! The host serves a peer only with its own user id and user namespace (so never a sandboxed run,
-//! which is in a namespace of its own even where it could reach the socket), and a run's request
-//! carries only what `runpython run`'s own flags put in a request, never the engine's policy:
-//! whoever reaches the socket gets runs confined exactly as the host's flags say. The client
+//! The host serves a peer only with its own user id, user namespace and PID namespace (so never a
+//! sandboxed run, which is in namespaces of its own even where it could reach the socket), and a
+//! run's request carries only what `runpython run`'s own flags put in a request, never the engine's
+//! policy: whoever reaches the socket gets runs confined exactly as the host's flags say. The client
 //! connects only to a socket its own user owns and a host whose peer credentials are its own user.
 //!
 //! **The protocol.** One connection per run. Frames are a little-endian `u32` length and a postcard
 //! body. The host says `Ready` (or `Failed`, refusing the peer) as it accepts; only then does the
-//! client send its one [`WireRun`], so a client that gave up waiting runs the code itself and the host
-//! never runs it too. The host answers with [`Frame`]s, the last an `Envelope` or `Failed`. The client going away (its process killed, Ctrl-C) ends the run: the
-//! host watches the connection and drops the run, which kills its processes.
+//! client send its one [`WireRun`], so a client that gave up waiting runs the code itself and the
+//! host never runs it too. The host answers with [`Frame`]s, the last an `Envelope` or `Failed`. The
+//! client going away (its process killed, Ctrl-C) ends the run: the host watches the connection and
+//! drops the run, which kills its processes.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};

@@ -115,14 +115,22 @@ impl Host {
     fn path(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Sends the host `signal` (`-TERM`, `-STOP`, ...), by its id.
+    fn signal(&self, signal: &str) -> bool {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
 }
 
 impl Drop for Host {
     /// SIGTERM first, so the host removes its socket; SIGKILL if it has not stopped in 10 s.
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
-            let pid = self.child.id().to_string();
-            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            self.signal("-TERM");
             if !wait_for(Duration::from_secs(10), || {
                 matches!(self.child.try_wait(), Ok(Some(_)))
             }) {
@@ -331,12 +339,7 @@ fn a_host_that_is_gone_or_replaced_leaves_runs_to_their_own_process() {
     assert!(third.served(&third.run(&["run", "--no-store", "--json", "-c", "1"])));
 
     // Stopped by SIGTERM, a host removes its socket: runs go back to their own processes.
-    let pid = third.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    assert!(third.signal("-TERM"));
     assert!(third.child.wait().unwrap().success());
     assert!(!path.exists(), "the stopped host left its socket");
     assert!(third.log().contains("stopped (SIGTERM)"), "{}", third.log());
@@ -378,14 +381,7 @@ fn doctor_says_whether_a_host_serves_its_flags_from_here() {
 #[test]
 fn a_run_already_queued_when_the_host_is_told_to_stop_is_served_not_dropped() {
     let mut host = Host::start(&["--no-store"]);
-    let pid = host.child.id().to_string();
-    let signal = |name: &str| {
-        assert!(Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .unwrap()
-            .success());
-    };
+    let signal = |name: &str| assert!(host.signal(name));
     // Stopped, the host accepts nothing: the client's connection and run wait in its queue.
     signal("-STOP");
     let client = host
@@ -414,14 +410,7 @@ fn a_run_already_queued_when_the_host_is_told_to_stop_is_served_not_dropped() {
 #[test]
 fn a_stopped_host_leaves_the_run_to_its_own_process_and_never_runs_it_too() {
     let host = Host::start(&["--no-store"]);
-    let pid = host.child.id().to_string();
-    let signal = |name: &str| {
-        assert!(Command::new("kill")
-            .args([name, &pid])
-            .status()
-            .unwrap()
-            .success());
-    };
+    let signal = |name: &str| assert!(host.signal(name));
     // Ctrl-Z in the host's terminal: it accepts nothing until continued.
     signal("-STOP");
     let mut client = host

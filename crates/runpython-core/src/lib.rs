@@ -311,17 +311,10 @@ impl RunPython {
         let Some(templates) = &self.inner.templates else {
             return Ok(());
         };
-        let interpreter = self.interpreter().await?.clone();
+        let interpreter = self.interpreter().await?;
         let python = interpreter.executable.clone();
-        if !crate::child::bytecode_ready(&python) {
-            let code_dir = crate::child::code_dir()?;
-            let version = interpreter.version;
-            let compile = python.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                crate::child::ensure_bytecode(&compile, version, code_dir)
-            })
+        crate::child::bytecode_in_place(&python, interpreter.version, crate::child::code_dir()?)
             .await;
-        }
         templates
             .start_base(&(python, None), self.inner.limits.timeout)
             .await

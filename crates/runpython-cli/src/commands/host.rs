@@ -36,14 +36,11 @@ pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
          $XDG_RUNTIME_DIR/runpython or the user's cache directory, which must be this user's and \
          writable by no one else",
     )?;
+    let idle = (args.idle > 0).then(|| Duration::from_secs(args.idle));
     // Every run forked from its environment's template, kept as long as the host is.
-    let keep = match args.idle {
-        0 => Duration::from_secs(365 * 24 * 3600),
-        idle => Duration::from_secs(idle),
-    };
     let pool = PoolConfig {
         size: 1,
-        idle: keep,
+        idle: idle.unwrap_or(Duration::from_secs(365 * 24 * 3600)),
         warm_imports: Vec::new(),
         prestart: false,
         templates: true,
@@ -66,7 +63,6 @@ pub(crate) async fn host(args: HostArgs) -> anyhow::Result<ExitCode> {
         in_flight: 0,
         last: Instant::now(),
     }));
-    let idle = (args.idle > 0).then(|| Duration::from_secs(args.idle));
     let mut sigterm = signal(SignalKind::terminate()).context("watching for SIGTERM")?;
     let mut tick = tokio::time::interval(TICK);
     let why = loop {

@@ -61,8 +61,7 @@ pub(crate) fn hosted(args: &RunArgs) -> Option<anyhow::Result<ExitCode>> {
 }
 
 fn hosted_on(stream: std::os::unix::net::UnixStream, args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let mut wire = wire_run(args)?;
-    wire.stream = !args.json;
+    let wire = wire_run(args)?;
     hosting::send(&stream, &wire).context("sending the run to the runpython host")?;
     let mut status = StatusLine::new();
     loop {

@@ -74,6 +74,16 @@ pub(crate) fn ensure_bytecode(python: &Path, version: (u32, u32, u32), dir: &Pat
     }
 }
 
+/// [`ensure_bytecode`] for `python` off the async runtime's threads, unless this process already
+/// found it in place: what a run, a session and a template do before they start an interpreter.
+pub(crate) async fn bytecode_in_place(python: &Path, version: (u32, u32, u32), dir: &'static Path) {
+    if bytecode_ready(python) {
+        return;
+    }
+    let python = python.to_owned();
+    let _ = tokio::task::spawn_blocking(move || ensure_bytecode(&python, version, dir)).await;
+}
+
 /// Interpreters whose bytecode this process already found in place: later runs skip the check.
 static BYTECODE_READY: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 

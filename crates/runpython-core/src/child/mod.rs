@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use runpython_bridge::HostEnd;
 use runpython_sandbox::BeneathDir;
 
-pub(crate) use code_dir::{bytecode_ready, code_dir, code_version, ensure_bytecode};
+pub(crate) use code_dir::{bytecode_in_place, code_dir, code_version};
 pub(crate) use output::{capture, take_capture, Captured, Closed, FullStream, HeadTail};
 pub use pool::PoolConfig;
 pub(crate) use pool::{Pool, PoolKey};

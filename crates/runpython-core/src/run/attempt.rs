@@ -165,13 +165,7 @@ pub(crate) async fn slot_for(engine: &RunPython, prepared: &Prepared) -> Result<
     let python = prepared.python();
     let site_dir = prepared.site_dir();
     let code_dir = code_dir()?;
-    if !crate::child::bytecode_ready(&python) {
-        let (python, version) = (python.clone(), prepared.interpreter.version);
-        let _ = tokio::task::spawn_blocking(move || {
-            crate::child::ensure_bytecode(&python, version, code_dir)
-        })
-        .await;
-    }
+    crate::child::bytecode_in_place(&python, prepared.interpreter.version, code_dir).await;
     let key: PoolKey = (python.clone(), site_dir.clone());
     if let Some(templates) = &engine.inner.templates {
         let warm = prepared.warm.as_ref();

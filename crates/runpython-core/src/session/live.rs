@@ -95,13 +95,8 @@ impl Live {
     pub(crate) async fn start(engine: &crate::RunPython) -> Result<Self, Error> {
         let interpreter = engine.interpreter().await?.clone();
         let code_dir = crate::child::code_dir()?;
-        if !crate::child::bytecode_ready(&interpreter.executable) {
-            let (python, version) = (interpreter.executable.clone(), interpreter.version);
-            let _ = tokio::task::spawn_blocking(move || {
-                crate::child::ensure_bytecode(&python, version, code_dir)
-            })
+        crate::child::bytecode_in_place(&interpreter.executable, interpreter.version, code_dir)
             .await;
-        }
         let envs = engine.inner.deps.root().to_owned();
         let _ = std::fs::create_dir_all(&envs);
         let spec = crate::child::SlotSpec {
