@@ -148,12 +148,15 @@ impl AsyncRead for Heard {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let poll = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        // Noted before the read takes the bytes out of the kernel, not after: the slots ask
+        // "heard, or bytes waiting?" from the accept loop's thread, and between a read that drained
+        // the socket and a note made after it the answer was "neither", so a client whose request
+        // was being read could be closed as a silent one (seen under load). Readiness means bytes or
+        // the end of the stream wait; either way the client is no longer a socket that said nothing.
+        if Pin::new(&mut self.stream).poll_read_ready(cx).is_ready() {
             self.heard.store(true, Ordering::SeqCst);
         }
-        poll
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
@@ -282,5 +285,45 @@ async fn unauthenticated_deadline(slots: &Slots, ticket: &Ticket, header_timeout
     tokio::time::sleep(header_timeout).await;
     if !slots.is_unauthenticated(ticket.id) {
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::{AsyncWriteExt, ReadBuf};
+
+    /// The slots take a connection for a silent one when it is neither heard nor has bytes waiting;
+    /// so the note must be made no later than the read that takes the bytes. A read with no room
+    /// takes nothing: the client must already count as heard, its bytes still in the kernel.
+    #[tokio::test]
+    async fn a_client_is_heard_before_its_bytes_leave_the_kernel() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        client.write_all(b"POST /mcp HTTP/1.1\r\n").await.unwrap();
+        stream.readable().await.unwrap();
+        let heard = Arc::new(AtomicBool::new(false));
+        let mut conn = Heard {
+            stream,
+            heard: Arc::clone(&heard),
+        };
+        let mut room = [0u8; 0];
+        let mut buf = ReadBuf::new(&mut room);
+        let waker = futures_util::task::noop_waker();
+        let _ = Pin::new(&mut conn).poll_read(&mut Context::from_waker(&waker), &mut buf);
+        assert!(
+            heard.load(Ordering::SeqCst),
+            "bytes wait, yet the client is not heard"
+        );
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            conn.stream.peek(&mut byte).await.unwrap(),
+            1,
+            "the bytes are still there"
+        );
     }
 }
