@@ -53,7 +53,8 @@ struct State {
 struct Slot {
     tenant: Option<Arc<str>>,
     busy: Arc<AtomicUsize>,
-    /// The client has sent a byte (set by the listener as it reads).
+    /// The client has sent a byte or closed (set by the listener before it reads, so that it is never
+    /// unset while the bytes are neither waiting nor noted).
     heard: Arc<AtomicBool>,
     /// The socket, to ask the kernel whether bytes wait on it.
     fd: RawFd,
