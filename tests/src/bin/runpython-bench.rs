@@ -68,12 +68,22 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         json!(machine(&interpreter.minor_version())),
     );
     let bin = std::env::current_exe()?.with_file_name("runpython");
-    if std::env::var("RUNPYTHON_BENCH_SECTIONS").as_deref() == Ok("fixed_costs") {
-        runpython_tests::start_bench::only(&mut m, &interpreter.executable, &bin, ROUNDS)
-            .await
-            .map_err(|e| e.to_string())?;
-        println!("{}", serde_json::to_string(&Value::Object(m))?);
-        return Ok(());
+    match std::env::var("RUNPYTHON_BENCH_SECTIONS").as_deref() {
+        Ok("fixed_costs") => {
+            runpython_tests::start_bench::only(&mut m, &interpreter.executable, &bin, ROUNDS)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{}", serde_json::to_string(&Value::Object(m))?);
+            return Ok(());
+        }
+        Ok("egress") => {
+            runpython_tests::egress_bench::egress_figures(&mut m)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{}", serde_json::to_string(&Value::Object(m))?);
+            return Ok(());
+        }
+        _ => {}
     }
 
     // Interpreter floor and a trivial cold run, interleaved so that noise hits both alike.
@@ -190,7 +200,7 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         json!(round3(forked_per_s)),
     );
     // What the kernel allows for the same namespaces, mounts and cgroup joins, without Python.
-    runpython_tests::start_bench::ceiling_figures(&mut m, forked_per_s)
+    runpython_tests::start_bench::ceiling_figures(&mut m, forked_per_s, &interpreter.executable)
         .map_err(|e| e.to_string())?;
 
     // The same trivial run, kept in a local file store (script, output, value, manifest written).
