@@ -180,7 +180,7 @@ async fn measure(
 /// policy over direct), `egress_connect_rtt_vs_direct` (the same with a new connection per
 /// request), `egress_throughput_vs_direct` (a 256 MiB download's rate, through over direct) and the
 /// absolute figures behind them; each the median over `ROUNDS` (8) interleaved rounds. Beside them
-/// the same client through [`relay_floor`] (`egress_relay_floor_rtt_vs_direct`,
+/// the same client through `relay_floor` (`egress_relay_floor_rtt_vs_direct`,
 /// `egress_relay_floor_throughput_vs_direct`): what any relay costs here, the bound of a design in
 /// which the run never holds a socket of the host's. Skipped (with why) where no policy can be
 /// enforced.
