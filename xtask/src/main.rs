@@ -206,11 +206,11 @@ fn ci() -> Result<()> {
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
 
 /// The sandbox (hostile, boundary, the sandbox crate's `command`), run, pool, template, fork-check,
-/// egress (the hostile one too), secrets, compat (a run's loopback and terminals) and hostile-install
-/// suites again as an unprivileged user. Users are not root, and the sandbox takes another path for
-/// them: their own uid mapped into the user namespace instead of a fresh uid per run, `RLIMIT_NPROC`
-/// really enforced, no network namespaces
-/// made ahead of time, a template without a uid range to give its runs.
+/// egress (the hostile and handover ones too), secrets, compat (a run's loopback and terminals) and
+/// hostile-install suites again as an unprivileged user. Users are not root, and the sandbox takes
+/// another path for them: their own uid mapped into the user namespace instead of a fresh uid per
+/// run, `RLIMIT_NPROC` really enforced, no network namespaces made ahead of time, a template without
+/// a uid range to give its runs.
 fn unprivileged_suites(tools: &Path) -> Result<()> {
     const NAME: &str = "sandbox suites as an unprivileged user";
     if !is_root()? {
@@ -254,6 +254,8 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "--test",
             "egress_hostile",
             "--test",
+            "egress_handover",
+            "--test",
             "secrets",
             "--test",
             "fork_checks",
@@ -275,10 +277,10 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
         .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
         .collect();
-    // Both packages have an `egress` suite (the engine's and the CLI's), so twelve names build
-    // thirteen.
-    if suites.len() != 13 {
-        bail!("{NAME}: expected 13 test executables, cargo built {suites:?}");
+    // Both packages have an `egress` suite (the engine's and the CLI's), so thirteen names build
+    // fourteen.
+    if suites.len() != 14 {
+        bail!("{NAME}: expected 14 test executables, cargo built {suites:?}");
     }
     // The executables (and the host binary the hostile suite starts) must be reachable by the user.
     for dir in suites

@@ -2,9 +2,10 @@
 //! network policy ([`NetworkPolicy`]: host patterns, the ranges that are never public, name pins,
 //! [`Secret`]s and the hosts they are for) and, for each run whose network the sandbox mediates, the
 //! host's side of it ([`Egress`]): the run's resolver, the answer to each of its `connect(2)`s (seccomp
-//! user notifications), the relay that joins an allowed connection to the destination (through the
-//! host's `HTTPS_PROXY` when it has one), the report and log of what the run did, and the proxy that
-//! fills a secret's value into requests to its hosts. Secrets live here alone: their configuration,
+//! user notifications), the socket it connects and hands to the run in place of the run's own (or the
+//! relay that joins an allowed connection to the destination, through the host's `HTTPS_PROXY` when it
+//! has one), the report and log of what the run did, and the proxy that fills a secret's value into
+//! requests to its hosts. Secrets live here alone: their configuration,
 //! the placeholders and trust bundle a run's runner gets ([`runner_env`]), and their substitution.
 //!
 //! It depends on runpython-sandbox only for the mechanism: the sandbox makes the run's endpoints in
@@ -12,10 +13,11 @@
 //! `Mediated`), and hands their descriptors out; this crate serves them. runpython-core and
 //! runpython-deps start an [`Egress`] for each mediated run with their policy.
 //!
-//! It must never hand the run a socket of the host's network namespace, nor let anything through
-//! that the policy did not decide: a connection is the host's own, made only after
-//! [`NetworkPolicy::decide`] allowed it, and the run's socket is joined to it through the relay in
-//! the run's namespace. A secret's value is only ever written into a request to one of its hosts,
+//! It must never let anything through that the policy did not decide: a connection is the host's own,
+//! made only after [`NetworkPolicy::decide`] allowed it, and either joined to the run's socket through
+//! the relay in the run's namespace or, only where the sandbox's guard is in force, handed to the run
+//! in its socket's place (a socket of the host's that can then carry nothing but that connection:
+//! every bind, connect and listen of the run is the host's to perform, and refused on it). A secret's value is only ever written into a request to one of its hosts,
 //! never into a log, an error or the run. It never decides what a sandbox is: it says what the sandbox
 //! is asked for ([`Network::mechanism`]) and names the policy in its report ([`Network::describe`]).
 //!

@@ -45,6 +45,9 @@ pub(crate) struct Decision {
     pub seccomp_extra: Extra,
     /// The host decides the run's connections and lookups (its network policy is in force).
     pub egress: bool,
+    /// The guard is in force for the run's network (Landlock, ABI 4+, refuses the run's own TCP
+    /// bind and connect; its notifier takes the guarded program): set when the ruleset is built.
+    pub egress_guard: bool,
     /// Requested layers that are not available, each with the reason.
     pub missing: Vec<String>,
 }
@@ -340,6 +343,7 @@ pub(crate) fn decide(
         cpu,
         seccomp_extra,
         egress,
+        egress_guard: false,
         missing,
     }
 }

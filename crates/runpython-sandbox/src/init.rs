@@ -232,7 +232,7 @@ fn restrict_interpreter(plan: &Plan) -> Result<(), StepError> {
             cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })
                 .at(Step::NoNewPrivs)?;
         }
-        crate::egress::setup::install_notifier(sock.as_raw_fd())?;
+        crate::egress::setup::install_notifier(sock.as_raw_fd(), plan.notifier)?;
     }
     // The interpreter gets stdin, stdout, stderr, the result pipe and the bridge, nothing else.
     cloexec_from(5).at(Step::CloseDescriptors)

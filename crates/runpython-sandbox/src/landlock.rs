@@ -55,18 +55,21 @@ pub(crate) fn access_read(abi: i32) -> u64 {
 
 /// The host-side rules: system directories, the interpreter, runpython's code and `read_dirs` readable
 /// and executable; the run directory (when the run has one on the host) fully usable; a few devices
-/// writable. Signals and abstract Unix sockets are scoped to the run (ABI 6+).
+/// writable. Signals and abstract Unix sockets are scoped to the run (ABI 6+). With `tcp_guard` (ABI
+/// 4+, the caller checks), TCP `bind(2)` and `connect(2)` are handled with no rule: the kernel refuses
+/// every one the run makes itself, and only the host's, on the run's behalf, happen.
 pub(crate) fn ruleset(
     abi: i32,
     read_dirs: &[PathBuf],
     run_dir: Option<&Path>,
+    tcp_guard: bool,
 ) -> Result<OwnedFd, String> {
     use std::os::fd::AsFd;
     use std::os::unix::fs::OpenOptionsExt;
 
     use landlock::{
-        Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-        RulesetCreatedAttr, Scope, ABI,
+        Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, Scope, ABI,
     };
     let abi = ABI::from(abi);
     let read = AccessFs::from_read(abi) | AccessFs::Execute;
@@ -105,9 +108,16 @@ pub(crate) fn ruleset(
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| e.to_string())?
         .scope(Scope::from_all(abi))
-        .map_err(|e| e.to_string())?
-        .create()
         .map_err(|e| e.to_string())?;
+    if tcp_guard {
+        // Not best effort: a guard the kernel would drop must fail the run's setup instead.
+        ruleset = ruleset
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(|e| format!("the network guard: {e}"))?
+            .set_compatibility(CompatLevel::BestEffort);
+    }
+    let mut ruleset = ruleset.create().map_err(|e| e.to_string())?;
     for (fd, device) in fixed {
         let access = if *device {
             AccessFs::from_file(abi)

@@ -18,6 +18,8 @@ pub(super) type InnerRules = Vec<(CString, u64)>;
 /// The run's Landlock ruleset, built in the host (with `run_dir`, the host directory a run without
 /// a view works in), and the rules the run adds on directories only it has (its scratch, `/tmp`,
 /// `/dev/shm`, its terminals, the view's skeleton, its `/proc`). A ruleset the kernel refuses is missing, with why.
+/// A run whose network the host mediates gets the network guard where the ABI has it (4+), and the
+/// decision says so (`egress_guard`).
 pub(super) fn landlock_for(
     decision: &mut Decision,
     read_dirs: &[PathBuf],
@@ -28,8 +30,10 @@ pub(super) fn landlock_for(
     let Some(abi) = decision.landlock_abi else {
         return Ok((None, inner));
     };
-    match landlock::ruleset(abi, read_dirs, run_dir) {
+    let guard = decision.egress && abi >= 4;
+    match landlock::ruleset(abi, read_dirs, run_dir, guard) {
         Ok(fd) => {
+            decision.egress_guard = guard;
             let (all, read) = (landlock::access_all(abi), landlock::access_read(abi));
             if view {
                 for dir in [view::SCRATCH, "/tmp", "/dev/shm"] {

@@ -8,7 +8,8 @@
 //!
 //! Its network is mechanism, not policy: off, the host's, or [`Network::Mediated`], where the run's
 //! first process makes the host's endpoints in the run's empty namespace and the interpreter installs
-//! a filter handing every `connect(2)` to the host, and the sandbox hands their descriptors out
+//! a filter handing every `connect(2)` to the host (guarded: `bind(2)`, `listen(2)` and the device
+//! `ioctl(2)`s too), and the sandbox hands their descriptors out
 //! ([`Child::egress`], [`EgressFds`]). What may be reached is decided and served by runpython-egress,
 //! which depends on this crate; nothing here parses a host name or speaks DNS, HTTP or TLS.
 //!
@@ -102,9 +103,11 @@
 //!   sees an allowlisted view, runpython's code and environments read-only in it.
 //! - The code never runs as host root when `drop_privileges` is on (root is exempt from `RLIMIT_NPROC`).
 //! - Every layer that is off or refused is reported in `isolation`; nothing degrades silently.
-//! - With a mediated network the code never holds a socket of the host's namespace, nor the
-//!   descriptors of the host's endpoints or of the connect notifier's listener (the processes that
-//!   make them send them to the host and close their own copies).
+//! - With a mediated network the code holds no socket of the host's namespace but what the host hands
+//!   it under the guard ([`EgressFds::guarded`]: Landlock refuses the run's own TCP bind and connect,
+//!   and its notifier hands the host every bind, connect and listen), nor the descriptors of the
+//!   host's endpoints or of the connect notifier's listener (the processes that make them send them to
+//!   the host and close their own copies).
 
 mod cgroup;
 mod clone_vm;

@@ -63,6 +63,10 @@ pub struct Plan {
     /// The host mediates the run's network: its processes make the host's endpoints and install the
     /// connect notifier, and send their descriptors over `egress_sock`.
     pub(crate) egress: bool,
+    /// The notifier's program (guarded where the decision has the guard), taken before the fork.
+    pub(crate) notifier: &'static [libc::sock_filter],
+    /// The guard is in force (the ruleset refuses the run's own TCP bind and connect).
+    pub(crate) egress_guard: bool,
     /// The child's end of the socket the run's egress descriptors reach the host through.
     pub(crate) egress_sock: Option<OwnedFd>,
     /// Where the host's argv and environment lie in memory (copied into S by the fork): zeroed before
@@ -370,6 +374,8 @@ pub fn prepare(role: Role, config: &Sandbox, target: &Target<'_>) -> Result<Plan
         cgroup_procs,
         handoff: None,
         egress,
+        notifier: crate::egress::filter::program(decision.egress_guard),
+        egress_guard: decision.egress_guard,
         egress_sock: None,
         host_args: host_args(),
         exec: None,

@@ -240,13 +240,15 @@ fn forked() -> per_boot::Forked {
     }
 }
 
-/// Whether a process can install the connect notifier (and so hand the host its connects).
+/// Whether a process can install the connect notifier (and so hand the host its connects): the
+/// guarded program, the longer of the two, which uses nothing the other does not.
 fn probe_egress() -> Result<(), String> {
+    let program = super::egress::filter::program(true);
     let (host, child) = super::fd::pass::seqpacket_pair().map_err(|e| e.to_string())?;
     let result = in_forked_child(Step::Fork, || {
         // SAFETY: prctl with integer arguments.
         cvt(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(Step::NoNewPrivs)?;
-        super::egress::setup::install_notifier(std::os::fd::AsRawFd::as_raw_fd(&child))
+        super::egress::setup::install_notifier(std::os::fd::AsRawFd::as_raw_fd(&child), program)
     })
     .map_err(reason);
     drop((host, child));

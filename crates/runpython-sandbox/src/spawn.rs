@@ -126,7 +126,7 @@ pub fn spawn(mut plan: Plan, spawn: Spawn<'_>) -> Result<Child, Error> {
             Error::io_pathless("creating the socket the run's network comes through", e)
         })?;
         plan.set_egress_sock(child);
-        Some(EgressChannel(host))
+        Some(EgressChannel(host, plan.egress_guard))
     } else {
         None
     };

@@ -456,6 +456,10 @@ pub(crate) async fn drive(
         }
         _ => None,
     };
+    // The kernel's counts of the connections handed to the run, before they are reported.
+    if let Some(egress) = &egress {
+        egress.settle().await;
+    }
     let network = egress.and_then(|egress| {
         let report = egress.report_since(runpython_egress::Mark::default());
         report

@@ -164,6 +164,10 @@ pub(crate) async fn cell(
         .take()
         .ok_or_else(|| Error::Internal("a session cell without an interpreter".into()))?;
     let run_id = new_run_id();
+    // The kernel's counts of the connections handed to the session so far, before the mark.
+    if let Some(egress) = live.egress() {
+        egress.settle().await;
+    }
     let mark = live.egress().map(runpython_egress::Egress::mark);
     let ran_at = Instant::now();
     let ran = crate::session::cell::run_live_cell(
@@ -172,6 +176,9 @@ pub(crate) async fn cell(
     .await;
     let ran_for = ran_at.elapsed();
     // What this cell did with the network (the session's interpreter keeps one egress).
+    if let Some(egress) = live.egress() {
+        egress.settle().await;
+    }
     let network = match (live.egress(), mark) {
         (Some(egress), Some(mark)) => {
             let report = egress.report_since(mark);

@@ -11,14 +11,18 @@
 //!   resolved to it ([`crate::policy`]). Refused: the connect fails at once with `EACCES` (the runner
 //!   asks its resolver why, [`why`], and names the rule in the exception). A loopback address the
 //!   code named itself and the policy does not allow is the run's own: where the run listens there
-//!   ([`listening`]) the kernel's own connect reaches its server, elsewhere it is refused like any
-//!   other address. Allowed: the host connects to the destination itself (through `HTTPS_PROXY` when
-//!   the host has one, by the decided address), then connects the run's own socket (a copy of its
-//!   descriptor, `pidfd_getfd`) to the relay inside the run's namespace, and the relay joins the two
-//!   ([`pump`]: spliced by the kernel), counting bytes. A blocking connect returns once the destination
-//!   answered, with its real error if it did not; a non-blocking one (Python's sockets with a timeout,
-//!   asyncio) returns `EINPROGRESS` at once and a destination that then refuses resets the
-//!   connection.
+//!   ([`listening`]) the connect reaches its server, elsewhere it is refused like any other address.
+//!   Allowed, where the sandbox's guard is in force ([`handover`]): the host makes a TCP socket of its
+//!   own, connects it to the decided address and puts it in place of the run's, so the kernel carries
+//!   the bytes and counts them ([`handed`], [`diag`]). Otherwise (a run with secrets, a destination
+//!   behind the host's proxy, a kernel without the guard): the host connects to the destination
+//!   itself (through `HTTPS_PROXY` when the host has one, by the decided address), then connects the
+//!   run's own socket (a copy of its descriptor, `pidfd_getfd`) to the relay inside the run's
+//!   namespace, and the relay joins the two ([`pump`]: spliced by the kernel), counting bytes. Either
+//!   way a blocking connect returns once the destination answered, with its real error if it did not;
+//!   a non-blocking one (Python's sockets with a timeout, asyncio) returns `EINPROGRESS` at once.
+//! - Under the guard, the run's binds, listens and connects inside its own namespace and its device
+//!   ioctls are performed by the host on the socket it inspected ([`perform`]).
 //! - UDP: to the run's resolver or its own loopback only; anything else is refused (QUIC falls back
 //!   to TCP). Unix sockets: the kernel's own connect, which cannot leave the run's namespace.
 //! - Names: the resolver answers what the policy lets resolve, from the host's resolver (or a pin),
@@ -28,26 +32,35 @@
 //! proxy variables leave every client that ignores them (a raw socket, a database driver) to fail or
 //! to need special handling, and a TUN device needs `/dev/net/tun`, which an unprivileged host often
 //! cannot open, and a second TCP stack per connection. Here the code keeps the kernel's sockets with
-//! their real semantics, the host decides every connection before a packet leaves, and the run never
-//! holds a socket of the host's namespace, so nothing it does to a socket (reconnecting it, TCP Fast
-//! Open, another architecture's system calls, a race on the address it passed) can reach past the
-//! relay: its namespace has no route anywhere. It works the same for a root and an unprivileged host.
+//! their real semantics, and the host decides every connection before a packet leaves. A socket of the
+//! host's namespace is in the run's hands only under the guard, where nothing it does to it
+//! (reconnecting it, TCP Fast Open, another architecture's system calls, a race on the address it
+//! passed, source routing, device ioctls) reaches anything but the connection the host made
+//! (ARCHITECTURE.md, "Handed over, not relayed"). It works the same for a root and an unprivileged
+//! host.
 
+mod call;
 pub(crate) mod credentials;
+mod diag;
 mod dns;
+mod handed;
+mod handover;
 mod listening;
 mod notify;
+mod perform;
 mod pump;
 mod relay;
 mod report;
 pub(crate) mod secrets;
+mod sock;
+mod target;
 mod upstream;
 mod why;
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use runpython_sandbox::{EgressChannel, EgressFds};
@@ -92,6 +105,23 @@ pub(crate) struct Shared {
     narrow: Mutex<Option<Arc<NetworkPolicy>>>,
     /// The run's secrets (placeholders, its CA), when the policy has any.
     pub secrets: Option<Arc<secrets::RunSecrets>>,
+    /// The connections handed to the run, counted by the kernel.
+    pub handed: handed::Handed,
+    /// What the host learns of the run's namespace once its descriptors arrive.
+    inside: OnceLock<Inside>,
+    /// The cookie of the host's network namespace (`SO_NETNS_COOKIE`), where the kernel has it: a
+    /// socket of that namespace in the run's hands is one the host handed over.
+    pub host_netns: Option<u64>,
+}
+
+/// What the host holds of the run's namespace: whether the guard is in force, a fresh socket's
+/// buffer sizes there, and sockets of each family there to answer the device ioctls of a handed
+/// socket with.
+struct Inside {
+    guarded: bool,
+    defaults: handover::RunDefaults,
+    v4: Option<OwnedFd>,
+    v6: Option<OwnedFd>,
 }
 
 impl Shared {
@@ -133,6 +163,7 @@ impl Shared {
             rule: None,
             reason: lookup.refused,
             answers: lookup.answered,
+            via: None,
             bytes_out: 0,
             bytes_in: 0,
             counters: None,
@@ -176,18 +207,21 @@ impl Shared {
             rule: None,
             reason: Some(reason),
             answers: Vec::new(),
+            via: None,
             bytes_out: 0,
             bytes_in: 0,
             counters: None,
         });
     }
 
-    /// Logs an allowed connection; the relay counts its bytes into what this returns.
+    /// Logs an allowed connection carried `via` the kernel or the relay; its bytes are counted into
+    /// what this returns.
     pub(crate) fn connected(
         &self,
         name: Option<String>,
         dest: SocketAddr,
         rule: Option<String>,
+        via: &'static str,
     ) -> (Arc<Counters>, usize) {
         let counters = Arc::new(Counters::of(&self.totals));
         let index = self.push(LogEntry {
@@ -200,6 +234,7 @@ impl Shared {
             rule,
             reason: None,
             answers: Vec::new(),
+            via: Some(via),
             bytes_out: 0,
             bytes_in: 0,
             counters: Some(Arc::clone(&counters)),
@@ -265,16 +300,46 @@ impl Shared {
         }
     }
 
-    /// A relayed connection started (false: the run is at its limit).
-    pub(crate) fn enter_live(&self) -> bool {
+    /// A connection starts (false: the run is at its limit, and the refusal is logged).
+    pub(crate) fn enter_live_or_refuse(&self, name: Option<String>, dest: SocketAddr) -> bool {
         if self.live.fetch_add(1, Ordering::SeqCst) >= MAX_LIVE_CONNECTIONS as u64 {
             self.live.fetch_sub(1, Ordering::SeqCst);
+            self.refused(
+                "connect",
+                name,
+                dest.ip(),
+                dest.port(),
+                format!(
+                    "the run already holds {MAX_LIVE_CONNECTIONS} connections, its limit; close \
+                     some first"
+                ),
+            );
             return false;
         }
         true
     }
 
-    /// A relayed connection ended.
+    /// Whether the guard is in force for the run (known once its descriptors arrived).
+    pub(crate) fn guarded(&self) -> bool {
+        self.inside.get().is_some_and(|i| i.guarded)
+    }
+
+    /// A fresh socket's buffer sizes in the run's namespace.
+    pub(crate) fn run_defaults(&self) -> handover::RunDefaults {
+        self.inside.get().map(|i| i.defaults).unwrap_or_default()
+    }
+
+    /// A socket of the run's namespace of `family`, for a device ioctl asked on a handed socket.
+    pub(crate) fn inside_socket(&self, family: libc::c_int) -> Option<RawFd> {
+        let inside = self.inside.get()?;
+        match family {
+            libc::AF_INET6 => inside.v6.as_ref(),
+            _ => inside.v4.as_ref(),
+        }
+        .map(AsRawFd::as_raw_fd)
+    }
+
+    /// A connection ended.
     pub(crate) fn leave_live(&self) {
         self.live.fetch_sub(1, Ordering::SeqCst);
     }
@@ -297,8 +362,9 @@ impl std::fmt::Debug for Egress {
 impl Drop for Egress {
     fn drop(&mut self) {
         self.task.abort();
-        // The relay's connections end with it.
+        // The relay's connections end with it; handed ones are the run's, and end with it.
         let _ = self.shared.shutdown.send(true);
+        self.shared.handed.forget_all();
     }
 }
 
@@ -326,6 +392,13 @@ impl Egress {
         let shared = Shared::new(policy);
         let task = tokio::spawn(serve(fds, Arc::clone(&shared)));
         Egress { shared, task }
+    }
+
+    /// Brings the report up to date with what the kernel counted on the connections handed to the
+    /// run (each asked for while it lives, or its final count once it ended); call before a
+    /// [`Egress::mark`] or a [`Egress::report_since`].
+    pub async fn settle(&self) {
+        self.shared.handed.settle().await;
     }
 
     /// Narrows the policy for what runs next (a run's or a cell's own hosts; `None`: the whole
@@ -380,8 +453,20 @@ impl Shared {
             narrow: Mutex::new(None),
             secrets,
             policy,
+            handed: handed::Handed::default(),
+            inside: OnceLock::new(),
+            host_netns: host_netns(),
         })
     }
+}
+
+/// The cookie of the host's network namespace, read once per process.
+fn host_netns() -> Option<u64> {
+    static COOKIE: OnceLock<Option<u64>> = OnceLock::new();
+    *COOKIE.get_or_init(|| {
+        let probe = sock::socket(libc::AF_INET, libc::SOCK_DGRAM, 0).ok()?;
+        perform::netns_cookie(probe.as_raw_fd())
+    })
 }
 
 /// The run's resolver on its two sockets, each lookup logged.
@@ -437,7 +522,14 @@ async fn serve(fds: EgressFds, shared: Arc<Shared>) {
         relay4,
         relay6,
         listener,
+        guarded,
     } = fds;
+    let _ = shared.inside.set(Inside {
+        guarded,
+        defaults: handover::RunDefaults::of(relay4.as_raw_fd()),
+        v4: dns_udp.try_clone().ok(),
+        v6: relay6.as_ref().and_then(|fd| fd.try_clone().ok()),
+    });
     shared
         .pairing
         .v6

@@ -1,16 +1,22 @@
-//! The host's answer to each `connect(2)` of the run (seccomp user notifications).
+//! The host's answer to each call the run's notifier hands it (seccomp user notifications):
+//! `connect(2)`, and under the guard `bind(2)`, `listen(2)` and the device `ioctl(2)`s.
 //!
 //! For each notification: read the address the code passed (`process_vm_readv`), check the
 //! notification is still alive (`ID_VALID`, after every read of the target, so a recycled pid or a
 //! reused descriptor number is never acted on), take a copy of the socket (`pidfd_getfd`), decide,
-//! and answer. Anything the relay does not handle (Unix sockets, a server on the run's own loopback,
-//! `AF_UNSPEC`) is the kernel's own connect (`CONTINUE`): every socket the run holds lives in its empty network
-//! namespace, so whatever the kernel then does, even to an address the code changed after the host
-//! read it, stays inside that namespace.
+//! and answer.
+//!
+//! Without the guard, anything the relay does not handle (Unix sockets, a server on the run's own
+//! loopback, `AF_UNSPEC`) is the kernel's own connect (`CONTINUE`): every socket the run holds lives
+//! in its empty network namespace, so whatever the kernel then does, even to an address the code
+//! changed after the host read it, stays inside that namespace. With the guard the run may hold
+//! sockets of the host's namespace (those handed over), so the host performs every call on an
+//! Internet socket itself, on the copy it inspected ([`super::perform`]); only a call on another
+//! family (a Unix socket) is the kernel's own, and Landlock refuses the run's own TCP bind and
+//! connect whatever it swapped in meanwhile.
 
-use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use tokio::io::unix::AsyncFd;
@@ -18,28 +24,14 @@ use tokio::io::Interest;
 
 use runpython_sandbox::EgressFds;
 
+use super::call::{Answer, Call};
 use super::relay::{Pending, Upstreaming};
-use super::Shared;
+use super::sock;
+use super::{perform, Shared};
 use crate::policy::{effective_ip, Verdict};
 
 /// The relay's port in the run's namespace.
 const RELAY_PORT: u16 = EgressFds::RELAY_PORT;
-
-/// `PIDFD_THREAD` (Linux 6.9): a pidfd for a thread, not only a thread group's leader.
-const PIDFD_THREAD: libc::c_uint = libc::O_EXCL as libc::c_uint;
-
-/// The longest socket address read from the run.
-const MAX_ADDR: usize = std::mem::size_of::<libc::sockaddr_storage>();
-
-/// How the host answers one notification.
-enum Answer {
-    /// The kernel's own connect.
-    Continue,
-    /// The call returns this (0, or a negative errno as `Err`).
-    Return(Result<i64, i32>),
-    /// The notification is gone (the thread was killed): nothing to answer.
-    Gone,
-}
 
 /// Answers the run's connects until no process of the run is left.
 pub(super) async fn serve(listener: OwnedFd, shared: Arc<Shared>) {
@@ -106,20 +98,15 @@ fn waiting(fd: RawFd) -> Waiting {
     }
 }
 
-fn recv(fd: RawFd) -> io::Result<libc::seccomp_notif> {
+fn recv(fd: RawFd) -> std::io::Result<libc::seccomp_notif> {
     // SAFETY: the kernel requires a zeroed struct and fills it.
     unsafe {
         let mut notif: libc::seccomp_notif = std::mem::zeroed();
         if libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_RECV, &mut notif) < 0 {
-            return Err(io::Error::last_os_error());
+            return Err(std::io::Error::last_os_error());
         }
         Ok(notif)
     }
-}
-
-fn id_valid(fd: RawFd, id: u64) -> bool {
-    // SAFETY: an ioctl reading a u64.
-    unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &id) == 0 }
 }
 
 fn respond(fd: RawFd, id: u64, answer: Answer) {
@@ -139,40 +126,116 @@ fn respond(fd: RawFd, id: u64, answer: Answer) {
     unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_SEND, &mut resp) };
 }
 
-/// The host's decision on one notification.
+/// The host's answer to one notification.
 async fn answer(notif: &libc::seccomp_notif, shared: &Arc<Shared>, listener: RawFd) -> Answer {
-    if i64::from(notif.data.nr) != libc::SYS_connect {
+    let call = Call {
+        tid: notif.pid as libc::pid_t,
+        fd: notif.data.args[0] as RawFd,
+        listener,
+        id: notif.id,
+    };
+    let args = notif.data.args;
+    let nr = i64::from(notif.data.nr);
+    if nr == libc::SYS_connect {
+        return connect(&call, args[1], args[2], shared).await;
+    }
+    if !shared.guarded() {
         return Answer::Return(Err(libc::ENOSYS));
     }
-    let tid = notif.pid as libc::pid_t;
-    let fd = notif.data.args[0] as RawFd;
-    let len = (notif.data.args[2] as usize).min(MAX_ADDR);
-    let Ok(raw) = read_memory(tid, notif.data.args[1], len) else {
-        return Answer::Continue; // the kernel reports the bad address itself
+    match nr {
+        libc::SYS_bind => {
+            let raw = match call.address(args[1], args[2]) {
+                Ok(raw) => raw,
+                Err(errno) => return Answer::Return(Err(errno)),
+            };
+            if !call.alive() {
+                return Answer::Gone;
+            }
+            match sock::family_of(&raw) {
+                Some(libc::AF_INET | libc::AF_INET6 | libc::AF_UNSPEC) => {
+                    perform::bind(&call, &raw, shared)
+                }
+                // A Unix socket's path is the run's to resolve: the kernel's own bind.
+                Some(_) => Answer::Continue,
+                None => Answer::Return(Err(libc::EINVAL)),
+            }
+        }
+        libc::SYS_listen => perform::listen(&call, args[1] as libc::c_int, shared),
+        libc::SYS_ioctl => perform::ioctl(&call, args[1] as u32, args[2], shared),
+        _ => Answer::Return(Err(libc::ENOSYS)),
+    }
+}
+
+/// A `connect(2)` of the run.
+async fn connect(call: &Call, addr: u64, len: u64, shared: &Arc<Shared>) -> Answer {
+    let guarded = shared.guarded();
+    let raw = match call.address(addr, len) {
+        Ok(raw) => raw,
+        // The kernel reports the bad address itself, on a socket of the run's namespace.
+        Err(_) if !guarded => return Answer::Continue,
+        Err(errno) => return Answer::Return(Err(errno)),
     };
-    if !id_valid(listener, notif.id) {
+    if !call.alive() {
         return Answer::Gone;
     }
-    let Some(dest) = parse_sockaddr(&raw) else {
-        return Answer::Continue; // not an Internet address: Unix, AF_UNSPEC, netlink, or malformed
+    let dest = match (sock::family_of(&raw), sock::parse_sockaddr(&raw)) {
+        (_, Some(dest)) => dest,
+        // Under the guard a socket of the host's dissolves no association: it stays the
+        // connection the host made. The run's own do, as the kernel would.
+        (Some(libc::AF_UNSPEC), _) if guarded => {
+            let copy = match call.copy() {
+                Ok(copy) => copy,
+                Err(errno) => return Answer::Return(Err(errno)),
+            };
+            if !call.alive() {
+                return Answer::Gone;
+            }
+            if perform::handed(copy.as_raw_fd(), shared) {
+                return Answer::Return(Err(libc::EOPNOTSUPP));
+            }
+            return Answer::Return(sock::connect_raw(copy.as_raw_fd(), &raw));
+        }
+        (Some(libc::AF_INET | libc::AF_INET6), None) | (None, _) if guarded => {
+            return Answer::Return(Err(libc::EINVAL)); // too short
+        }
+        // Unix, netlink, or (unguarded) anything the kernel will refuse itself.
+        _ => return Answer::Continue,
     };
-    let socket = match thread_pidfd(tid).and_then(|pidfd| getfd(pidfd.as_raw_fd(), fd)) {
+    let socket = match call.copy() {
         Ok(socket) => socket,
-        Err(e) => return Answer::Return(Err(e.raw_os_error().unwrap_or(libc::EBADF))),
+        Err(errno) => return Answer::Return(Err(errno)),
     };
-    if !id_valid(listener, notif.id) {
+    if !call.alive() {
         return Answer::Gone;
     }
+    if guarded && perform::handed(socket.as_raw_fd(), shared) {
+        // Connected (or connecting) already, as the kernel would say of any such socket.
+        return Answer::Return(Err(
+            if sock::tcp_state(socket.as_raw_fd()).ok() == Some(sock::TCP_SYN_SENT) {
+                libc::EALREADY
+            } else {
+                libc::EISCONN
+            },
+        ));
+    }
+    // The run's own namespace: the kernel's connect there, or under the guard the host's.
+    let inside = |socket: OwnedFd| async move {
+        if guarded {
+            perform::connect_inside(call, socket, &raw).await
+        } else {
+            Answer::Continue
+        }
+    };
     // What the address really reaches (an IPv4-mapped spelling of 10.0.0.1 is 10.0.0.1); the run's
     // own loopback is only ever a loopback it named itself.
     let ip = effective_ip(dest.ip());
     let port = dest.port();
     let own_loopback = ip.is_loopback() || ip.is_unspecified();
-    match sockopt(socket.as_raw_fd(), libc::SO_TYPE) {
+    match sock::sockopt(socket.as_raw_fd(), libc::SO_TYPE) {
         Ok(libc::SOCK_STREAM) => {}
         Ok(kind) => {
             if own_loopback {
-                return Answer::Continue; // the run's resolver, or its own servers
+                return inside(socket).await; // the run's resolver, or its own servers
             }
             let reason = if kind == libc::SOCK_DGRAM {
                 format!(
@@ -197,13 +260,15 @@ async fn answer(notif: &libc::seccomp_notif, shared: &Arc<Shared>, listener: Raw
     let rule = match verdict {
         Verdict::Allow { rule } => rule,
         // A loopback address the code named itself is its own namespace's: where the run itself
-        // listens, the kernel's own connect reaches its server; where it listens on nothing, the
-        // code meant the host's loopback, refused like any other address. (One a lookup led to is
-        // the host's, refused like any other.)
+        // listens, its connect reaches its server; where it listens on nothing, the code meant the
+        // host's loopback, refused like any other address. (One a lookup led to is the host's,
+        // refused like any other.)
         Verdict::Refuse { .. }
-            if own_loopback && names.is_empty() && super::listening::listens(tid, ip, port) =>
+            if own_loopback
+                && names.is_empty()
+                && super::listening::listens(call.tid, ip, port) =>
         {
-            return Answer::Continue
+            return inside(socket).await
         }
         Verdict::Refuse { reason } => {
             shared.refused("connect", names.into_iter().next(), ip, port, reason);
@@ -211,18 +276,19 @@ async fn answer(notif: &libc::seccomp_notif, shared: &Arc<Shared>, listener: Raw
         }
     };
     if own_loopback && rule.is_none() && names.is_empty() {
-        return Answer::Continue;
+        return inside(socket).await;
     }
-    relay(
-        socket,
-        SocketAddr::new(ip, port),
-        names.into_iter().next(),
-        rule,
-        shared,
-        listener,
-        notif.id,
-    )
-    .await
+    let name = names.into_iter().next();
+    let decided = SocketAddr::new(ip, port);
+    // Handed over where the host need not see the bytes and nothing but the kernel joins them.
+    if guarded
+        && shared.secrets.is_none()
+        && !shared.upstream.proxies(decided, name.as_deref())
+        && super::handover::eligible(socket.as_raw_fd())
+    {
+        return super::handover::hand_over(call, socket, dest, decided, name, rule, shared).await;
+    }
+    relay(socket, decided, name, rule, shared, call).await
 }
 
 /// An allowed connection: the destination through the host, the run's socket to the relay.
@@ -232,11 +298,10 @@ async fn relay(
     name: Option<String>,
     rule: Option<String>,
     shared: &Arc<Shared>,
-    listener: RawFd,
-    id: u64,
+    call: &Call,
 ) -> Answer {
     let fd = socket.as_raw_fd();
-    let v6 = matches!(sockopt(fd, libc::SO_DOMAIN), Ok(libc::AF_INET6));
+    let v6 = matches!(sock::sockopt(fd, libc::SO_DOMAIN), Ok(libc::AF_INET6));
     let relay_addr = if v6 {
         SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), RELAY_PORT)
     } else {
@@ -245,17 +310,7 @@ async fn relay(
     if v6 && !shared.pairing.has_v6() {
         return Answer::Return(Err(libc::ENETUNREACH));
     }
-    if !shared.enter_live() {
-        shared.refused(
-            "connect",
-            name,
-            dest.ip(),
-            dest.port(),
-            format!(
-                "the run already holds {} connections, its limit; close some first",
-                super::MAX_LIVE_CONNECTIONS
-            ),
-        );
+    if !shared.enter_live_or_refuse(name.clone(), dest) {
         return Answer::Return(Err(libc::EAGAIN));
     }
     // The relay knows the connection by the run's end of it: bind an unbound socket first.
@@ -266,8 +321,7 @@ async fn relay(
             return Answer::Return(Err(e.raw_os_error().unwrap_or(libc::EINVAL)));
         }
     };
-    // SAFETY: F_GETFL on a descriptor we own.
-    let nonblocking = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let nonblocking = sock::status_flags(fd).is_ok_and(|f| f & libc::O_NONBLOCK != 0);
     // A connection to a secret's host is served by the host's HTTP proxy, which puts the value in.
     // (Which name it is for is read from its first bytes: many names share an address.)
     let intercept = shared.secrets.as_ref().and_then(|secrets| {
@@ -277,7 +331,7 @@ async fn relay(
             .intercepts(&refs, dest.ip(), dest.port())
             .then_some(names)
     });
-    let (counters, index) = shared.connected(name.clone(), dest, rule);
+    let (counters, index) = shared.connected(name.clone(), dest, rule, "relay");
     let upstream = if nonblocking {
         let shared = Arc::clone(shared);
         Upstreaming::Later(tokio::spawn(async move {
@@ -293,7 +347,7 @@ async fn relay(
             }
         }
     };
-    if !id_valid(listener, id) {
+    if !call.alive() {
         shared.leave_live();
         return Answer::Gone;
     }
@@ -307,7 +361,7 @@ async fn relay(
             intercept,
         },
     );
-    match connect(fd, relay_addr) {
+    match sock::connect(fd, relay_addr) {
         Ok(()) => Answer::Return(Ok(0)),
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(libc::ECONNREFUSED);
@@ -322,16 +376,16 @@ async fn relay(
 
 /// The run's end of the connection to be: its bound address (binding an unbound socket to the
 /// loopback), with an unspecified address read as the loopback it will come from.
-fn source_of(fd: RawFd, v6: bool) -> io::Result<SocketAddr> {
-    let mut local = local_addr(fd)?;
+fn source_of(fd: RawFd, v6: bool) -> std::io::Result<SocketAddr> {
+    let mut local = sock::local_addr(fd)?;
     if local.port() == 0 {
         let any = if v6 {
             SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), 0)
         } else {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)
         };
-        bind(fd, any)?;
-        local = local_addr(fd)?;
+        sock::bind(fd, any)?;
+        local = sock::local_addr(fd)?;
     }
     if local.ip().is_unspecified() {
         let loopback = if v6 {
@@ -342,203 +396,4 @@ fn source_of(fd: RawFd, v6: bool) -> io::Result<SocketAddr> {
         local.set_ip(loopback);
     }
     Ok(local)
-}
-
-fn read_memory(pid: libc::pid_t, addr: u64, len: usize) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; len];
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: len,
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: len,
-    };
-    // SAFETY: process_vm_readv writes at most `len` bytes into `buf`.
-    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
-    Ok(buf)
-}
-
-/// A pidfd of thread `tid` (`PIDFD_THREAD`), or of its thread group's leader on kernels without it
-/// (the descriptor table is the same).
-fn thread_pidfd(tid: libc::pid_t) -> io::Result<OwnedFd> {
-    let open = |pid: libc::pid_t, flags: libc::c_uint| -> io::Result<OwnedFd> {
-        // SAFETY: pidfd_open returns a new descriptor or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, flags) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-    };
-    match open(tid, PIDFD_THREAD) {
-        Ok(fd) => Ok(fd),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
-            let tgid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse().ok())
-                .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
-            open(tgid, 0)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn getfd(pidfd: RawFd, fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_getfd returns a new descriptor (close-on-exec) or -1.
-    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
-    if dup < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(dup as RawFd) })
-}
-
-fn sockopt(fd: RawFd, name: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes one int.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            name,
-            std::ptr::addr_of_mut!(value).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(value)
-}
-
-/// An Internet socket address from the bytes the code passed; `None` for any other family.
-fn parse_sockaddr(raw: &[u8]) -> Option<SocketAddr> {
-    let family = u16::from_ne_bytes([*raw.first()?, *raw.get(1)?]);
-    match libc::c_int::from(family) {
-        libc::AF_INET if raw.len() >= std::mem::size_of::<libc::sockaddr_in>() => {
-            let port = u16::from_be_bytes([raw[2], raw[3]]);
-            let ip = Ipv4Addr::new(raw[4], raw[5], raw[6], raw[7]);
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, port)))
-        }
-        // The kernel accepts the 24-byte RFC 2133 form, without the scope id.
-        libc::AF_INET6 if raw.len() >= 24 => {
-            let port = u16::from_be_bytes([raw[2], raw[3]]);
-            let flow = u32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
-            let mut octets = [0u8; 16];
-            octets.copy_from_slice(&raw[8..24]);
-            let scope = raw
-                .get(24..28)
-                .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(octets),
-                port,
-                flow,
-                scope,
-            )))
-        }
-        _ => None,
-    }
-}
-
-fn to_raw(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data large enough for either form.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(*a.ip()).to_be(),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: writing a sockaddr_in at the start of the storage.
-            unsafe { std::ptr::write(std::ptr::addr_of_mut!(storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: 0,
-            };
-            // SAFETY: writing a sockaddr_in6 at the start of the storage.
-            unsafe { std::ptr::write(std::ptr::addr_of_mut!(storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, len as libc::socklen_t)
-}
-
-fn bind(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
-    let (storage, len) = to_raw(addr);
-    // SAFETY: bind reads `len` bytes of the storage.
-    if unsafe { libc::bind(fd, std::ptr::addr_of!(storage).cast(), len) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn connect(fd: RawFd, addr: SocketAddr) -> io::Result<()> {
-    let (storage, len) = to_raw(addr);
-    loop {
-        // SAFETY: connect reads `len` bytes of the storage.
-        if unsafe { libc::connect(fd, std::ptr::addr_of!(storage).cast(), len) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
-        }
-    }
-}
-
-fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
-    // SAFETY: getsockname writes at most `len` bytes into the storage.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: as above.
-    if unsafe { libc::getsockname(fd, std::ptr::addr_of_mut!(storage).cast(), &mut len) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the storage holds `len` initialized bytes.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(std::ptr::addr_of!(storage).cast::<u8>(), len as usize)
-    };
-    parse_sockaddr(bytes).ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn socket_addresses_round_trip_through_their_raw_form() {
-        for addr in ["127.0.0.1:8080", "[::1]:443", "[::ffff:10.0.0.1]:22"] {
-            let addr: SocketAddr = addr.parse().unwrap();
-            let (storage, len) = to_raw(addr);
-            // SAFETY: the storage holds `len` initialized bytes.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(std::ptr::addr_of!(storage).cast::<u8>(), len as usize)
-            };
-            assert_eq!(parse_sockaddr(bytes), Some(addr));
-        }
-        assert_eq!(parse_sockaddr(&[1, 0, 0, 0]), None); // AF_UNIX
-        assert_eq!(parse_sockaddr(&(libc::AF_INET as u16).to_ne_bytes()), None);
-        // too short
-    }
 }

@@ -26,7 +26,8 @@ pub struct NetworkReport {
     pub connections: u64,
     /// Bytes the code sent, over every connection.
     pub bytes_out: u64,
-    /// Bytes the code received, over every connection.
+    /// Bytes the code received, over every connection. (On a connection the kernel carried, its
+    /// count: the destination's closing FIN counts one.)
     pub bytes_in: u64,
     /// Names looked up.
     pub lookups: u64,
@@ -95,6 +96,11 @@ pub struct LogEntry {
     /// Addresses a lookup answered.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub answers: Vec<IpAddr>,
+    /// How an allowed connection's bytes went: `"kernel"` (a socket of the host's, connected by
+    /// the host and handed to the run) or `"relay"` (joined by the host's relay, or its proxy for a
+    /// secret's host).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<&'static str>,
     /// Bytes the code sent on the connection.
     pub bytes_out: u64,
     /// Bytes the code received on it.

@@ -61,6 +61,11 @@ impl Upstream {
         }
     }
 
+    /// Whether a connection to `dest` (reached as `name`) goes through the host's proxy.
+    pub(crate) fn proxies(&self, dest: SocketAddr, name: Option<&str>) -> bool {
+        self.proxy.as_ref().is_some_and(|p| p.applies(dest, name))
+    }
+
     /// Connects to `dest` (reached as `name` when a lookup led to it).
     pub(crate) async fn connect(
         &self,

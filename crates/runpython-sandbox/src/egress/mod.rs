@@ -1,10 +1,12 @@
 //! Egress, the sandbox's share: the mechanism, never the policy. With [`crate::Network::Mediated`]
 //! the run's network namespace is empty but for its loopback, on which its first process makes the
 //! host's endpoints ([`setup`]), and its interpreter runs under a filter that hands every
-//! `connect(2)` to the host. The sandbox hands their descriptors out ([`EgressChannel`], or the
+//! `connect(2)` to the host ([`filter`]; guarded, `bind(2)`, `listen(2)` and the device `ioctl(2)`s
+//! too, where Landlock refuses the run's own TCP bind and connect). The sandbox hands their descriptors out ([`EgressChannel`], or the
 //! fork's own message for a run forked from a template) and knows nothing of what the host then
 //! decides: runpython-egress serves them with the caller's policy.
 
+pub(crate) mod filter;
 pub(crate) mod setup;
 
 use std::io::{Error, ErrorKind};
@@ -23,6 +25,12 @@ pub struct EgressFds {
     pub relay6: Option<OwnedFd>,
     /// The connect notifier's listener.
     pub listener: OwnedFd,
+    /// The guard is in force for the run: Landlock refuses its own TCP `bind(2)` and `connect(2)`, and
+    /// its notifier also hands the host `bind(2)`, `listen(2)` and the device `ioctl(2)`s, refusing
+    /// what would move a socket's packets elsewhere (`egress/filter.rs`). The host then performs
+    /// every such call itself, and may hand the run a TCP socket it connected in its own namespace.
+    /// Set by the host from the run's plan, never by the run.
+    pub guarded: bool,
 }
 
 impl EgressFds {
@@ -32,14 +40,16 @@ impl EgressFds {
 }
 
 /// The host's end of the socket a run's processes send their egress descriptors through (the
-/// sockets first, then the notifier's listener), as [`crate::Child::egress`] gives it.
+/// sockets first, then the notifier's listener), as [`crate::Child::egress`] gives it, and whether the
+/// run's plan put the guard in force ([`EgressFds::guarded`]).
 #[derive(Debug)]
-pub struct EgressChannel(pub(crate) OwnedFd);
+pub struct EgressChannel(pub(crate) OwnedFd, pub(crate) bool);
 
 impl EgressChannel {
     /// Waits for the run's descriptors. `Err` when the run ended (or failed to set up, which its
     /// spawn reports) before it sent them. Must be called within a tokio runtime.
     pub async fn receive(self) -> std::io::Result<EgressFds> {
+        let guarded = self.1;
         // SAFETY: the `OwnedFd` stays open, the same file description, until the `AsyncFd` owning it
         // is dropped.
         let channel =
@@ -79,6 +89,7 @@ impl EgressChannel {
                         relay4,
                         relay6,
                         listener,
+                        guarded,
                     });
                 }
                 _ => return Err(Error::new(ErrorKind::InvalidData, "an unexpected message")),
@@ -114,7 +125,7 @@ mod tests {
         let raw: Vec<RawFd> = sent.iter().map(|(r, _)| r.as_raw_fd()).collect();
         send_with_fds(run.as_raw_fd(), &[setup::SOCKETS], &raw[..4]).unwrap();
         send_with_fds(run.as_raw_fd(), &[setup::LISTENER], &raw[4..]).unwrap();
-        let fds = EgressChannel(host).receive().await.unwrap();
+        let fds = EgressChannel(host, false).receive().await.unwrap();
         assert!(same_file(&fds.dns_udp, &sent[0].0));
         assert!(same_file(&fds.dns_tcp, &sent[1].0));
         assert!(same_file(&fds.relay4, &sent[2].0));
@@ -129,7 +140,7 @@ mod tests {
         let raw: Vec<RawFd> = sent.iter().map(|(r, _)| r.as_raw_fd()).collect();
         send_with_fds(run.as_raw_fd(), &[setup::SOCKETS], &raw[..3]).unwrap();
         send_with_fds(run.as_raw_fd(), &[setup::LISTENER], &raw[3..]).unwrap();
-        let fds = EgressChannel(host).receive().await.unwrap();
+        let fds = EgressChannel(host, false).receive().await.unwrap();
         assert!(fds.relay6.is_none());
         assert!(same_file(&fds.listener, &sent[3].0));
     }
@@ -139,12 +150,12 @@ mod tests {
         let (host, run) = seqpacket_pair().unwrap();
         let (r, _w) = marked();
         send_with_fds(run.as_raw_fd(), &[setup::LISTENER], &[r.as_raw_fd()]).unwrap();
-        let err = EgressChannel(host).receive().await.unwrap_err();
+        let err = EgressChannel(host, false).receive().await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
 
         let (host, run) = seqpacket_pair().unwrap();
         drop(run);
-        let err = EgressChannel(host).receive().await.unwrap_err();
+        let err = EgressChannel(host, false).receive().await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::UnexpectedEof, "{err}");
     }
 }

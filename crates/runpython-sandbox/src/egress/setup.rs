@@ -5,9 +5,10 @@
 //! the resolver's UDP socket and TCP listener on `127.0.0.1:53` and the relay's listeners on
 //! `127.0.0.1:`[`RELAY_PORT`] and `[::1]:`[`RELAY_PORT`]. It sends them to the host (message `S`) and
 //! closes its copies, so the code never holds them. The interpreter, last before exec, installs the
-//! filter that turns every `connect(2)` into a notification for the host and sends the host the
+//! filter that turns every `connect(2)` (with the guard, `bind(2)`, `listen(2)` and the device
+//! `ioctl(2)`s too: [`super::filter`]) into a notification for the host and sends the host the
 //! listener (message `L`), closing its own copy too: a process that held it could answer its own
-//! connects.
+//! calls.
 
 use std::os::fd::RawFd;
 
@@ -138,63 +139,18 @@ fn bound6(port: u16, backlog: libc::c_int) -> Result<RawFd, StepError> {
     }
 }
 
-/// The filter: every native `connect(2)` becomes a notification; the x32 spelling of it is refused
-/// (`ENOSYS`); any other architecture kills the process (the deny-list's filter does the same).
-fn program() -> [libc::sock_filter; 9] {
-    const fn insn(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-        libc::sock_filter {
-            code: code as u16,
-            jt,
-            jf,
-            k,
-        }
-    }
-    // linux/audit.h: EM_X86_64 and EM_AARCH64, 64-bit, little-endian.
-    #[cfg(target_arch = "x86_64")]
-    const ARCH: u32 = 0xc000_003e;
-    #[cfg(target_arch = "aarch64")]
-    const ARCH: u32 = 0xc000_00b7;
-    // x86-64's x32 ABI reaches connect with bit 30 set in the number; elsewhere nothing is that high.
-    #[cfg(target_arch = "x86_64")]
-    const X32: u32 = 0x4000_0000;
-    #[cfg(not(target_arch = "x86_64"))]
-    const X32: u32 = 0x7fff_ffff;
-    use libc::{
-        BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W, SECCOMP_RET_ALLOW,
-        SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_USER_NOTIF,
-    };
-    [
-        // seccomp_data: the number at offset 0, the architecture at 4.
-        insn(BPF_LD | BPF_W | BPF_ABS, 4, 0, 0),
-        insn(BPF_JMP | BPF_JEQ | BPF_K, ARCH, 1, 0),
-        insn(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS, 0, 0),
-        insn(BPF_LD | BPF_W | BPF_ABS, 0, 0, 0),
-        insn(BPF_JMP | BPF_JGE | BPF_K, X32, 3, 0),
-        insn(BPF_JMP | BPF_JEQ | BPF_K, libc::SYS_connect as u32, 0, 1),
-        insn(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF, 0, 0),
-        insn(BPF_RET | BPF_K, SECCOMP_RET_ALLOW, 0, 0),
-        insn(
-            BPF_RET | BPF_K,
-            SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
-            0,
-            0,
-        ),
-    ]
-}
-
-/// Installs the connect notifier (`no_new_privs` must be set, or the capability to skip it) and
-/// sends its listener over `sock`. A connect waiting on the host can then only be killed, not
-/// interrupted, once the host took it (`WAIT_KILLABLE_RECV`): a signal handler cannot make it return
-/// half-done.
-pub(crate) fn install_notifier(sock: RawFd) -> Result<(), StepError> {
-    let filter = program();
+/// Installs the connect notifier's program (`no_new_privs` must be set, or the capability to skip it),
+/// guarded or not ([`super::filter::program`], taken before the fork), and sends its listener over
+/// `sock`. A call waiting on the host can then only be killed, not interrupted, once the host took it
+/// (`WAIT_KILLABLE_RECV`): a signal handler cannot make it return half-done.
+pub(crate) fn install_notifier(sock: RawFd, filter: &[libc::sock_filter]) -> Result<(), StepError> {
     let prog = libc::sock_fprog {
         len: filter.len() as libc::c_ushort,
         filter: filter.as_ptr().cast_mut(),
     };
     let flags =
         libc::SECCOMP_FILTER_FLAG_NEW_LISTENER | libc::SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV;
-    // SAFETY: seccomp(2) reads the program, which lives on this stack until it returns.
+    // SAFETY: seccomp(2) reads the program, which outlives the call.
     let listener = cvt_long(unsafe {
         libc::syscall(
             libc::SYS_seccomp,
@@ -212,9 +168,10 @@ pub(crate) fn install_notifier(sock: RawFd) -> Result<(), StepError> {
 
 /// The connect notifier's program as the bytes of its `struct sock_filter` array (native byte order),
 /// for a run forked from a template, which installs it itself.
-pub(crate) fn program_bytes() -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(9 * 8);
-    for insn in program() {
+pub(crate) fn program_bytes(guarded: bool) -> Vec<u8> {
+    let program = super::filter::program(guarded);
+    let mut bytes = Vec::with_capacity(program.len() * 8);
+    for insn in program {
         bytes.extend_from_slice(&insn.code.to_ne_bytes());
         bytes.push(insn.jt);
         bytes.push(insn.jf);

@@ -53,6 +53,8 @@ pub struct ForkPlan {
     /// and its connect notifier's listener with its scratch ([`crate::EgressFds`]), for the caller
     /// to serve with its policy.
     pub egress: bool,
+    /// The guard is in force for the run's network ([`crate::EgressFds::guarded`]).
+    pub egress_guarded: bool,
     /// What the host checks of the run's interpreter from outside before it gets code.
     pub check: ForkCheck,
 }
@@ -128,6 +130,7 @@ pub fn prepare_fork(
             .collect::<Vec<_>>()
     });
     let egress = decision.egress;
+    let egress_guarded = decision.egress_guard;
     let host_gid = if geteuid() == 0 { host_uid } else { getegid() };
     let check = ForkCheck {
         own_namespaces: own_namespaces(decision.unshare),
@@ -160,7 +163,7 @@ pub fn prepare_fork(
         seccomp,
         devpts: view::DEVPTS_OPTIONS,
         egress: egress.then(|| EgressSetup {
-            notifier: hex(&crate::egress::setup::program_bytes()),
+            notifier: hex(&crate::egress::setup::program_bytes(egress_guarded)),
             relay_port: crate::egress::setup::RELAY_PORT,
             dns_port: crate::egress::setup::DNS_PORT,
         }),
@@ -177,6 +180,7 @@ pub fn prepare_fork(
         landlock,
         command,
         egress,
+        egress_guarded,
         check,
     })
 }

@@ -113,7 +113,7 @@ impl Template {
         let policy =
             match (plan.egress, config.network.policy()) {
                 (false, _) => None,
-                (true, Some(policy)) => Some(Arc::new(policy.clone())),
+                (true, Some(policy)) => Some((Arc::new(policy.clone()), plan.egress_guarded)),
                 (true, None) => return Err(Error::Internal(
                     "the sandbox mediates a forked run's network, and no policy was given for it"
                         .into(),
@@ -299,7 +299,7 @@ pub(super) struct ReadyRun {
 /// network's descriptors, whose host side starts now), or the step that failed.
 async fn setup_result(
     socket: &mut AsyncFd<OwnedFd>,
-    egress: Option<Arc<NetworkPolicy>>,
+    egress: Option<(Arc<NetworkPolicy>, bool)>,
 ) -> Result<(BeneathDir, Option<Egress>, Option<libc::pid_t>), Error> {
     let failed = |step: Step, source: std::io::Error| Error::SandboxSetup {
         step: step.describe(),
@@ -321,7 +321,7 @@ async fn setup_result(
                 BeneathDir::from_fd(fd.as_fd()).map_err(|e| failed(Step::HandOverScratch, e))?;
             let egress = match egress {
                 None => None,
-                Some(policy) => {
+                Some((policy, guarded)) => {
                     // The resolver's two sockets, the relay's one or two listeners, the listener.
                     let mut rest: Vec<OwnedFd> = fds.collect();
                     if !(4..=5).contains(&rest.len()) {
@@ -344,6 +344,7 @@ async fn setup_result(
                             relay4,
                             relay6,
                             listener,
+                            guarded,
                         },
                         policy,
                     ))
