@@ -1,8 +1,10 @@
 //! `cargo xtask compat`: CPython's own regression suite (the `test` package of the interpreter runs
 //! use) module by module, inside `runpython run` and in a plain process, compared test by test.
 //!
-//! - `cargo xtask compat` — the ci list (`compat/ci_modules.txt`) in five passes: a plain process
-//!   and four inside (root host and unprivileged host, each fresh and forked from a template). It
+//! - `cargo xtask compat` — the ci list (`compat/ci_modules.txt`) in six passes: a plain process
+//!   and four inside (root host and unprivileged host, each fresh and forked from a template), and
+//!   for the modules that use sockets ([`POLICY_MODULES`]) a fifth: fresh runs of the unprivileged
+//!   host under a network policy, whose every bind, listen and connect the host performs. It
 //!   prints, per module and pass, the tests run, passed, failed and skipped, and every test that
 //!   passes in the plain process but not inside; it fails when such a test is not a listed exclusion
 //!   (`compat/exclusions.txt`, each with its reason) after one rerun.
@@ -31,6 +33,30 @@ use run::{Pass, Setup};
 
 /// The ci list: modules (or a package's submodules) that together take a few minutes per pass.
 const CI_MODULES: &str = include_str!("compat/ci_modules.txt");
+
+/// The modules the `user-policy` pass runs: those of the ci list whose tests bind, listen and connect
+/// sockets on the run's loopback (servers and clients, event loops, select and poll), which under a
+/// network policy are performed by the host.
+pub(crate) const POLICY_MODULES: &[&str] = &[
+    "test_socket",
+    "test_selectors",
+    "test_asyncio.test_events",
+    "test_asyncio.test_sock_lowlevel",
+    "test_asyncio.test_streams",
+    "test_asyncio.test_server",
+    "test_asyncio.test_sendfile",
+    "test_asyncio.test_sslproto",
+    "test_httplib",
+    "test_httpservers",
+    "test_urllib2_localnet",
+    "test_docxmlrpc",
+    "test_smtplib",
+    "test_asyncore",
+    "test_asynchat",
+    "test_logging",
+    "test_select",
+    "test_poll",
+];
 
 /// Tests that pass in a plain process and not inside, each with its reason.
 const EXCLUSIONS: &str = include_str!("compat/exclusions.txt");
@@ -174,11 +200,14 @@ fn run_passes(options: &Options, exclusions: &compare::Exclusions) -> Result<Com
     let jobs: Vec<run::Job> = modules
         .iter()
         .flat_map(|module| {
-            passes.iter().map(|&pass| run::Job {
-                pass,
-                module: module.clone(),
-                matching: narrowed[module].clone(),
-            })
+            passes
+                .iter()
+                .filter(|pass| pass.covers(module))
+                .map(|&pass| run::Job {
+                    pass,
+                    module: module.clone(),
+                    matching: narrowed[module].clone(),
+                })
         })
         .collect();
     let results = setup.run_all(jobs, options.jobs, timeout);

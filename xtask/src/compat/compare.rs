@@ -60,8 +60,8 @@ impl Exclusions {
                 let group: Vec<Pass> = match name {
                     "all" => Pass::ALL[1..].to_vec(),
                     "root" => vec![Pass::RootFresh, Pass::RootForked],
-                    "user" => vec![Pass::UserFresh, Pass::UserForked],
-                    "fresh" => vec![Pass::RootFresh, Pass::UserFresh],
+                    "user" => vec![Pass::UserFresh, Pass::UserForked, Pass::UserPolicy],
+                    "fresh" => vec![Pass::RootFresh, Pass::UserFresh, Pass::UserPolicy],
                     "forked" => vec![Pass::RootForked, Pass::UserForked],
                     other => vec![Pass::parse(other)
                         .with_context(|| format!("exclusions.txt line {}", n + 1))?],
@@ -223,7 +223,7 @@ impl Comparison {
                 Some(Ok(run)) => run.passed.len(),
                 _ => continue,
             };
-            for pass in self.inside() {
+            for pass in self.inside().filter(|p| p.covers(module)) {
                 kept += self.diff(pass, module).kept;
                 total += plain;
             }
@@ -539,7 +539,10 @@ mod tests {
              test.test_x.C.test_b root-forked,user-fresh  why\n",
         )
         .unwrap();
-        assert_eq!(e.0[0].passes, [Pass::UserFresh, Pass::UserForked]);
+        assert_eq!(
+            e.0[0].passes,
+            [Pass::UserFresh, Pass::UserForked, Pass::UserPolicy]
+        );
         assert_eq!(e.0[0].reason, "setgroups is refused in a user namespace");
         assert_eq!(e.0[1].passes, [Pass::RootForked, Pass::UserFresh]);
         for bad in [

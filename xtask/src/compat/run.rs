@@ -46,6 +46,11 @@ const RUN_LIMITS: &[&str] = &[
     "2000",
 ];
 
+/// The `user-policy` pass's network policy: an allowlist naming only a host that cannot exist
+/// (`.invalid`), so the run's network is mediated (under the guard, every bind, listen and connect
+/// of a socket is the host's to perform) and nothing reaches past the run's own loopback.
+pub(crate) const POLICY: &str = "compat.runpython.invalid:1";
+
 /// Where a module runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Pass {
@@ -55,15 +60,19 @@ pub(crate) enum Pass {
     RootForked,
     UserFresh,
     UserForked,
+    /// A fresh run of the unprivileged host under a network policy ([`POLICY`]), for the modules
+    /// that use sockets ([`Pass::covers`]).
+    UserPolicy,
 }
 
 impl Pass {
-    pub const ALL: [Pass; 5] = [
+    pub const ALL: [Pass; 6] = [
         Pass::Plain,
         Pass::RootFresh,
         Pass::RootForked,
         Pass::UserFresh,
         Pass::UserForked,
+        Pass::UserPolicy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,7 +82,14 @@ impl Pass {
             Pass::RootForked => "root-forked",
             Pass::UserFresh => "user-fresh",
             Pass::UserForked => "user-forked",
+            Pass::UserPolicy => "user-policy",
         }
+    }
+
+    /// Whether this pass runs `module`: every pass but `user-policy` runs them all, and it the
+    /// modules of [`super::POLICY_MODULES`].
+    pub fn covers(self, module: &str) -> bool {
+        self != Pass::UserPolicy || super::POLICY_MODULES.contains(&module)
     }
 
     pub fn parse(name: &str) -> Result<Pass> {
@@ -89,7 +105,10 @@ impl Pass {
     }
 
     fn as_user(self) -> bool {
-        matches!(self, Pass::Plain | Pass::UserFresh | Pass::UserForked)
+        matches!(
+            self,
+            Pass::Plain | Pass::UserFresh | Pass::UserForked | Pass::UserPolicy
+        )
     }
 
     fn forked(self) -> bool {
@@ -362,6 +381,9 @@ impl Setup {
             program.push(self.python.display().to_string());
             program.extend(["--timeout".into(), (timeout + 60).to_string()]);
             program.extend(RUN_LIMITS.iter().map(|s| s.to_string()));
+            if job.pass == Pass::UserPolicy {
+                program.extend(["--allow-host".into(), POLICY.into()]);
+            }
             program.push("--file".into());
             program.push(format!(
                 "{}=regrtest_json.py",
