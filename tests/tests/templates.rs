@@ -330,3 +330,43 @@ fn an_engine_with_templates_dropped_outside_a_runtime_leaves_nothing() {
     }
     drop(runtime);
 }
+
+/// The check of a forked run from outside finds it in namespaces of its own, never another live
+/// run's. A namespace's number is the kernel's to reuse the moment the namespace is freed, which is
+/// when a run's processes exit, before its host has let go of the run: a burst of runs then found a
+/// new run "in another run's namespace", failed it (`fork_unverified`) and discarded its template.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_forked_runs_is_never_mistaken_for_runs_sharing_a_namespace() {
+    if !forkable() {
+        return;
+    }
+    let engine = templated(&[]).build().unwrap();
+    run(&engine, "1").await;
+    let mut tasks = Vec::new();
+    for worker in 0..16 {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut failed = Vec::new();
+            for i in 0..40 {
+                let e = engine.run(format!("{worker} * 100 + {i}")).await;
+                match e {
+                    Ok(e) if e.status == Status::Success => {
+                        assert_eq!(e.return_value, json!(worker * 100 + i));
+                        assert_eq!(e.isolation.as_ref().unwrap().start, "template");
+                    }
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            failed
+        }));
+    }
+    let mut failed = Vec::new();
+    for task in tasks {
+        failed.extend(task.await.unwrap());
+    }
+    assert!(
+        failed.is_empty(),
+        "{} runs failed: {failed:#?}",
+        failed.len()
+    );
+}

@@ -36,9 +36,12 @@ pub struct ForkCheck {
 }
 
 /// A forked run's namespaces, by inode, as the host recorded them when it checked the run: no run
-/// checked while it lives may share one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct RunNamespaces(Vec<(&'static str, u64)>);
+/// checked while it lives may share one. Each is held open: a namespace's number is the kernel's to
+/// give to the next namespace made once this one is freed, which happens when the run's processes
+/// exit, before the host lets go of the run. Held, the number stays this run's (a burst of forked
+/// runs otherwise found a new run "in another run's namespace" and failed it).
+#[derive(Debug)]
+struct RunNamespaces(Vec<(&'static str, u64, std::os::fd::OwnedFd)>);
 
 /// The namespaces of every checked run of this process that is still held ([`VerifiedRun`]).
 static LIVE: std::sync::Mutex<Vec<std::sync::Weak<RunNamespaces>>> =
@@ -56,8 +59,8 @@ impl RunNamespaces {
     fn shares_with(&self, other: &RunNamespaces) -> Option<&'static str> {
         self.0
             .iter()
-            .find(|(name, ino)| other.0.iter().any(|(n, i)| n == name && i == ino))
-            .map(|(name, _)| *name)
+            .find(|(name, ino, _)| other.0.iter().any(|(n, i, _)| n == name && i == ino))
+            .map(|(name, _, _)| *name)
     }
 }
 
@@ -133,14 +136,17 @@ impl ForkCheck {
         }
         let mut own = Vec::with_capacity(self.own_namespaces.len());
         for &name in &self.own_namespaces {
-            let ino = ns_of(pid, name)?;
+            let held = std::fs::File::open(format!("/proc/{pid}/ns/{name}"))
+                .and_then(|f| Ok((f.metadata()?.ino(), std::os::fd::OwnedFd::from(f))))
+                .map_err(|e| failed("namespaces", &format!("cannot open {name} of {pid}: {e}")))?;
+            let (ino, fd) = held;
             if ino == ns_of(parent, name)? {
                 return Err(failed(
                     "namespaces",
                     &format!("its {name} namespace is its template's"),
                 ));
             }
-            own.push((name, ino));
+            own.push((name, ino, fd));
         }
         let own = std::sync::Arc::new(RunNamespaces(own));
         {
@@ -323,9 +329,13 @@ mod tests {
 
     #[test]
     fn two_runs_sharing_a_namespace_are_told_apart() {
-        let a = RunNamespaces(vec![("mnt", 1), ("net", 2)]);
-        let b = RunNamespaces(vec![("mnt", 3), ("net", 2)]);
-        let c = RunNamespaces(vec![("mnt", 4), ("net", 5)]);
+        let held = || std::os::fd::OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let runs = |inos: [(&'static str, u64); 2]| {
+            RunNamespaces(inos.into_iter().map(|(n, i)| (n, i, held())).collect())
+        };
+        let a = runs([("mnt", 1), ("net", 2)]);
+        let b = runs([("mnt", 3), ("net", 2)]);
+        let c = runs([("mnt", 4), ("net", 5)]);
         assert_eq!(a.shares_with(&b), Some("net"));
         assert_eq!(a.shares_with(&c), None);
     }
