@@ -215,12 +215,25 @@ pub(crate) trait Ended: Send + Sync {
 /// The process's watch on the destruction of the TCP sockets it handed over.
 pub(crate) struct Watch {
     sock: OwnedFd,
-    /// Connections watched, by cookie.
-    watched: Mutex<HashMap<u64, Weak<dyn Ended>>>,
+    state: Mutex<Watched>,
 }
 
+/// Connections watched, by cookie, and whether the process is in the destroy groups: it joins them
+/// for the first and leaves them once none has been watched for [`LINGER`], so a run making one
+/// short connection after another does not join and leave for each.
+#[derive(Default)]
+struct Watched {
+    conns: HashMap<u64, Weak<dyn Ended>>,
+    joined: bool,
+    empty_since: Option<std::time::Instant>,
+}
+
+/// How long the process stays in the destroy groups with nothing to watch.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Watch {
-    /// The process's watch, its thread started the first time.
+    /// The process's watch, its thread started the first time; `Err` where the kernel offers no
+    /// socket diagnostics to this process (the host then relays every connection).
     pub(crate) fn get() -> io::Result<&'static Arc<Watch>> {
         static WATCH: OnceLock<Result<Arc<Watch>, i32>> = OnceLock::new();
         let made = WATCH.get_or_init(|| {
@@ -247,10 +260,32 @@ impl Watch {
                     libc::SO_RCVBUF,
                     &(4i32 << 20).to_ne_bytes(),
                 );
+                // The reader wakes at least this often, to leave the groups when nothing is watched.
+                let timeout = libc::timeval {
+                    tv_sec: 1,
+                    tv_usec: 0,
+                };
+                // SAFETY: a timeval is plain data, read as bytes by setsockopt.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        std::ptr::addr_of!(timeout).cast::<u8>(),
+                        std::mem::size_of::<libc::timeval>(),
+                    )
+                };
+                super::sock::set_bytes(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    bytes,
+                )?;
                 let watch = Arc::new(Watch {
                     sock,
-                    watched: Mutex::new(HashMap::new()),
+                    state: Mutex::new(Watched::default()),
                 });
+                // Whether the kernel lets this process join the groups (and answers the
+                // questions), asked once: where it does not, connections keep the relay.
+                watch.membership(true)?;
+                watch.membership(false)?;
                 let reader = Arc::clone(&watch);
                 std::thread::Builder::new()
                     .name("runpython-egress-watch".into())
@@ -263,8 +298,8 @@ impl Watch {
             .map_err(|&errno| io::Error::from_raw_os_error(errno))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Weak<dyn Ended>>> {
-        self.watched.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Watched> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn membership(&self, join: bool) -> io::Result<()> {
@@ -284,24 +319,39 @@ impl Watch {
         Ok(())
     }
 
-    /// Watches the socket with `cookie` until it is destroyed (joining the groups for the first).
+    /// Watches the socket with `cookie` until it is destroyed (joining the groups if out of them).
     pub(crate) fn watch(&self, cookie: u64, conn: Weak<dyn Ended>) -> io::Result<()> {
-        let mut watched = self.lock();
-        watched.retain(|_, c| c.strong_count() > 0);
-        if watched.is_empty() {
+        let mut state = self.lock();
+        if !state.joined {
             self.membership(true)?;
+            state.joined = true;
         }
-        watched.insert(cookie, conn);
+        state.conns.insert(cookie, conn);
+        state.empty_since = None;
         Ok(())
     }
 
-    /// Stops watching `cookie` (leaving the groups after the last).
+    /// Stops watching `cookie`.
     pub(crate) fn forget(&self, cookie: u64) {
-        let mut watched = self.lock();
-        watched.remove(&cookie);
-        watched.retain(|_, c| c.strong_count() > 0);
-        if watched.is_empty() {
-            let _ = self.membership(false);
+        let mut state = self.lock();
+        state.conns.remove(&cookie);
+        state.conns.retain(|_, c| c.strong_count() > 0);
+        if state.conns.is_empty() && state.empty_since.is_none() {
+            state.empty_since = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Leaves the groups when nothing has been watched for [`LINGER`].
+    fn leave_when_idle(&self) {
+        let mut state = self.lock();
+        state.conns.retain(|_, c| c.strong_count() > 0);
+        if state.conns.is_empty() {
+            let since = *state
+                .empty_since
+                .get_or_insert_with(std::time::Instant::now);
+            if state.joined && since.elapsed() >= LINGER && self.membership(false).is_ok() {
+                state.joined = false;
+            }
         }
     }
 
@@ -315,6 +365,10 @@ impl Watch {
                 match io::Error::last_os_error().raw_os_error() {
                     // An overflow lost some: those connections are asked for by id instead.
                     Some(libc::EINTR | libc::ENOBUFS) => continue,
+                    Some(libc::EAGAIN) => {
+                        self.leave_when_idle();
+                        continue;
+                    }
                     _ => return,
                 }
             }
@@ -325,12 +379,14 @@ impl Watch {
                 let Some((cookie, Some(counts))) = parse_diag(payload) else {
                     continue;
                 };
-                let conn = self.lock().get(&cookie).and_then(Weak::upgrade);
+                let conn = self.lock().conns.get(&cookie).and_then(Weak::upgrade);
                 if let Some(conn) = conn {
                     self.forget(cookie);
                     conn.ended(counts);
                 }
             }
+            // The other sockets of the host end too, and are told here: leave when idle either way.
+            self.leave_when_idle();
         }
     }
 }
@@ -416,6 +472,6 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(seen.0.load(Ordering::SeqCst), 4322);
-        assert!(watch.lock().is_empty());
+        assert!(watch.lock().conns.is_empty());
     }
 }

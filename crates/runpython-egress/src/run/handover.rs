@@ -93,25 +93,54 @@ impl RunDefaults {
     }
 }
 
+/// A fresh TCP socket's options in the host's namespace, per family (`[v4, v6]`), read once per
+/// process: what the run's socket is compared with.
+struct Fresh {
+    ints: Vec<Option<libc::c_int>>,
+    bytes: Vec<Option<Vec<u8>>>,
+}
+
+fn fresh(v6: bool) -> Option<&'static Fresh> {
+    static FRESH: [std::sync::OnceLock<Option<Fresh>>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    FRESH[usize::from(v6)]
+        .get_or_init(|| {
+            let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+            let s = sock::socket(family, libc::SOCK_STREAM, libc::IPPROTO_TCP).ok()?;
+            let fd = s.as_raw_fd();
+            Some(Fresh {
+                ints: int_options(v6)
+                    .map(|(level, name)| sock::get_int(fd, level, name).ok())
+                    .collect(),
+                bytes: BYTE_OPTIONS
+                    .iter()
+                    .map(|&(level, name, len)| sock::get_bytes(fd, level, name, len).ok())
+                    .collect(),
+            })
+        })
+        .as_ref()
+}
+
+fn int_options(v6: bool) -> impl Iterator<Item = (libc::c_int, libc::c_int)> {
+    let family = if v6 { INT_OPTIONS_V6 } else { INT_OPTIONS_V4 };
+    INT_OPTIONS.iter().chain(family).copied()
+}
+
 /// Sets on `to` what the run set on `from`.
 fn copy_options(from: RawFd, to: RawFd, v6: bool, defaults: RunDefaults) {
-    let family = if v6 { INT_OPTIONS_V6 } else { INT_OPTIONS_V4 };
-    for &(level, name) in INT_OPTIONS.iter().chain(family) {
-        if let (Ok(theirs), Ok(fresh)) = (
-            sock::get_int(from, level, name),
-            sock::get_int(to, level, name),
-        ) {
-            if theirs != fresh {
+    let Some(fresh) = fresh(v6) else {
+        return;
+    };
+    for ((level, name), fresh) in int_options(v6).zip(&fresh.ints) {
+        if let (Ok(theirs), Some(fresh)) = (sock::get_int(from, level, name), fresh) {
+            if theirs != *fresh {
                 let _ = sock::set_bytes(to, level, name, &theirs.to_ne_bytes());
             }
         }
     }
-    for &(level, name, len) in BYTE_OPTIONS {
-        if let (Ok(theirs), Ok(fresh)) = (
-            sock::get_bytes(from, level, name, len),
-            sock::get_bytes(to, level, name, len),
-        ) {
-            if theirs != fresh {
+    for (&(level, name, len), fresh) in BYTE_OPTIONS.iter().zip(&fresh.bytes) {
+        if let (Ok(theirs), Some(fresh)) = (sock::get_bytes(from, level, name, len), fresh) {
+            if theirs != *fresh {
                 let value = if name == libc::TCP_CONGESTION {
                     // The name, without the padding the kernel returns.
                     let end = theirs.iter().position(|&b| b == 0).unwrap_or(theirs.len());
@@ -136,12 +165,13 @@ fn copy_options(from: RawFd, to: RawFd, v6: bool, defaults: RunDefaults) {
     }
 }
 
-/// Whether this connection can be handed over (else the relay carries it): plain TCP.
+/// Whether this connection can be handed over (else the relay carries it): plain TCP, where the
+/// kernel tells this process what a handed connection moved.
 pub(super) fn eligible(copy: RawFd) -> bool {
     matches!(
         sock::sockopt(copy, libc::SO_PROTOCOL),
         Ok(libc::IPPROTO_TCP)
-    )
+    ) && super::diag::Watch::get().is_ok()
 }
 
 /// Connects a socket of the host's, of the run's socket's family, to `asked` (the address as the
