@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use runpython_core::{Envelope, Network, NetworkPolicy, PoolConfig, RunPython, Status};
+use runpython_core::{Envelope, Network, NetworkPolicy, PoolConfig, RunPython, Sandbox, Status};
 use serde_json::json;
 
 /// A loopback server that echoes what each connection sends and counts connections.
@@ -66,12 +66,17 @@ enum Way {
 const WAYS: [Way; 3] = [Way::Fresh, Way::Cell, Way::Forked];
 
 fn engine(allowed: u16, way: Way) -> RunPython {
+    engine_with(allowed, way, Sandbox::default())
+}
+
+fn engine_with(allowed: u16, way: Way, sandbox: Sandbox) -> RunPython {
     let network = Network::Policy(NetworkPolicy {
         allow: vec![format!("127.0.0.1:{allowed}").parse().unwrap()],
         ..NetworkPolicy::default()
     });
     let mut builder = RunPython::builder()
         .timeout(Duration::from_secs(60))
+        .sandbox(sandbox)
         .network(network);
     if let Way::Forked = way {
         builder = builder.pool(PoolConfig {
@@ -423,4 +428,69 @@ for i in range(300):
         assert_eq!(network.bytes_out, 900, "{way:?}: {network:?}");
         assert_eq!(network.refusals, 0, "{way:?}: {network:?}");
     }
+}
+
+/// Without the guard (here Landlock turned off; a kernel older than Landlock's network rights is the
+/// same) nothing of the host's is handed over: the relay joins an allowed connection, the run's own
+/// servers are the kernel's own calls, and what is not allowed is still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_guard_connections_are_relayed_and_reach_only_what_is_allowed() {
+    if !handed_over_here() {
+        return;
+    }
+    let (allowed, other) = (Echo::start(), Echo::start());
+    let code = format!(
+        r#"
+import socket, threading
+s = socket.create_connection(("127.0.0.1", {allowed}), timeout=10)
+s.sendall(b"x" * 5000)
+got = 0
+while got < 5000:
+    got += len(s.recv(65536))
+peer = list(s.getpeername())
+s.close()
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+port = server.getsockname()[1]
+def serve():
+    c, _ = server.accept()
+    c.sendall(c.recv(10))
+    c.close()
+threading.Thread(target=serve).start()
+own = socket.create_connection(("127.0.0.1", port), timeout=10)
+own.sendall(b"own")
+echoed = own.recv(10).decode()
+try:
+    socket.create_connection(("127.0.0.1", {other}), timeout=10)
+    refused = None
+except PermissionError as e:
+    refused = "refused"
+[peer, echoed, refused]
+"#,
+        allowed = allowed.port,
+        other = other.port,
+    );
+    let unguarded = Sandbox {
+        landlock: false,
+        ..Sandbox::default()
+    };
+    for way in WAYS {
+        let e = run(
+            &engine_with(allowed.port, way, unguarded.clone()),
+            way,
+            &code,
+        )
+        .await;
+        assert_eq!(
+            e.return_value,
+            json!([["127.0.0.1", 1], "own", "refused"]),
+            "{way:?}: {}",
+            e.stderr
+        );
+        let network = e.network.as_ref().unwrap();
+        assert_eq!(network.bytes_out, 5000, "{way:?}: {network:?}");
+        assert_eq!(network.bytes_in, 5000, "{way:?}: {network:?}");
+    }
+    assert_eq!(other.seen(), 0, "an unguarded run reached another server");
 }
