@@ -494,3 +494,49 @@ async fn kernel_attack_surface_syscalls_fail_with_eperm() {
         "{got:?}"
     );
 }
+
+/// The code gets no handle on the host process. Its bridge is a socket pair the host made, so the
+/// kernel names the host as the bridge's peer: `SO_PEERPIDFD` would hand the code a pidfd of the
+/// host, and `pidfd_getfd` on it, where nothing else stops it (an unprivileged host, whose runs share
+/// its uid, without Landlock), the host's descriptors. Both are refused; `SO_PEERCRED`, which names no
+/// process the code can reach (its pid reads 0 in the run's namespace), still answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_code_gets_no_pidfd_of_the_host_and_takes_no_descriptor_of_another_process() {
+    let report = isolation();
+    if report.seccomp != "deny-list" {
+        eprintln!(
+            "skipped: seccomp is not in force here: {:?}",
+            report.missing
+        );
+        return;
+    }
+    let code = r#"
+import ctypes, errno, os, socket, struct
+libc = ctypes.CDLL(None, use_errno=True)
+bridge = socket.socket(fileno=os.dup(4))
+out = {"peercred_pid": struct.unpack("3i", bridge.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]}
+try:
+    bridge.getsockopt(socket.SOL_SOCKET, 77)  # SO_PEERPIDFD
+    out["peerpidfd"] = "a pidfd of the host"
+except OSError as e:
+    out["peerpidfd"] = errno.errorcode[e.errno]
+pid = os.fork()
+if pid == 0:
+    os.pause()
+    os._exit(0)
+pidfd = os.pidfd_open(pid)
+got = libc.syscall(438, pidfd, 1, 0)  # pidfd_getfd of its own child
+out["pidfd_getfd"] = "took one" if got >= 0 else errno.errorcode[ctypes.get_errno()]
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+out
+"#;
+    let e = builder().build().unwrap().run(code).await.unwrap();
+    assert!(e.is_success(), "{:?}", e.error);
+    assert_eq!(
+        e.return_value,
+        json!({"peercred_pid": 0, "peerpidfd": "EPERM", "pidfd_getfd": "EPERM"}),
+        "{}",
+        e.stderr
+    );
+}

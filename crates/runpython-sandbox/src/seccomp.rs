@@ -1,5 +1,7 @@
 //! Seccomp: a deny-list of system calls the code never needs and whose kernel code has a long record
-//! of privilege escalations, and the terminal ioctls `TIOCSTI` and `TIOCSETD`. Compiled to BPF once per process by `seccompiler`; installed by the
+//! of privilege escalations (or that reach another process: `pidfd_getfd`), the terminal ioctls
+//! `TIOCSTI` and `TIOCSETD`, and `SO_PEERPIDFD` (a pidfd of a Unix socket's peer: the bridge's is the
+//! host). Compiled to BPF once per process by `seccompiler`; installed by the
 //! interpreter process last, just before exec.
 
 use std::io;
@@ -27,7 +29,17 @@ const DENIED_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_acct,
     libc::SYS_swapon,
     libc::SYS_swapoff,
+    // Another process's descriptors, and its memory's advice: the code has no business with either,
+    // and with a pidfd of the host (see `SO_PEERPIDFD` below) the first would take the host's files
+    // where nothing else stops it (an unprivileged host, whose runs share its uid, without Landlock).
+    libc::SYS_pidfd_getfd,
+    libc::SYS_process_madvise,
 ];
+
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of a Unix socket's peer. The run's bridge is a socket pair the
+/// host made, so its peer is the host: refused, so the code never holds a handle on the host process.
+/// (`SO_PEERCRED` still answers: the pid it names reads 0 in the run's namespace.)
+const SO_PEERPIDFD: u64 = 77;
 
 /// What the deny-list adds for one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +113,20 @@ fn compile(extra: Extra) -> Option<seccompiler::BpfProgram> {
     }
     for nr in [libc::SYS_ioctl, libc::SYS_ioctl | x32] {
         rules.insert(nr, terminal.clone());
+    }
+    let peer_pidfd = SeccompRule::new(vec![
+        SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            libc::SOL_SOCKET as u64,
+        )
+        .ok()?,
+        SeccompCondition::new(2, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, SO_PEERPIDFD).ok()?,
+    ])
+    .ok()?;
+    for nr in [libc::SYS_getsockopt, libc::SYS_getsockopt | x32] {
+        rules.insert(nr, vec![peer_pidfd.clone()]);
     }
     let errno = u32::try_from(libc::EPERM).ok()?;
     let filter = SeccompFilter::new(
