@@ -96,22 +96,9 @@ pub async fn warm_ratio_pooled(
     m: &mut Map<String, Value>,
     numpy_import_ms: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use runpython_core::{PoolConfig, RunPython};
     use std::time::Duration;
-    let pool = |warm: Vec<String>| {
-        RunPython::builder()
-            .timeout(Duration::from_secs(120))
-            .pool(PoolConfig {
-                size: 1,
-                idle: Duration::from_secs(600),
-                warm_imports: warm,
-                prestart: true,
-                templates: false,
-            })
-            .build()
-    };
     let with_numpy = "import numpy\nnumpy.__version__";
-    let (plain_engine, numpy_engine) = (pool(Vec::new())?, pool(vec!["numpy".into()])?);
+    let (plain_engine, numpy_engine) = (pooled(Vec::new())?, pooled(vec!["numpy".into()])?);
     numpy_engine.run(with_numpy).await?;
     plain_engine.run("1+1").await?;
     let refill = Duration::from_secs_f64((3.0 * numpy_import_ms).max(300.0) / 1e3);
@@ -137,4 +124,21 @@ pub async fn warm_ratio_pooled(
         json!(round3(numpy / plain)),
     );
     Ok(())
+}
+
+/// An engine whose pool keeps one interpreter ready ahead of its run (started again after each run),
+/// with `warm` imported: what the bench's pooled figures run on.
+pub fn pooled(warm: Vec<String>) -> Result<runpython_core::RunPython, runpython_core::Error> {
+    use runpython_core::{PoolConfig, RunPython};
+    use std::time::Duration;
+    RunPython::builder()
+        .timeout(Duration::from_secs(120))
+        .pool(PoolConfig {
+            size: 1,
+            idle: Duration::from_secs(600),
+            warm_imports: warm,
+            prestart: true,
+            templates: false,
+        })
+        .build()
 }

@@ -15,6 +15,19 @@ fn builder() -> runpython_core::RunPythonBuilder {
     RunPython::builder().timeout(Duration::from_secs(30))
 }
 
+/// Whether the seccomp deny-list is in force here; prints why not.
+fn seccomp_in_force() -> bool {
+    let report = isolation();
+    if report.seccomp != "deny-list" {
+        eprintln!(
+            "skipped: seccomp is not in force here: {:?}",
+            report.missing
+        );
+        return false;
+    }
+    true
+}
+
 fn isolation() -> Isolation {
     builder().build().unwrap().isolation_report().unwrap()
 }
@@ -445,12 +458,7 @@ async fn the_code_holds_no_capability_and_cannot_make_namespaces() {
 /// ordinary work is untouched (every other test in this file runs under the same filter).
 #[tokio::test(flavor = "multi_thread")]
 async fn kernel_attack_surface_syscalls_fail_with_eperm() {
-    let report = isolation();
-    if report.seccomp != "deny-list" {
-        eprintln!(
-            "skipped: seccomp is not in force here: {:?}",
-            report.missing
-        );
+    if !seccomp_in_force() {
         return;
     }
     // x86-64 numbers; on other architectures the names are looked up the same way.
@@ -502,12 +510,7 @@ async fn kernel_attack_surface_syscalls_fail_with_eperm() {
 /// process the code can reach (its pid reads 0 in the run's namespace), still answers.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_code_gets_no_pidfd_of_the_host_and_takes_no_descriptor_of_another_process() {
-    let report = isolation();
-    if report.seccomp != "deny-list" {
-        eprintln!(
-            "skipped: seccomp is not in force here: {:?}",
-            report.missing
-        );
+    if !seccomp_in_force() {
         return;
     }
     let code = r#"

@@ -140,18 +140,7 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
 
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
     // the pool's background refill finish, so each measured run finds a ready interpreter.
-    let pool = |warm: Vec<String>| {
-        RunPython::builder()
-            .timeout(Duration::from_secs(120))
-            .pool(PoolConfig {
-                size: 1,
-                idle: Duration::from_secs(600),
-                warm_imports: warm,
-                prestart: true,
-                templates: false,
-            })
-            .build()
-    };
+    let pool = runpython_tests::deps_bench::pooled;
     let warm_engine = pool(Vec::new())?;
     warm_engine.run("1+1").await?;
     let (mut warm, mut floor2) = (Vec::new(), Vec::new());
