@@ -78,7 +78,8 @@ const MAX_LOG_ENTRIES: usize = 10_000;
 /// Refusals the envelope names; past them, they are counted.
 const MAX_REFUSED_LISTED: usize = 16;
 
-/// Connections one run may hold through the relay at once.
+/// Connections one run may hold at once, relayed or handed over (a handed one counts until the
+/// kernel destroys its socket).
 pub(crate) const MAX_LIVE_CONNECTIONS: usize = 256;
 
 /// What the notification handler, the relay and the resolver share for one run.

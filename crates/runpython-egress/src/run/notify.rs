@@ -33,7 +33,7 @@ use crate::policy::{effective_ip, Verdict};
 /// The relay's port in the run's namespace.
 const RELAY_PORT: u16 = EgressFds::RELAY_PORT;
 
-/// Answers the run's connects until no process of the run is left.
+/// Answers the run's notified calls until no process of the run is left.
 pub(super) async fn serve(listener: OwnedFd, shared: Arc<Shared>) {
     // SAFETY: the `OwnedFd` stays open, the same file description, until the `AsyncFd` owning it
     // is dropped.
