@@ -369,7 +369,12 @@ impl Watch {
                         self.leave_when_idle();
                         continue;
                     }
-                    _ => return,
+                    // Never expected; the watch must not end over it (connections would then only
+                    // be settled by their id), so it reads again a moment later.
+                    _ => {
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        continue;
+                    }
                 }
             }
             for (kind, payload) in messages(&buf[..n as usize]) {
