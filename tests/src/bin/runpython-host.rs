@@ -7,10 +7,19 @@
 use std::io::Write;
 use std::time::Duration;
 
+use nix::sys::signal::{SigHandler, Signal};
 use runpython_core::{Event, RunPython};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The test kills this host with SIGINT, SIGTERM or SIGKILL to see what its runs leave. A shell's
+    // background job (`cmd &` without job control) starts with SIGINT and SIGQUIT ignored, and that
+    // is inherited here: the SIGINT would do nothing and the test would wait on a host that never
+    // ends. This host stands for one that dies of those signals, so it takes their default action.
+    for signal in [Signal::SIGINT, Signal::SIGQUIT, Signal::SIGTERM] {
+        // SAFETY: SIG_DFL installs no handler; nothing else in this process has set one yet.
+        unsafe { nix::sys::signal::signal(signal, SigHandler::SigDfl) }?;
+    }
     let marker = std::env::args()
         .nth(1)
         .ok_or("usage: runpython-host MARKER")?;
