@@ -54,49 +54,66 @@ const INTEGRATIONS: &[Integration] = &[
 
 const TEST_PACKAGES: &[&str] = &["pytest", "mypy"];
 
-/// Each integration in its own venv: pytest on its tests, mypy `--strict` on its module and example.
-/// `wheel`: one `cargo xtask ci` already built; else it is built here.
+/// `cargo xtask integrations`: each integration in its own venv, two at a time (see [`jobs`]).
+/// `wheel`: one already built; else it is built here.
 pub(crate) fn ci(tools_bin: &Path, wheel: Option<&Path>) -> Result<()> {
     let wheel = match wheel {
         Some(w) => w.to_path_buf(),
-        None => pypkg::build_wheel(tools_bin, false, &root().join("target/wheels/ci"))?,
+        None => pypkg::ci_wheel(tools_bin)?,
     };
+    crate::concurrently(2, jobs(tools_bin, &wheel))
+}
+
+/// One job per integration, for [`crate::concurrently`]: its venv, pytest on its tests, mypy
+/// `--strict` on its module and example. Each has a venv and a mypy cache of its own, so they share
+/// nothing but uv's cache, which uv locks.
+pub(crate) fn jobs<'a>(
+    tools_bin: &'a Path,
+    wheel: &'a Path,
+) -> Vec<Box<dyn FnOnce() -> Result<()> + Send + 'a>> {
+    INTEGRATIONS
+        .iter()
+        .map(|it| {
+            Box::new(move || one(tools_bin, wheel, it)) as Box<dyn FnOnce() -> Result<()> + Send>
+        })
+        .collect()
+}
+
+fn one(tools_bin: &Path, wheel: &Path, it: &Integration) -> Result<()> {
     let dir = root().join("crates/runpython-py");
     let tests = dir.join("tests_integrations");
-    for it in INTEGRATIONS {
-        let venv = root().join(format!("target/integrations/{}", it.module));
-        let packages: Vec<&str> = TEST_PACKAGES
-            .iter()
-            .chain(it.test_packages)
-            .copied()
-            .collect();
-        let python = pypkg::fresh_venv(tools_bin, &venv, &wheel, Some(it.extra), &packages)?;
+    let venv = root().join(format!("target/integrations/{}", it.module));
+    let packages: Vec<&str> = TEST_PACKAGES
+        .iter()
+        .chain(it.test_packages)
+        .copied()
+        .collect();
+    let python = pypkg::fresh_venv(tools_bin, &venv, wheel, Some(it.extra), &packages)?;
+    step(
+        &format!("integration {}: pytest", it.extra),
+        Command::new(&python)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .arg(tests.join(it.module))
+            .current_dir(&dir)
+            .env("RUNPYTHON_TOOLS_BIN", tools_bin),
+    )?;
+    // mypy takes a package or files, not both: the module as installed, then the example.
+    let module = format!("runpython.integrations.{}", it.module);
+    let example = tests
+        .join(it.module)
+        .join(format!("example_{}.py", it.module));
+    for (what, target) in [
+        ("module", ["-p", module.as_str()]),
+        ("example", ["--", &*example.to_string_lossy()]),
+    ] {
         step(
-            &format!("integration {}: pytest", it.extra),
+            &format!("integration {}: mypy --strict on the {what}", it.extra),
             Command::new(&python)
-                .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-                .arg(tests.join(it.module))
-                .current_dir(&dir)
-                .env("RUNPYTHON_TOOLS_BIN", tools_bin),
+                .args(["-m", "mypy", "--strict", "--cache-dir"])
+                .arg(venv.join("mypy-cache"))
+                .args(target)
+                .current_dir(&tests),
         )?;
-        // mypy takes a package or files, not both: the module as installed, then the example.
-        let module = format!("runpython.integrations.{}", it.module);
-        let example = tests
-            .join(it.module)
-            .join(format!("example_{}.py", it.module));
-        for (what, target) in [
-            ("module", ["-p", module.as_str()]),
-            ("example", ["--", &*example.to_string_lossy()]),
-        ] {
-            step(
-                &format!("integration {}: mypy --strict on the {what}", it.extra),
-                Command::new(&python)
-                    .args(["-m", "mypy", "--strict", "--cache-dir"])
-                    .arg(venv.join("mypy-cache"))
-                    .args(target)
-                    .current_dir(&tests),
-            )?;
-        }
     }
     Ok(())
 }

@@ -11,6 +11,8 @@
 //!   A fresh clone passes with this one command.
 //! - `cargo xtask bench [--json]` — builds the benchmark harness in release mode and prints every metric
 //!   measured side by side in one run (a table, or one JSON object).
+//! - `cargo xtask test` — only the workspace's tests, as `ci` runs them (`suites.rs`: built once, two
+//!   suites at a time, the ones that measure the machine's share alone).
 //! - `cargo xtask unprivileged` — only the suites that `ci` runs again as an unprivileged user (as root).
 //! - `cargo xtask compat [--all]` — CPython's own regression suite inside runs and in a plain process,
 //!   compared test by test (`compat.rs`; `ci` runs the ci list in every pass, `--all` the whole suite
@@ -29,6 +31,7 @@ mod compat;
 mod docs;
 mod integrations;
 mod pypkg;
+mod suites;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,6 +42,8 @@ use anyhow::{bail, Context, Result};
 mod tidy;
 
 fn main() -> Result<()> {
+    // The clock the steps' "(at …)" reads starts here, not at the first step that ends.
+    let _ = *XTASK_STARTED;
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("ci") => ci(),
@@ -54,6 +59,7 @@ fn main() -> Result<()> {
             docs::check(&bootstrap_tools()?)
         }
         Some("unprivileged") => unprivileged_suites(&bootstrap_tools()?),
+        Some("test") => suites::workspace(&bootstrap_tools()?),
         Some("compat") => compat::main(&args[1..]),
         Some("tools") => {
             println!("{}", bootstrap_tools()?.display());
@@ -61,7 +67,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <ci | tidy | py | integrations | unprivileged | compat [--all] | bench [--json] | tools>"
+                "usage: cargo xtask <ci | tidy | test | py | integrations | unprivileged | compat [--all] | bench [--json] | tools>"
             );
             std::process::exit(2);
         }
@@ -81,21 +87,99 @@ fn cargo() -> Command {
     cmd
 }
 
+/// When this xtask started: each step says how far into the whole job it ended, so a slow CI log
+/// shows where its time went without a second clock.
+static XTASK_STARTED: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+
+thread_local! {
+    /// Set on the threads of [`concurrently`]: their steps keep their output and print it in one piece
+    /// when they end, so two jobs' lines never interleave.
+    static CAPTURED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn step(name: &str, cmd: &mut Command) -> Result<()> {
-    eprintln!("==> {name}");
     let started = Instant::now();
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start {cmd:?}"))?;
-    eprintln!("    {name}: {status} in {:.0?}", started.elapsed());
+    let (status, output) = if CAPTURED.get() {
+        let out = cmd
+            .output()
+            .with_context(|| format!("cannot start {cmd:?}"))?;
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        (out.status, text)
+    } else {
+        eprintln!("==> {name}");
+        let status = cmd
+            .status()
+            .with_context(|| format!("cannot start {cmd:?}"))?;
+        (status, String::new())
+    };
+    let ended = format!(
+        "    {name}: {status} in {:.0?} (at {:.0?})",
+        started.elapsed(),
+        XTASK_STARTED.elapsed()
+    );
+    if CAPTURED.get() {
+        // One write, under stderr's lock: this step's header, what it printed and how it ended.
+        eprint!(
+            "==> {name}\n{output}{}{ended}\n",
+            if output.ends_with('\n') || output.is_empty() {
+                ""
+            } else {
+                "\n"
+            }
+        );
+    } else {
+        eprintln!("{ended}");
+    }
     if !status.success() {
         bail!("{name} failed ({status}): {cmd:?}");
     }
     Ok(())
 }
 
+/// Runs `jobs`, at most `width` at a time, each on a thread of its own whose steps print in one piece
+/// ([`CAPTURED`]); every job runs even if another fails, and the failures are returned together. For the
+/// parts of CI that wait on subprocesses one core at a time (pytest, mypy): two at once on a
+/// two-core machine take about half the time.
+fn concurrently<'a>(
+    width: usize,
+    jobs: Vec<Box<dyn FnOnce() -> Result<()> + Send + 'a>>,
+) -> Result<()> {
+    let queue = std::sync::Mutex::new(jobs.into_iter().collect::<std::collections::VecDeque<_>>());
+    let failures = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..width.max(1) {
+            scope.spawn(|| {
+                CAPTURED.set(true);
+                loop {
+                    let Some(job) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+                    else {
+                        break;
+                    };
+                    if let Err(e) = job() {
+                        eprintln!("==> failed: {e:#}");
+                        failures.lock().unwrap_or_else(|e| e.into_inner()).push(e);
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
+    if failures.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{}",
+        failures
+            .iter()
+            .map(|e| format!("{e:#}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    )
+}
+
 fn ci() -> Result<()> {
-    let started = Instant::now();
+    let started = *XTASK_STARTED; // started in main
     step("fmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
     eprintln!("==> tidy");
     tidy::tidy()?;
@@ -118,14 +202,14 @@ fn ci() -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     let tools = bootstrap_tools()?;
-    step(
-        "test",
-        cargo()
-            .args(["test", "--workspace", "--no-fail-fast"])
-            .env("RUNPYTHON_TOOLS_BIN", &tools),
-    )?;
-    let wheel = pypkg::ci(&tools)?;
-    integrations::ci(&tools, Some(&wheel))?;
+    suites::workspace(&tools)?;
+    // The Python package's checks and each framework's, two at a time: each is pytest and mypy in a
+    // venv of its own, mostly one core's work.
+    let wheel = pypkg::ci_wheel(&tools)?;
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<()> + Send + '_>> =
+        vec![Box::new(|| pypkg::checks(&tools, &wheel))];
+    jobs.extend(integrations::jobs(&tools, &wheel));
+    concurrently(2, jobs)?;
     // The interpreter pool must not change what holds: the hostile suite again with every run served
     // by a pooled interpreter, once with the pool off, and once with every run forked from a template
     // (`require`: a run that could be forked and was not is an error, not a silent fresh start).
@@ -313,7 +397,21 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         .iter()
         .map(|s| (s, None))
         .chain(forked.map(|s| (s, Some("RUNPYTHON_TEMPLATES=require"))));
-    let result = passes.into_iter().try_for_each(|(suite, extra)| {
+    // Two at a time, as `cargo xtask test` runs them (`suites.rs`); the template suite, which times a
+    // burst, alone after.
+    let alone = |s: &Path| {
+        s.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("templates-"))
+    };
+    let (last, mut first): (Vec<_>, Vec<_>) = passes.partition(|(s, _)| alone(s));
+    // The pool's suite, the longest (~20 s), first, so it is not left to run by itself at the end.
+    first.sort_by_key(|(s, _)| {
+        !s.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("pool-"))
+    });
+    let one = |(suite, extra): (&PathBuf, Option<&str>)| {
         let name = suite
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
@@ -344,7 +442,12 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
                 .arg(suite)
                 .current_dir(&home),
         )
-    });
+    };
+    let jobs = first
+        .into_iter()
+        .map(|pass| Box::new(move || one(pass)) as Box<dyn FnOnce() -> Result<()> + Send + '_>)
+        .collect();
+    let result = concurrently(2, jobs).and_then(|()| last.into_iter().try_for_each(one));
     let _ = std::fs::remove_dir_all(&home);
     result
 }

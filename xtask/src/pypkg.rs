@@ -120,14 +120,25 @@ pub(crate) fn fresh_venv(
     Ok(python)
 }
 
-/// CI: the wheel, a fresh venv, pytest, mypy on the examples against the stubs, stubtest. Returns the
-/// wheel, which the integrations' step installs too.
+/// `cargo xtask py`: the wheel, a fresh venv, pytest, mypy on the examples against the stubs,
+/// stubtest. Returns the wheel.
 pub(crate) fn ci(tools_bin: &Path) -> Result<PathBuf> {
-    let wheel = build_wheel(tools_bin, false, &root().join("target/wheels/ci"))?;
+    let wheel = ci_wheel(tools_bin)?;
+    checks(tools_bin, &wheel)?;
+    Ok(wheel)
+}
+
+/// The wheel CI tests (a debug build, in `target/wheels/ci`).
+pub(crate) fn ci_wheel(tools_bin: &Path) -> Result<PathBuf> {
+    build_wheel(tools_bin, false, &root().join("target/wheels/ci"))
+}
+
+/// The package's checks against `wheel`: a fresh venv, pytest, mypy on the examples, stubtest.
+pub(crate) fn checks(tools_bin: &Path, wheel: &Path) -> Result<()> {
     let python = fresh_venv(
         tools_bin,
         &root().join("target/py-test-venv"),
-        &wheel,
+        wheel,
         None,
         TEST_PACKAGES,
     )?;
@@ -159,8 +170,7 @@ pub(crate) fn ci(tools_bin: &Path) -> Result<PathBuf> {
             .arg("--allowlist")
             .arg(dir.join("stubtest/allowlist.txt"))
             .current_dir(std::env::temp_dir()),
-    )?;
-    Ok(wheel)
+    )
 }
 
 /// For `cargo xtask bench`: a release wheel in `target/py-bench-venv`; returns the venv's python,
