@@ -161,10 +161,7 @@ pub(crate) fn pass_ratio() -> Result<f64> {
 }
 
 fn run_passes(options: &Options, exclusions: &compare::Exclusions) -> Result<Comparison> {
-    crate::step(
-        "build cli",
-        crate::cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
-    )?;
+    crate::build_cli()?;
     let setup = Setup::new()?;
     let passes = setup.available(&options.passes);
     if !passes.contains(&Pass::Plain) {

@@ -55,10 +55,7 @@ fn main() -> Result<()> {
         Some("py") => pypkg::ci(&bootstrap_tools()?).map(drop),
         Some("integrations") => integrations::ci(&bootstrap_tools()?, None),
         Some("docs") => {
-            step(
-                "build cli",
-                cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
-            )?;
+            build_cli()?;
             docs::check(&bootstrap_tools()?)
         }
         Some("unprivileged") => unprivileged_suites(&bootstrap_tools()?),
@@ -82,6 +79,15 @@ fn root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// `target/debug/runpython`, built with the workspace's features: after the test step, which built
+/// it the same way, this is a no-op (`-p runpython-cli` alone would unify other features and rebuild).
+fn build_cli() -> Result<()> {
+    step(
+        "build cli",
+        cargo().args(["build", "--workspace", "--bin", "runpython"]),
+    )
 }
 
 fn cargo() -> Command {
@@ -143,8 +149,8 @@ fn ci() -> Result<()> {
             cargo()
                 .args([
                     "test",
-                    "-p",
-                    "runpython-tests",
+                    // The workspace's features, so the suites built for the test step are reused.
+                    "--workspace",
                     "--test",
                     "hostile",
                     "--test",
@@ -159,18 +165,12 @@ fn ci() -> Result<()> {
     unprivileged_suites(&tools)?;
     eprintln!("==> compat: CPython's regression tests inside runs and in a plain process");
     compat::ci()?;
-    step(
-        "build cli",
-        cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
-    )?;
+    build_cli()?;
     eprintln!("==> docs: every block of README.md and docs/");
     docs::check(&tools)?;
     let shared = root().join("../shared/acceptance/run_cases.py");
     if shared.exists() {
-        step(
-            "build cli",
-            cargo().args(["build", "-p", "runpython-cli", "--bin", "runpython"]),
-        )?;
+        build_cli()?;
         step(
             "shared acceptance cases",
             Command::new(python3()?)
@@ -225,12 +225,9 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
             "test",
             "--no-run",
             "--message-format=json",
-            "-p",
-            "runpython-tests",
-            "-p",
-            "runpython-cli",
-            "-p",
-            "runpython-sandbox",
+            // The workspace's features, so the suites built for the test step are reused: a subset
+            // of packages unifies other features and rebuilds the engine and its dependencies.
+            "--workspace",
         ])
         .args([
             "--test",
