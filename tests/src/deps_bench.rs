@@ -98,7 +98,10 @@ pub async fn warm_ratio_pooled(
 ) -> Result<(), Box<dyn std::error::Error>> {
     use std::time::Duration;
     let with_numpy = "import numpy\nnumpy.__version__";
-    let (plain_engine, numpy_engine) = (pooled(Vec::new())?, pooled(vec!["numpy".into()])?);
+    let (plain_engine, numpy_engine) = (
+        pool_engine(Vec::new(), false)?,
+        pool_engine(vec!["numpy".into()], false)?,
+    );
     numpy_engine.run(with_numpy).await?;
     plain_engine.run("1+1").await?;
     let refill = Duration::from_secs_f64((3.0 * numpy_import_ms).max(300.0) / 1e3);
@@ -126,9 +129,13 @@ pub async fn warm_ratio_pooled(
     Ok(())
 }
 
-/// An engine whose pool keeps one interpreter ready ahead of its run (started again after each run),
-/// with `warm` imported: what the bench's pooled figures run on.
-pub fn pooled(warm: Vec<String>) -> Result<runpython_core::RunPython, runpython_core::Error> {
+/// An engine with a pool of one, `warm` imported, for the bench's figures: with `from_templates`, its
+/// runs are forked from a template of that interpreter; else the pool keeps one interpreter ready
+/// ahead of each run (started again after it).
+pub fn pool_engine(
+    warm: Vec<String>,
+    from_templates: bool,
+) -> Result<runpython_core::RunPython, runpython_core::Error> {
     use runpython_core::{PoolConfig, RunPython};
     use std::time::Duration;
     RunPython::builder()
@@ -137,8 +144,8 @@ pub fn pooled(warm: Vec<String>) -> Result<runpython_core::RunPython, runpython_
             size: 1,
             idle: Duration::from_secs(600),
             warm_imports: warm,
-            prestart: true,
-            templates: false,
+            prestart: !from_templates,
+            templates: from_templates,
         })
         .build()
 }

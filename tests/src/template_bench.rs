@@ -63,19 +63,7 @@ pub async fn trivial_figures(
     python: &std::path::Path,
     rounds: usize,
 ) -> Result<RunPython, BoxError> {
-    let template = |warm: Vec<String>| {
-        RunPython::builder()
-            .timeout(Duration::from_secs(120))
-            .pool(PoolConfig {
-                size: 1,
-                idle: Duration::from_secs(600),
-                warm_imports: warm,
-                prestart: false,
-                templates: true,
-            })
-            .build()
-    };
-    let forked = template(Vec::new())?;
+    let forked = crate::deps_bench::pool_engine(Vec::new(), true)?;
     let e = forked.run("1+1").await?;
     if e.isolation.as_ref().map(|i| i.start.as_str()) != Some("template") {
         return Err(format!(

@@ -220,56 +220,40 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
     else {
         bail!("{NAME}: `setpriv` (util-linux) is needed to drop root; install util-linux");
     };
-    let built = cargo()
-        .args([
-            "test",
-            "--no-run",
-            "--message-format=json",
-            // The workspace's features, so the suites built for the test step are reused: a subset
-            // of packages unifies other features and rebuilds the engine and its dependencies.
-            "--workspace",
-        ])
-        .args([
-            "--test",
-            "hostile_install",
-            "--test",
-            "hostile",
-            "--test",
-            "boundary",
-            "--test",
-            "run",
-            "--test",
-            "pool",
-            "--test",
-            "templates",
-            "--test",
-            "egress",
-            "--test",
-            "egress_hostile",
-            "--test",
-            "egress_handover",
-            "--test",
-            "secrets",
-            "--test",
-            "fork_checks",
-            "--test",
-            "compat",
-            // The sandbox's own: `Command` driven directly.
-            "--test",
-            "command",
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("cannot build the suites")?;
-    if !built.status.success() {
-        bail!("{NAME}: building the suites failed ({})", built.status);
-    }
-    let suites: Vec<PathBuf> = String::from_utf8_lossy(&built.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .collect();
+    // Built with the workspace's features, so the test step's executables are reused.
+    let suites: Vec<PathBuf> = suites::build(&[
+        "--test",
+        "hostile_install",
+        "--test",
+        "hostile",
+        "--test",
+        "boundary",
+        "--test",
+        "run",
+        "--test",
+        "pool",
+        "--test",
+        "templates",
+        "--test",
+        "egress",
+        "--test",
+        "egress_hostile",
+        "--test",
+        "egress_handover",
+        "--test",
+        "secrets",
+        "--test",
+        "fork_checks",
+        "--test",
+        "compat",
+        // The sandbox's own: `Command` driven directly.
+        "--test",
+        "command",
+    ])
+    .with_context(|| format!("{NAME}: building the suites"))?
+    .into_iter()
+    .map(|s| s.executable)
+    .collect();
     // Both packages have an `egress` suite (the engine's and the CLI's), so thirteen names build
     // fourteen.
     if suites.len() != 14 {

@@ -20,6 +20,9 @@ thread_local! {
 pub(crate) fn step(name: &str, cmd: &mut Command) -> Result<()> {
     let started = Instant::now();
     let (status, output) = if CAPTURED.get() {
+        // One line now, so a step that never ends is still named in the log; the rest when it ends:
+        // what it printed on stdout, then on stderr.
+        eprintln!("--> {name}: started (at {:.0?})", XTASK_STARTED.elapsed());
         let out = cmd
             .output()
             .with_context(|| format!("cannot start {cmd:?}"))?;

@@ -36,10 +36,10 @@ const LONGEST_FIRST: &[&str] = &[
 ];
 
 /// One test executable `cargo test --no-run` built.
-struct Suite {
+pub(crate) struct Suite {
     /// The target's name (`hostile`, `runpython_core` for a library's unit tests).
     name: String,
-    executable: PathBuf,
+    pub(crate) executable: PathBuf,
     /// The package's directory: where `cargo test` runs it, and its `CARGO_MANIFEST_DIR`.
     package_dir: PathBuf,
 }
@@ -48,20 +48,7 @@ struct Suite {
 /// --no-fail-fast` would, two at a time; `tools` is passed on as `RUNPYTHON_TOOLS_BIN`.
 pub(crate) fn workspace(tools: &Path) -> Result<()> {
     eprintln!("==> test: build");
-    let built = cargo()
-        .args([
-            "test",
-            "--workspace",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("cannot start cargo test --no-run")?;
-    if !built.status.success() {
-        bail!("building the tests failed ({})", built.status);
-    }
-    let mut suites = parse(&String::from_utf8_lossy(&built.stdout))?;
+    let mut suites = build(&[])?;
     let rank = |s: &Suite| {
         LONGEST_FIRST
             .iter()
@@ -105,6 +92,27 @@ pub(crate) fn workspace(tools: &Path) -> Result<()> {
         bail!("test failures:\n{}", failed.join("\n"));
     }
     Ok(())
+}
+
+/// `cargo test --workspace --no-run` with `selection` (`--test NAME`…; none: every test target) and
+/// the executables it built. Always the whole workspace's features: a subset of packages (`-p`)
+/// unifies other features and rebuilds the engine and its dependencies.
+pub(crate) fn build(selection: &[&str]) -> Result<Vec<Suite>> {
+    let built = cargo()
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .args(selection)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot start cargo test --no-run")?;
+    if !built.status.success() {
+        bail!("building the tests failed ({})", built.status);
+    }
+    parse(&String::from_utf8_lossy(&built.stdout))
 }
 
 fn run(suite: &Suite, tools: &Path) -> Result<()> {

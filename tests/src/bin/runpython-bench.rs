@@ -140,7 +140,7 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
 
     // Warm: runs served by interpreters the pool started ahead of time. Between runs the harness lets
     // the pool's background refill finish, so each measured run finds a ready interpreter.
-    let pool = runpython_tests::deps_bench::pooled;
+    let pool = |warm| runpython_tests::deps_bench::pool_engine(warm, false);
     let warm_engine = pool(Vec::new())?;
     warm_engine.run("1+1").await?;
     let (mut warm, mut floor2) = (Vec::new(), Vec::new());
