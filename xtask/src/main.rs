@@ -81,9 +81,13 @@ fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// `target/debug/runpython`, built with the workspace's features: after the test step, which built
-/// it the same way, this is a no-op (`-p runpython-cli` alone would unify other features and rebuild).
+/// `target/debug/runpython`, built with the workspace's features (`-p runpython-cli` alone would
+/// unify other features and rebuild). Nothing to do after a test build in this process, which made it.
 fn build_cli() -> Result<()> {
+    if suites::cli_built() {
+        eprintln!("==> build cli: made by the test build");
+        return Ok(());
+    }
     step(
         "build cli",
         cargo().args(["build", "--workspace", "--bin", "runpython"]),

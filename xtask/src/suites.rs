@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, Context, Result};
 
@@ -34,6 +35,17 @@ const LONGEST_FIRST: &[&str] = &[
     "context",
     "nested",
 ];
+
+/// Whether a test build in this process made the CLI's binary (`target/debug/runpython`). `cargo test`
+/// builds it with the dev-dependencies' features unified in; `cargo build --bin runpython` resolves
+/// without them and would rebuild the engine and a dozen dependencies (~40 s on a fresh clone) only to
+/// make the same program again.
+static CLI_BUILT: AtomicBool = AtomicBool::new(false);
+
+/// True once a test build in this process made `target/debug/runpython`.
+pub(crate) fn cli_built() -> bool {
+    CLI_BUILT.load(Ordering::Relaxed)
+}
 
 /// One test executable `cargo test --no-run` built.
 pub(crate) struct Suite {
@@ -112,7 +124,25 @@ pub(crate) fn build(selection: &[&str]) -> Result<Vec<Suite>> {
     if !built.status.success() {
         bail!("building the tests failed ({})", built.status);
     }
-    parse(&String::from_utf8_lossy(&built.stdout))
+    let messages = String::from_utf8_lossy(&built.stdout);
+    if names_the_cli(&messages) {
+        CLI_BUILT.store(true, Ordering::Relaxed);
+    }
+    parse(&messages)
+}
+
+/// Whether cargo's messages name the CLI's binary (the `runpython` bin target, not its tests).
+fn names_the_cli(messages: &str) -> bool {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .any(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["profile"]["test"] == false
+                && m["target"]["name"] == "runpython"
+                && m["target"]["kind"] == serde_json::json!(["bin"])
+                && m["executable"].is_string()
+        })
 }
 
 fn run(suite: &Suite, tools: &Path) -> Result<()> {
@@ -197,5 +227,15 @@ mod tests {
             ]
         );
         assert!(parse(r#"{"reason":"build-finished","success":false}"#).is_err());
+        assert!(!names_the_cli(messages));
+    }
+
+    #[test]
+    fn the_clis_binary_is_named_by_its_bin_artifact_only() {
+        let bin = r#"{"reason":"compiler-artifact","profile":{"test":false},"target":{"name":"runpython","kind":["bin"]},"executable":"/t/debug/runpython","manifest_path":"/w/crates/runpython-cli/Cargo.toml"}"#;
+        let its_tests = r#"{"reason":"compiler-artifact","profile":{"test":true},"target":{"name":"runpython","kind":["bin"]},"executable":"/t/debug/deps/runpython-3","manifest_path":"/w/crates/runpython-cli/Cargo.toml"}"#;
+        let a_library = r#"{"reason":"compiler-artifact","profile":{"test":false},"target":{"name":"runpython","kind":["cdylib"]},"executable":null,"manifest_path":"/w/crates/runpython-py/Cargo.toml"}"#;
+        assert!(names_the_cli(&format!("{its_tests}\n{bin}\n")));
+        assert!(!names_the_cli(&format!("{its_tests}\n{a_library}\n")));
     }
 }
