@@ -14,6 +14,7 @@ pub mod stats;
 pub mod store_bench;
 pub mod template_bench;
 pub mod tenant_bench;
+pub mod ways;
 pub mod world;
 
 use std::io::{Read, Write};

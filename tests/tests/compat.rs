@@ -7,39 +7,21 @@
 
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use runpython_core::{Envelope, Network, NetworkPolicy, PoolConfig, RunPython, Status};
+use runpython_core::{Envelope, Network, NetworkPolicy, RunPython, Status};
+use runpython_tests::ways::{CountingServer, Way};
 use serde_json::{json, Value};
 
-/// The ways a run is served.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Way {
-    Fresh,
-    Cell,
-    Forked,
-}
-
-const WAYS: [Way; 3] = [Way::Fresh, Way::Cell, Way::Forked];
-
 fn engine(network: Network, way: Way) -> RunPython {
-    let mut builder = RunPython::builder()
-        .timeout(Duration::from_secs(60))
-        .network(network);
-    if way == Way::Forked {
-        builder = builder.pool(PoolConfig {
-            size: 1,
-            idle: Duration::from_secs(300),
-            warm_imports: Vec::new(),
-            prestart: false,
-            templates: true,
-        });
-    }
-    builder.build().unwrap()
+    way.serve(
+        RunPython::builder()
+            .timeout(Duration::from_secs(60))
+            .network(network),
+    )
+    .build()
+    .unwrap()
 }
 
 /// Whether runs can be forked from a template here (prints why not: the forked checks then pass
@@ -55,10 +37,7 @@ fn forkable() -> bool {
 }
 
 async fn run(engine: &RunPython, way: Way, code: &str) -> Envelope {
-    let e = match way {
-        Way::Cell => engine.session().run(code).await.unwrap(),
-        _ => engine.run(code).await.unwrap(),
-    };
+    let e = way.run(engine, code).await.unwrap();
     assert_eq!(
         e.status,
         Status::Success,
@@ -75,7 +54,7 @@ async fn run(engine: &RunPython, way: Way, code: &str) -> Envelope {
 /// `code`'s value in every way a run is served (forked only where it can be).
 async fn everywhere(network: Network, code: &str) -> Vec<(Way, Value)> {
     let mut seen = Vec::new();
-    for way in WAYS {
+    for way in Way::ALL {
         if way == Way::Forked && !forkable() {
             continue;
         }
@@ -220,22 +199,6 @@ async fn the_runs_name_is_its_own_loopback_and_its_path_is_the_systems() {
     }
 }
 
-/// A loopback server of the host's that counts connections.
-fn host_server() -> (u16, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&seen);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            if stream.is_ok() {
-                counter.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    });
-    (port, seen)
-}
-
 fn reach_host(port: u16) -> String {
     format!(
         r#"import socket
@@ -255,7 +218,8 @@ mine = socket.create_connection(own.getsockname(), timeout=3)
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_hosts_loopback_is_out_of_reach_from_the_runs_own_whatever_the_network_mode() {
-    let (port, seen) = host_server();
+    let host = CountingServer::start(drop).unwrap();
+    let port = host.port;
     let public = Network::Policy(NetworkPolicy::public_internet());
     let report = engine(public.clone(), Way::Fresh)
         .isolation_report()
@@ -279,12 +243,7 @@ async fn the_hosts_loopback_is_out_of_reach_from_the_runs_own_whatever_the_netwo
             assert_eq!(own, "127.0.0.1", "{mode} {way:?}: its own loopback works");
         }
     }
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(
-        seen.load(Ordering::SeqCst),
-        0,
-        "a run reached the host's loopback"
-    );
+    assert_eq!(host.seen(), 0, "a run reached the host's loopback");
 }
 
 #[tokio::test(flavor = "multi_thread")]

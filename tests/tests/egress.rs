@@ -7,52 +7,26 @@
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use runpython_core::{Envelope, Network, NetworkPolicy, PoolConfig, RunPython, Status, Store};
+use runpython_core::{Envelope, Network, NetworkPolicy, RunPython, Status, Store};
+use runpython_tests::ways::{CountingServer, Way};
 use serde_json::{json, Value};
 
-/// A loopback server that answers every connection with a small HTTP response and counts them.
-struct Server {
-    port: u16,
-    seen: Arc<AtomicUsize>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&seen);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                counter.fetch_add(1, Ordering::SeqCst);
-                std::thread::spawn(move || {
-                    let mut buf = [0u8; 4096];
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                    let n = stream.read(&mut buf).unwrap_or(0);
-                    let body = format!("seen {n} bytes");
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                });
-            }
-        });
-        Server { port, seen }
-    }
-
-    fn seen(&self) -> usize {
-        // A connection the relay made is counted by the time the run's envelope is back; give a
-        // stray one a moment to show up before saying none came.
-        std::thread::sleep(Duration::from_millis(100));
-        self.seen.load(Ordering::SeqCst)
-    }
+/// A loopback server that answers every connection with a small HTTP response, counting them.
+fn server() -> CountingServer {
+    CountingServer::start(|mut stream| {
+        let mut buf = [0u8; 4096];
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let n = stream.read(&mut buf).unwrap_or(0);
+        let body = format!("seen {n} bytes");
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    })
+    .unwrap()
 }
 
 fn policy(public: bool, allow: &[String], resolve: &[(&str, &str)]) -> Network {
@@ -67,27 +41,12 @@ fn policy(public: bool, allow: &[String], resolve: &[(&str, &str)]) -> Network {
     })
 }
 
-/// The ways a run is served: a run of its own, a session cell, a run forked from a template.
-#[derive(Debug, Clone, Copy)]
-enum Way {
-    Fresh,
-    Cell,
-    Forked,
-}
-
 fn engine(network: Network, way: Way, store: Option<Store>) -> RunPython {
-    let mut builder = RunPython::builder()
-        .timeout(Duration::from_secs(30))
-        .network(network);
-    if let Way::Forked = way {
-        builder = builder.pool(PoolConfig {
-            size: 1,
-            idle: Duration::from_secs(300),
-            warm_imports: Vec::new(),
-            prestart: false,
-            templates: true,
-        });
-    }
+    let mut builder = way.serve(
+        RunPython::builder()
+            .timeout(Duration::from_secs(30))
+            .network(network),
+    );
     if let Some(store) = store {
         builder = builder.store(store);
     }
@@ -95,10 +54,7 @@ fn engine(network: Network, way: Way, store: Option<Store>) -> RunPython {
 }
 
 async fn run(engine: &RunPython, way: Way, code: &str) -> Envelope {
-    let e = match way {
-        Way::Cell => engine.session().run(code).await.unwrap(),
-        _ => engine.run(code).await.unwrap(),
-    };
+    let e = way.run(engine, code).await.unwrap();
     assert_eq!(e.status, Status::Success, "{way:?}: {:?}", e.error);
     if let Way::Forked = way {
         let start = &e.isolation.as_ref().unwrap().start;
@@ -160,15 +116,13 @@ fn outcomes(e: &Envelope) -> Vec<(String, String, f64)> {
         .collect()
 }
 
-const WAYS: [Way; 3] = [Way::Fresh, Way::Cell, Way::Forked];
-
 #[tokio::test(flavor = "multi_thread")]
 async fn allowed_names_and_ports_are_reached_and_nothing_else_is() {
     if !enforced() {
         return;
     }
-    for way in WAYS {
-        let (allowed, other) = (Server::start(), Server::start());
+    for way in Way::ALL {
+        let (allowed, other) = (server(), server());
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&format!("file://{}", dir.path().display())).unwrap();
         let engine = engine(
@@ -280,9 +234,9 @@ async fn the_public_internet_never_reaches_a_loopback_server_under_any_spelling(
     if !enforced() {
         return;
     }
-    let server = Server::start();
+    let server = server();
     let port = server.port;
-    for way in WAYS {
+    for way in Way::ALL {
         // A name pinned to loopback is no way in either: its answer is withheld.
         let engine = engine(
             policy(true, &[], &[("sneaky.test", "127.0.0.1")]),
@@ -318,8 +272,8 @@ async fn naming_one_loopback_port_opens_that_port_alone() {
     if !enforced() {
         return;
     }
-    for way in WAYS {
-        let (named, beside) = (Server::start(), Server::start());
+    for way in Way::ALL {
+        let (named, beside) = (server(), server());
         let engine = engine(
             policy(false, &[format!("127.0.0.1:{}", named.port)], &[]),
             way,
@@ -343,7 +297,7 @@ async fn udp_leaves_a_run_only_as_its_name_lookups() {
     if !enforced() {
         return;
     }
-    let udp = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let udp = std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0)).unwrap();
     udp.set_read_timeout(Some(Duration::from_millis(300)))
         .unwrap();
     let port = udp.local_addr().unwrap().port();
@@ -383,7 +337,7 @@ async fn a_call_can_narrow_the_engines_network_and_never_widen_it() {
     if !enforced() {
         return;
     }
-    let (one, two) = (Server::start(), Server::start());
+    let (one, two) = (server(), server());
     let engine = engine(
         policy(
             false,
@@ -414,7 +368,7 @@ async fn a_call_can_narrow_the_engines_network_and_never_widen_it() {
     assert!(got[1].1.contains("allow_hosts"), "{got:?}");
     assert_eq!((one.seen(), two.seen()), (1, 0));
     // Asking for more than the engine allows gets nothing more.
-    let third = Server::start();
+    let third = server();
     let wider = engine
         .run(
             runpython_core::RunRequest::new(attempts(&[("127.0.0.1", third.port)]))
@@ -456,7 +410,7 @@ async fn a_run_reaches_its_own_loopback_servers_and_is_refused_where_it_listens_
         return;
     }
     // A port of the host's loopback, on which the run itself listens on nothing.
-    let host = Server::start();
+    let host = server();
     let code = format!(
         r#"
 import socket, threading
@@ -484,7 +438,7 @@ for address in ["127.0.0.1", "127.1", "2130706433", "0.0.0.0", "::1", "::ffff:12
 "#,
         port = host.port
     );
-    for way in WAYS {
+    for way in Way::ALL {
         for public in [false, true] {
             let network = policy(public, &["api.test:443".into()], &[]);
             let e = run(&engine(network, way, None), way, &code).await;

@@ -11,59 +11,25 @@
 #![allow(clippy::unwrap_used)] // a test fails loudly where it unwraps
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use runpython_core::{Envelope, Network, NetworkPolicy, PoolConfig, RunPython, Sandbox, Status};
+use runpython_core::{Envelope, Network, NetworkPolicy, RunPython, Sandbox, Status};
+use runpython_tests::ways::{CountingServer, Way};
 use serde_json::json;
 
-/// A loopback server that echoes what each connection sends and counts connections.
-struct Echo {
-    port: u16,
-    seen: Arc<AtomicUsize>,
-}
-
-impl Echo {
-    fn start() -> Echo {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let seen = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&seen);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                counter.fetch_add(1, Ordering::SeqCst);
-                std::thread::spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(20)));
-                    let mut buf = [0u8; 65536];
-                    while let Ok(n) = stream.read(&mut buf) {
-                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                });
+/// A loopback server that echoes what each connection sends, counting connections.
+fn echo() -> CountingServer {
+    CountingServer::start(|mut stream| {
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(20)));
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                break;
             }
-        });
-        Echo { port, seen }
-    }
-
-    /// Connections it saw (a stray one is given a moment to show up before none is believed).
-    fn seen(&self) -> usize {
-        std::thread::sleep(Duration::from_millis(100));
-        self.seen.load(Ordering::SeqCst)
-    }
+        }
+    })
+    .unwrap()
 }
-
-#[derive(Debug, Clone, Copy)]
-enum Way {
-    Fresh,
-    Cell,
-    Forked,
-}
-
-const WAYS: [Way; 3] = [Way::Fresh, Way::Cell, Way::Forked];
 
 fn engine(allowed: u16, way: Way) -> RunPython {
     engine_with(allowed, way, Sandbox::default())
@@ -74,27 +40,18 @@ fn engine_with(allowed: u16, way: Way, sandbox: Sandbox) -> RunPython {
         allow: vec![format!("127.0.0.1:{allowed}").parse().unwrap()],
         ..NetworkPolicy::default()
     });
-    let mut builder = RunPython::builder()
-        .timeout(Duration::from_secs(60))
-        .sandbox(sandbox)
-        .network(network);
-    if let Way::Forked = way {
-        builder = builder.pool(PoolConfig {
-            size: 1,
-            idle: Duration::from_secs(300),
-            warm_imports: Vec::new(),
-            prestart: false,
-            templates: true,
-        });
-    }
-    builder.build().unwrap()
+    way.serve(
+        RunPython::builder()
+            .timeout(Duration::from_secs(60))
+            .sandbox(sandbox)
+            .network(network),
+    )
+    .build()
+    .unwrap()
 }
 
 async fn run(engine: &RunPython, way: Way, code: &str) -> Envelope {
-    let e = match way {
-        Way::Cell => engine.session().run(code).await.unwrap(),
-        _ => engine.run(code).await.unwrap(),
-    };
+    let e = way.run(engine, code).await.unwrap();
     assert_eq!(
         e.status,
         Status::Success,
@@ -138,7 +95,7 @@ async fn an_allowed_connection_is_the_kernels_own_with_its_peer_options_and_coun
     if !handed_over_here() {
         return;
     }
-    let echo = Echo::start();
+    let echo = echo();
     let code = format!(
         r#"
 import asyncio, os, socket
@@ -183,7 +140,7 @@ seen
 "#,
         port = echo.port
     );
-    for way in WAYS {
+    for way in Way::ALL {
         let e = run(&engine(echo.port, way), way, &code).await;
         let v = &e.return_value;
         assert_eq!(v["peer"], json!(["127.0.0.1", echo.port]), "{way:?}: {v}");
@@ -215,7 +172,7 @@ async fn a_handed_socket_carries_its_connection_and_nothing_else() {
     if !handed_over_here() {
         return;
     }
-    let (allowed, other) = (Echo::start(), Echo::start());
+    let (allowed, other) = (echo(), echo());
     let code = format!(
         r#"
 import array, ctypes, errno, fcntl, socket, struct
@@ -266,7 +223,7 @@ out
         other = other.port,
         host_interfaces = serde_json::to_string(&host_interfaces()).unwrap(),
     );
-    for way in WAYS {
+    for way in Way::ALL {
         let e = run(&engine(allowed.port, way), way, &code).await;
         let v = &e.return_value;
         assert_eq!(
@@ -308,7 +265,7 @@ async fn an_address_changed_while_the_host_reads_it_reaches_nothing() {
     if !handed_over_here() {
         return;
     }
-    let (allowed, other) = (Echo::start(), Echo::start());
+    let (allowed, other) = (echo(), echo());
     // Two threads flip one address between a Unix path (the kernel's own connect) and the other
     // server's (or `AF_UNSPEC`), while two more connect with it over and over, on fresh sockets and
     // on a socket the host handed over (swapped into the descriptor meanwhile): whatever the host
@@ -348,7 +305,7 @@ for t in threads: t.join()
         allowed = allowed.port,
         other = other.port,
     );
-    for way in WAYS {
+    for way in Way::ALL {
         let e = run(&engine(allowed.port, way), way, &code).await;
         assert_eq!(e.return_value, json!("done"), "{way:?}: {}", e.stderr);
     }
@@ -361,7 +318,7 @@ async fn another_architectures_connect_kills_the_process() {
     if !handed_over_here() {
         return;
     }
-    let (allowed, other) = (Echo::start(), Echo::start());
+    let (allowed, other) = (echo(), echo());
     // socketcall(SYS_CONNECT, [fd, addr, len]) through the i386 entry (`int 0x80`), pointers below
     // 4 GiB: the notifier's filter sees another architecture and kills the process.
     let code = format!(
@@ -387,7 +344,7 @@ done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=T
 "#,
         other = other.port,
     );
-    for way in WAYS {
+    for way in Way::ALL {
         let e = run(&engine(allowed.port, way), way, &code).await;
         // Killed before the call returned: SIGSYS (31), or SIGSEGV (11) where the kernel has no i386
         // entry at all.
@@ -406,7 +363,7 @@ async fn closed_handed_connections_free_their_places() {
     if !handed_over_here() {
         return;
     }
-    let echo = Echo::start();
+    let echo = echo();
     // More than a run may hold at once (256), one after another: each closed one frees its place.
     let code = format!(
         r#"
@@ -438,7 +395,7 @@ async fn without_the_guard_connections_are_relayed_and_reach_only_what_is_allowe
     if !handed_over_here() {
         return;
     }
-    let (allowed, other) = (Echo::start(), Echo::start());
+    let (allowed, other) = (echo(), echo());
     let code = format!(
         r#"
 import socket, threading
@@ -475,7 +432,7 @@ except PermissionError as e:
         landlock: false,
         ..Sandbox::default()
     };
-    for way in WAYS {
+    for way in Way::ALL {
         let e = run(
             &engine_with(allowed.port, way, unguarded.clone()),
             way,

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use runpython_core::{Error, PoolConfig, RunPython, RunRequest, Status, Store};
+use runpython_core::{Error, RunPython, RunRequest, Status, Store};
+use runpython_tests::ways::forking_pool;
 use serde_json::json;
 
 const CSV: &[u8] = b"name,age\nada,36\nalan,41\n";
@@ -23,13 +24,7 @@ except OSError:
 fn engine(store: Option<Store>, forked: bool) -> RunPython {
     let mut builder = RunPython::builder().timeout(Duration::from_secs(30));
     if forked {
-        builder = builder.pool(PoolConfig {
-            size: 1,
-            idle: Duration::from_secs(300),
-            warm_imports: Vec::new(),
-            prestart: false,
-            templates: true,
-        });
+        builder = builder.pool(forking_pool());
     }
     if let Some(store) = store {
         builder = builder.store(store);

@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use runpython_core::{
-    Envelope, Network, NetworkPolicy, PoolConfig, RunPython, RunRequest, Secret, Status, Store,
+    Envelope, Network, NetworkPolicy, RunPython, RunRequest, Secret, Status, Store,
 };
 use runpython_tests::recorder::{Recorder, TestCa};
+use runpython_tests::ways::Way;
 use serde_json::{json, Value};
 
 /// A value no run could guess, and long like a real key.
@@ -21,13 +22,6 @@ fn value() -> String {
         "sk-test-{}",
         bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
     )
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Way {
-    Fresh,
-    Cell,
-    Forked,
 }
 
 struct Setup {
@@ -72,20 +66,13 @@ impl Setup {
             vec!["api.test".parse().unwrap()],
         );
         secret.over_http = over_http;
-        let mut builder = RunPython::builder()
-            .timeout(Duration::from_secs(60))
-            .network(network)
-            .secret(secret)
-            .upstream_ca(self.ca.ca_pem.clone().into_bytes());
-        if let Way::Forked = way {
-            builder = builder.pool(PoolConfig {
-                size: 1,
-                idle: Duration::from_secs(300),
-                warm_imports: Vec::new(),
-                prestart: false,
-                templates: true,
-            });
-        }
+        let mut builder = way.serve(
+            RunPython::builder()
+                .timeout(Duration::from_secs(60))
+                .network(network)
+                .secret(secret)
+                .upstream_ca(self.ca.ca_pem.clone().into_bytes()),
+        );
         if let Some(store) = store {
             builder = builder.store(store);
         }
