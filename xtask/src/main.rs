@@ -151,17 +151,9 @@ fn ci() -> Result<()> {
         step(
             name,
             cargo()
-                .args([
-                    "test",
-                    // The workspace's features, so the suites built for the test step are reused.
-                    "--workspace",
-                    "--test",
-                    "hostile",
-                    "--test",
-                    "boundary",
-                    "--test",
-                    "run",
-                ])
+                // The workspace's features, so the suites built for the test step are reused.
+                .args(["test", "--workspace"])
+                .args(suites::selection(HOSTILE))
                 .env("RUNPYTHON_TOOLS_BIN", &tools)
                 .env(var, value),
         )?;
@@ -201,6 +193,24 @@ fn ci() -> Result<()> {
     Ok(())
 }
 
+/// The suites `ci` runs again with the pool prestarting, off, and every run forked from a template,
+/// and as an unprivileged user.
+const HOSTILE: &[&str] = &["hostile", "boundary", "run"];
+
+/// The other suites `ci` runs again as an unprivileged user (besides `hostile_install` and [`HOSTILE`]).
+const OTHER_UNPRIVILEGED: &[&str] = &[
+    "pool",
+    "templates",
+    "egress",
+    "egress_hostile",
+    "egress_handover",
+    "secrets",
+    "fork_checks",
+    "compat",
+    // The sandbox's own: `Command` driven directly.
+    "command",
+];
+
 /// The uid the sandbox suites run as when CI runs as root: no real user's, below the range the sandbox
 /// gives runs (`0x4000_0000` and up).
 const UNPRIVILEGED_UID: u32 = 0x3000_0000;
@@ -225,39 +235,16 @@ fn unprivileged_suites(tools: &Path) -> Result<()> {
         bail!("{NAME}: `setpriv` (util-linux) is needed to drop root; install util-linux");
     };
     // Built with the workspace's features, so the test step's executables are reused.
-    let suites: Vec<PathBuf> = suites::build(&[
-        "--test",
-        "hostile_install",
-        "--test",
-        "hostile",
-        "--test",
-        "boundary",
-        "--test",
-        "run",
-        "--test",
-        "pool",
-        "--test",
-        "templates",
-        "--test",
-        "egress",
-        "--test",
-        "egress_hostile",
-        "--test",
-        "egress_handover",
-        "--test",
-        "secrets",
-        "--test",
-        "fork_checks",
-        "--test",
-        "compat",
-        // The sandbox's own: `Command` driven directly.
-        "--test",
-        "command",
-    ])
-    .with_context(|| format!("{NAME}: building the suites"))?
-    .into_iter()
-    .map(|s| s.executable)
-    .collect();
+    let names: Vec<&str> = ["hostile_install"]
+        .into_iter()
+        .chain(HOSTILE.iter().copied())
+        .chain(OTHER_UNPRIVILEGED.iter().copied())
+        .collect();
+    let suites: Vec<PathBuf> = suites::build(&suites::selection(&names))
+        .with_context(|| format!("{NAME}: building the suites"))?
+        .into_iter()
+        .map(|s| s.executable)
+        .collect();
     // Both packages have an `egress` suite (the engine's and the CLI's), so thirteen names build
     // fourteen.
     if suites.len() != 14 {

@@ -124,25 +124,35 @@ pub(crate) fn build(selection: &[&str]) -> Result<Vec<Suite>> {
     if !built.status.success() {
         bail!("building the tests failed ({})", built.status);
     }
-    let messages = String::from_utf8_lossy(&built.stdout);
-    if names_the_cli(&messages) {
+    let artifacts = artifacts(&String::from_utf8_lossy(&built.stdout));
+    if names_the_cli(&artifacts) {
         CLI_BUILT.store(true, Ordering::Relaxed);
     }
-    parse(&messages)
+    parse(&artifacts)
 }
 
-/// Whether cargo's messages name the CLI's binary (the `runpython` bin target, not its tests).
-fn names_the_cli(messages: &str) -> bool {
+/// `--test NAME` for each of `names`: a selection for [`build`] or `cargo test`.
+pub(crate) fn selection<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    names.iter().flat_map(|name| ["--test", name]).collect()
+}
+
+/// The `compiler-artifact` messages of `cargo --message-format=json`'s output.
+fn artifacts(messages: &str) -> Vec<serde_json::Value> {
     messages
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .any(|m| {
-            m["reason"] == "compiler-artifact"
-                && m["profile"]["test"] == false
-                && m["target"]["name"] == "runpython"
-                && m["target"]["kind"] == serde_json::json!(["bin"])
-                && m["executable"].is_string()
-        })
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .collect()
+}
+
+/// Whether the artifacts name the CLI's binary (the `runpython` bin target, not its tests).
+fn names_the_cli(artifacts: &[serde_json::Value]) -> bool {
+    artifacts.iter().any(|m| {
+        m["profile"]["test"] == false
+            && m["target"]["name"] == "runpython"
+            && m["target"]["kind"] == serde_json::json!(["bin"])
+            && m["executable"].is_string()
+    })
 }
 
 fn run(suite: &Suite, tools: &Path) -> Result<()> {
@@ -162,12 +172,11 @@ fn run(suite: &Suite, tools: &Path) -> Result<()> {
     )
 }
 
-/// The test executables in `cargo test --no-run --message-format=json`'s output.
-fn parse(messages: &str) -> Result<Vec<Suite>> {
-    let suites: Vec<Suite> = messages
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
+/// The test executables among `cargo test --no-run --message-format=json`'s artifacts.
+fn parse(artifacts: &[serde_json::Value]) -> Result<Vec<Suite>> {
+    let suites: Vec<Suite> = artifacts
+        .iter()
+        .filter(|m| m["profile"]["test"] == true)
         .filter_map(|m| {
             Some(Suite {
                 name: m["target"]["name"].as_str()?.replace('-', "_"),
@@ -200,7 +209,7 @@ mod tests {
             r#"{"reason":"build-finished","success":true}"#,
             "\nnot json\n"
         );
-        let suites = parse(messages).unwrap();
+        let suites = parse(&artifacts(messages)).unwrap();
         let got: Vec<(&str, &Path, &Path)> = suites
             .iter()
             .map(|s| {
@@ -226,8 +235,8 @@ mod tests {
                 ),
             ]
         );
-        assert!(parse(r#"{"reason":"build-finished","success":false}"#).is_err());
-        assert!(!names_the_cli(messages));
+        assert!(parse(&artifacts(r#"{"reason":"build-finished","success":false}"#)).is_err());
+        assert!(!names_the_cli(&artifacts(messages)));
     }
 
     #[test]
@@ -235,7 +244,13 @@ mod tests {
         let bin = r#"{"reason":"compiler-artifact","profile":{"test":false},"target":{"name":"runpython","kind":["bin"]},"executable":"/t/debug/runpython","manifest_path":"/w/crates/runpython-cli/Cargo.toml"}"#;
         let its_tests = r#"{"reason":"compiler-artifact","profile":{"test":true},"target":{"name":"runpython","kind":["bin"]},"executable":"/t/debug/deps/runpython-3","manifest_path":"/w/crates/runpython-cli/Cargo.toml"}"#;
         let a_library = r#"{"reason":"compiler-artifact","profile":{"test":false},"target":{"name":"runpython","kind":["cdylib"]},"executable":null,"manifest_path":"/w/crates/runpython-py/Cargo.toml"}"#;
-        assert!(names_the_cli(&format!("{its_tests}\n{bin}\n")));
-        assert!(!names_the_cli(&format!("{its_tests}\n{a_library}\n")));
+        assert!(names_the_cli(&artifacts(&format!("{its_tests}\n{bin}\n"))));
+        assert!(!names_the_cli(&artifacts(&format!(
+            "{its_tests}\n{a_library}\n"
+        ))));
+        assert_eq!(
+            selection(&["hostile", "run"]),
+            ["--test", "hostile", "--test", "run"]
+        );
     }
 }
