@@ -85,6 +85,11 @@ fn main() -> ExitCode {
             Command::Runs { json, store } => commands::runs(json, store).await,
         }
     });
+    // The runs' cgroups are removed by a thread of this process: it finishes before the exit, so a
+    // one-shot command leaves none behind. Bounded: a cgroup that will not empty is the next
+    // host's sweep's, not a hang.
+    drop(runtime);
+    runpython_core::settle_cgroups(std::time::Duration::from_secs(2));
     exit_status(outcome)
 }
 

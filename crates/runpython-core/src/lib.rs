@@ -100,7 +100,9 @@ pub use runpython_egress::{
     HostPattern, Network, NetworkPolicy, NetworkReport, Refusal, Sandbox, Secret,
 };
 pub use runpython_sandbox::Error as SandboxError;
-pub use runpython_sandbox::{code_identity, runtime_dir, CollectLimits, KernelReport};
+pub use runpython_sandbox::{
+    code_identity, runtime_dir, settle_cgroups, CollectLimits, KernelReport,
+};
 
 // ---- Dependencies ----
 /// What an implementer of an [`EnvProvider`] (an installer) needs (its `BoxFuture` is the same type).

@@ -137,7 +137,7 @@ mod view;
 
 use std::path::PathBuf;
 
-pub use cgroup::RunCgroup;
+pub use cgroup::{settle as settle_cgroups, RunCgroup};
 pub use command::{Command, Output, Sandboxed, Scratch};
 pub use egress::{EgressChannel, EgressFds};
 pub use error::Error;
