@@ -16,6 +16,7 @@ either, or ended in an error, is an error: a broken kernel cannot look fast.
 import base64
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -86,6 +87,7 @@ def main():
     finally:
         client.stop_channels()
         km.shutdown_kernel(now=True)
+        shutil.rmtree(home, ignore_errors=True)
     return 0
 
 

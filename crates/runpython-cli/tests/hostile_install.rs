@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 /// Built once per process: the index directory and the server in front of it.
 struct Index {
-    _dir: tempfile::TempDir,
+    index_dir: tempfile::TempDir,
     dir: PathBuf,
     port: u16,
     log: PathBuf,
@@ -32,7 +32,7 @@ struct Index {
     config: Value,
     /// Where the backends look for the host's secret and try to write: a HOME of the suite's own.
     home: PathBuf,
-    _home: tempfile::TempDir,
+    home_dir: tempfile::TempDir,
     socket: PathBuf,
     _listeners: (UnixListener, UnixListener),
     /// Another server on the host's loopback, not the index: no install may reach it.
@@ -57,9 +57,21 @@ fn python3() -> PathBuf {
     std::env::var_os("RUNPYTHON_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
 }
 
+static INDEX: OnceLock<Index> = OnceLock::new();
+
+/// Removes the suite's two directories when the test process exits: [`INDEX`] is a static, which is
+/// never dropped, so its `TempDir`s would stay in the temp directory after every run of the suite.
+extern "C" fn remove_index_dirs() {
+    if let Some(index) = INDEX.get() {
+        let _ = std::fs::remove_dir_all(index.index_dir.path());
+        let _ = std::fs::remove_dir_all(index.home_dir.path());
+    }
+}
+
 fn index() -> &'static Index {
-    static INDEX: OnceLock<Index> = OnceLock::new();
     INDEX.get_or_init(|| {
+        // SAFETY: registers a function of this file that only removes two directories.
+        unsafe { libc::atexit(remove_index_dirs) };
         let home_dir = tempfile::Builder::new()
             .prefix("runpython-hostile-home-")
             .tempdir_in(std::env::temp_dir())
@@ -134,13 +146,13 @@ fn index() -> &'static Index {
         assert!(built.success(), "the index was not built");
         Index {
             dir: files,
-            _dir: dir,
+            index_dir: dir,
             port,
             log,
             _server: ServerGuard(server),
             config,
             home,
-            _home: home_dir,
+            home_dir,
             socket,
             _listeners: (path_listener, abstract_listener),
             exfil,
