@@ -70,13 +70,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut stopped_by = None;
     let outcome = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => commands::run(args).await,
+            Command::Run(args) => until_signal(commands::run(args), &mut stopped_by).await,
             Command::Host(args) => commands::host(args).await,
-            Command::Resume(args) => commands::resume(args).await,
+            Command::Resume(args) => until_signal(commands::resume(args), &mut stopped_by).await,
             Command::ToolSpec(args) => commands::tool_spec(args).await,
-            Command::Mcp(args) => commands::mcp(args).await,
+            Command::Mcp(args) => until_signal(commands::mcp(args), &mut stopped_by).await,
             Command::Repl(args) => commands::repl(args).await,
             Command::Serve(args) => commands::serve(args).await,
             Command::Artifacts { command } => commands::artifacts(command).await,
@@ -85,12 +86,95 @@ fn main() -> ExitCode {
             Command::Runs { json, store } => commands::runs(json, store).await,
         }
     });
-    // The runs' cgroups are removed by a thread of this process: it finishes before the exit, so a
-    // one-shot command leaves none behind. Bounded: a cgroup that will not empty is the next
-    // host's sweep's, not a hang.
-    drop(runtime);
-    runpython_core::settle_cgroups(std::time::Duration::from_secs(2));
+    // The runs' cgroups and directories are removed by threads of this process: they finish before
+    // the exit, so a one-shot command leaves none behind. Bounded: a cgroup that will not empty is
+    // the next host's sweep's, not a hang. Stopped by a signal, the runtime is not waited for past
+    // half a second: a blocking read of stdin (`mcp`'s) may never return, and every task that held
+    // a run has been dropped by then.
+    match stopped_by {
+        Some(_) => runtime.shutdown_timeout(std::time::Duration::from_millis(500)),
+        None => drop(runtime),
+    }
+    runpython_core::settle_cleanup(std::time::Duration::from_secs(2));
+    if let Some(signal) = stopped_by {
+        return end_by(signal);
+    }
     exit_status(outcome)
+}
+
+/// `work` (a command that runs code here: `run`, `resume`, `mcp`), until it ends or this process
+/// gets SIGINT, SIGTERM or SIGHUP. A signal drops `work`, which stops its runs: their processes are
+/// killed and their cgroups and run directories handed to their removal, which `main` waits for
+/// before it ends the process by the same signal (`stopped_by`), as a process killed by it would
+/// end. Without this, the signal's default action ended the process at once and left the runs'
+/// directories and cgroups behind. A signal ignored when the process started (`nohup`, a shell's
+/// background job) stays ignored.
+async fn until_signal(
+    work: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+    stopped_by: &mut Option<nix::sys::signal::Signal>,
+) -> anyhow::Result<ExitCode> {
+    use nix::sys::signal::Signal;
+    use tokio::signal::unix::{signal, SignalKind};
+    let watch = |which: Signal, kind: SignalKind| {
+        if ignored(which) {
+            return None;
+        }
+        signal(kind).ok()
+    };
+    let mut watched = [
+        (Signal::SIGINT, SignalKind::interrupt()),
+        (Signal::SIGTERM, SignalKind::terminate()),
+        (Signal::SIGHUP, SignalKind::hangup()),
+    ]
+    .map(|(which, kind)| (which, watch(which, kind)));
+    let received = async {
+        let [(int, a), (term, b), (hup, c)] = &mut watched;
+        tokio::select! {
+            () = next(a) => *int,
+            () = next(b) => *term,
+            () = next(c) => *hup,
+        }
+    };
+    tokio::select! {
+        outcome = work => outcome,
+        signal = received => {
+            say_err!("runpython: stopped by {signal}");
+            *stopped_by = Some(signal);
+            Ok(ExitCode::from(128 + signal as u8))
+        }
+    }
+}
+
+/// The next arrival of a watched signal; never, for one not watched.
+async fn next(watched: &mut Option<tokio::signal::unix::Signal>) {
+    match watched {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `signal` is ignored (`SIG_IGN`), as this process was started.
+fn ignored(signal: nix::sys::signal::Signal) -> bool {
+    let mut current = std::mem::MaybeUninit::<nix::libc::sigaction>::zeroed();
+    // SAFETY: a query (a null new action) that writes the current one into `current`.
+    let queried =
+        unsafe { nix::libc::sigaction(signal as i32, std::ptr::null(), current.as_mut_ptr()) };
+    // SAFETY: zeroed, then filled by a successful query.
+    queried == 0 && unsafe { current.assume_init() }.sa_sigaction == nix::libc::SIG_IGN
+}
+
+/// Ends the process by `signal` with its default action, as it would have ended without a handler
+/// (a shell then sees a process killed by SIGINT, and stops its loop); `128 + signal` where the
+/// signal does not end it.
+fn end_by(signal: nix::sys::signal::Signal) -> ExitCode {
+    use nix::sys::signal::{raise, sigaction, SaFlags, SigAction, SigHandler, SigSet};
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restores the default action; no handler of ours runs after this.
+    let _ = unsafe { sigaction(signal, &default) };
+    let _ = raise(signal);
+    ExitCode::from(128 + signal as u8)
 }
 
 fn exit_status(outcome: anyhow::Result<ExitCode>) -> ExitCode {

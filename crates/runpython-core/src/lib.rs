@@ -101,7 +101,7 @@ pub use runpython_egress::{
 };
 pub use runpython_sandbox::Error as SandboxError;
 pub use runpython_sandbox::{
-    code_identity, runtime_dir, settle_cgroups, CollectLimits, KernelReport,
+    code_identity, runtime_dir, settle_cleanup, CollectLimits, KernelReport,
 };
 
 // ---- Dependencies ----

@@ -394,69 +394,34 @@ pub(crate) fn join(fds: &[std::os::fd::RawFd]) -> Result<(), StepError> {
     Ok(())
 }
 
-/// How many runs' cgroups were handed to the reaper and are not removed yet, and the signal that
-/// the count went down.
-static UNREAPED: (std::sync::Mutex<usize>, std::sync::Condvar) =
-    (std::sync::Mutex::new(0), std::sync::Condvar::new());
-
-/// Waits, at most `within`, until the reaper has removed the cgroups of every run that ended; true
-/// when it has. A process that is about to exit calls it: the reaper is a thread of this process, so
-/// an exit before it finished would leave the last runs' cgroups for another host's sweep.
-pub fn settle(within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    let (count, changed) = &UNREAPED;
-    let mut left = count
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    while *left > 0 {
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        left = changed
-            .wait_timeout(left, deadline - now)
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0;
-    }
-    true
-}
-
-/// Removes `dirs` on a thread of its own, once their processes are gone (killing stragglers).
+/// Removes `dirs` on a thread of its own, once their processes are gone (killing stragglers); pending
+/// until then ([`crate::cleanup::settle`]).
 fn reap(dirs: Vec<PathBuf>) {
     if dirs.is_empty() {
         return;
     }
-    let unreaped = |change: fn(usize) -> usize| {
-        let (count, changed) = &UNREAPED;
-        let mut n = count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *n = change(*n);
-        changed.notify_all();
-    };
-    unreaped(|n| n + 1);
-    static REAPER: OnceLock<Option<std::sync::mpsc::Sender<Vec<PathBuf>>>> = OnceLock::new();
+    type Job = (Vec<PathBuf>, crate::cleanup::Pending);
+    static REAPER: OnceLock<Option<std::sync::mpsc::Sender<Job>>> = OnceLock::new();
     let sender = REAPER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<PathBuf>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("runpython-cgroups".into())
             .spawn(move || {
-                while let Ok(dirs) = rx.recv() {
+                while let Ok((dirs, _pending)) = rx.recv() {
                     remove_when_empty(&dirs);
-                    unreaped(|n| n.saturating_sub(1));
                 }
             })
             .ok()
             .map(|_| tx)
     });
+    let job = (dirs, crate::cleanup::Pending::new());
     // Without a reaper thread, the dropping thread removes them itself.
     let unsent = match sender {
-        Some(tx) => tx.send(dirs).err().map(|unsent| unsent.0),
-        None => Some(dirs),
+        Some(tx) => tx.send(job).err().map(|unsent| unsent.0),
+        None => Some(job),
     };
-    if let Some(dirs) = unsent {
+    if let Some((dirs, _pending)) = unsent {
         remove_when_empty(&dirs);
-        unreaped(|n| n.saturating_sub(1));
     }
 }
 

@@ -110,6 +110,7 @@
 //!   the host and close their own copies).
 
 mod cgroup;
+mod cleanup;
 mod clone_vm;
 mod command;
 mod decide;
@@ -137,7 +138,8 @@ mod view;
 
 use std::path::PathBuf;
 
-pub use cgroup::{settle as settle_cgroups, RunCgroup};
+pub use cgroup::RunCgroup;
+pub use cleanup::settle as settle_cleanup;
 pub use command::{Command, Output, Sandboxed, Scratch};
 pub use egress::{EgressChannel, EgressFds};
 pub use error::Error;

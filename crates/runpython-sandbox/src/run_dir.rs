@@ -114,7 +114,7 @@ pub fn discard_run_dir(run_dir: tempfile::TempDir) {
             // The task owns a guard that deletes on drop: a runtime shutting down drops the blocking
             // tasks it has not started yet (a one-shot process exiting right after its run), and the
             // guard then deletes the directory there instead of leaving it for the next host's sweep.
-            let trash = Trash(trash);
+            let trash = Trash(trash, crate::cleanup::Pending::new());
             runtime.spawn_blocking(move || drop(trash));
         }
         _ => {
@@ -123,8 +123,9 @@ pub fn discard_run_dir(run_dir: tempfile::TempDir) {
     }
 }
 
-/// A finished run's directory, deleted when this is dropped.
-struct Trash(std::path::PathBuf);
+/// A finished run's directory, deleted when this is dropped; pending until then
+/// ([`crate::cleanup::settle`]).
+struct Trash(std::path::PathBuf, crate::cleanup::Pending);
 
 impl Drop for Trash {
     fn drop(&mut self) {
