@@ -427,6 +427,9 @@ fn reap(dirs: Vec<PathBuf>) {
 
 fn remove_when_empty(dirs: &[PathBuf]) {
     let deadline = Instant::now() + Duration::from_secs(10);
+    // The run's last processes are usually gone within a millisecond of its end, and a one-shot
+    // process waits for this before it exits: the pause between tries starts short and doubles.
+    let mut pause = Duration::from_micros(50);
     for dir in dirs {
         loop {
             if fs::remove_dir(dir).is_ok() || !dir.exists() {
@@ -445,7 +448,8 @@ fn remove_when_empty(dirs: &[PathBuf]) {
             if Instant::now() > deadline {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
         }
     }
 }
