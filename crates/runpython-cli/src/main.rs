@@ -73,12 +73,15 @@ fn main() -> ExitCode {
     let mut stopped_by = None;
     let outcome = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => until_signal(commands::run(args), &mut stopped_by).await,
+            Command::Run(args) => until_signal(commands::run(args), true, &mut stopped_by).await,
             Command::Host(args) => commands::host(args).await,
-            Command::Resume(args) => until_signal(commands::resume(args), &mut stopped_by).await,
+            Command::Resume(args) => {
+                until_signal(commands::resume(args), true, &mut stopped_by).await
+            }
             Command::ToolSpec(args) => commands::tool_spec(args).await,
-            Command::Mcp(args) => until_signal(commands::mcp(args), &mut stopped_by).await,
-            Command::Repl(args) => commands::repl(args).await,
+            Command::Mcp(args) => until_signal(commands::mcp(args), true, &mut stopped_by).await,
+            // Ctrl-C is the repl's own: it stops a cell, or clears the line.
+            Command::Repl(args) => until_signal(commands::repl(args), false, &mut stopped_by).await,
             Command::Serve(args) => commands::serve(args).await,
             Command::Artifacts { command } => commands::artifacts(command).await,
             Command::Gc(store) => commands::gc(store).await,
@@ -102,8 +105,8 @@ fn main() -> ExitCode {
     exit_status(outcome)
 }
 
-/// `work` (a command that runs code here: `run`, `resume`, `mcp`), until it ends or this process
-/// gets SIGINT, SIGTERM or SIGHUP. A signal drops `work`, which stops its runs: their processes are
+/// `work` (a command that runs code here: `run`, `resume`, `mcp`, `repl`), until it ends or this
+/// process gets SIGTERM, SIGHUP or, with `interrupt`, SIGINT. A signal drops `work`, which stops its runs: their processes are
 /// killed and their cgroups and run directories handed to their removal, which `main` waits for
 /// before it ends the process by the same signal (`stopped_by`), as a process killed by it would
 /// end. Without this, the signal's default action ended the process at once and left the runs'
@@ -111,12 +114,13 @@ fn main() -> ExitCode {
 /// background job) stays ignored.
 async fn until_signal(
     work: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+    interrupt: bool,
     stopped_by: &mut Option<nix::sys::signal::Signal>,
 ) -> anyhow::Result<ExitCode> {
     use nix::sys::signal::Signal;
     use tokio::signal::unix::{signal, SignalKind};
     let watch = |which: Signal, kind: SignalKind| {
-        if ignored(which) {
+        if ignored(which) || (which == Signal::SIGINT && !interrupt) {
             return None;
         }
         signal(kind).ok()

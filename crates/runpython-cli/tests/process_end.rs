@@ -197,3 +197,46 @@ fn an_mcp_server_stopped_by_sigterm_removes_its_runs() {
     assert_eq!(run_dirs(), Vec::<std::path::PathBuf>::new());
     assert_eq!(cgroups_named(&prefix), Vec::<String>::new());
 }
+
+/// `runpython repl` ended by SIGHUP (its terminal closed) or SIGTERM removes its session's run
+/// directory and cgroups before it ends by that signal; it used to die at once and leave them.
+#[test]
+fn a_repl_ended_by_sighup_or_sigterm_removes_its_session() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::ExitStatusExt;
+    for (signal, name) in [(libc::SIGHUP, "SIGHUP"), (libc::SIGTERM, "SIGTERM")] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runpython"))
+            .args(["repl", "--no-store"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "print('ready')").unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        let pid = child.id();
+        let prefix = format!("runpython-{pid}-");
+        let run_dirs = || -> Vec<std::path::PathBuf> {
+            std::fs::read_dir(std::env::temp_dir())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| e.path())
+                .collect()
+        };
+        assert!(!run_dirs().is_empty(), "the session has a directory");
+        // SAFETY: a signal to the child this test started, by its id; its stdin stays open.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
+        let out = child.wait_with_output().unwrap();
+        drop(stdin);
+        assert_eq!(out.status.signal(), Some(signal), "{:?}", out.status);
+        assert_eq!(run_dirs(), Vec::<std::path::PathBuf>::new());
+        assert_eq!(cgroups_named(&prefix), Vec::<String>::new());
+        let said = format!("stopped by {name}");
+        assert!(text(&out.stderr).contains(&said), "{}", text(&out.stderr));
+    }
+}

@@ -33,14 +33,18 @@ pub(crate) async fn repl(args: McpArgs) -> anyhow::Result<ExitCode> {
         ))
     );
     loop {
-        let mut source = match editor.readline(">>> ") {
+        let line;
+        (editor, line) = read_line(editor, ">>> ").await?;
+        let mut source = match line {
             Ok(line) => line,
             Err(ReadlineError::Interrupted) => continue,
             Err(ReadlineError::Eof) => break,
             Err(e) => return Err(e.into()),
         };
         while needs_more(&source) {
-            match editor.readline("... ") {
+            let line;
+            (editor, line) = read_line(editor, "... ").await?;
+            match line {
                 Ok(line) if line.trim().is_empty() => break,
                 Ok(line) => {
                     source.push('\n');
@@ -92,6 +96,19 @@ pub(crate) async fn repl(args: McpArgs) -> anyhow::Result<ExitCode> {
     }
     let _ = session.close().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line from the terminal, read on a blocking thread: the thread that drives the command stays
+/// free to see a signal (`main`'s `until_signal`) while the line editor waits for input.
+async fn read_line(
+    mut editor: rustyline::DefaultEditor,
+    prompt: &'static str,
+) -> anyhow::Result<(rustyline::DefaultEditor, rustyline::Result<String>)> {
+    Ok(tokio::task::spawn_blocking(move || {
+        let line = editor.readline(prompt);
+        (editor, line)
+    })
+    .await?)
 }
 
 fn show(envelope: &Envelope) {
