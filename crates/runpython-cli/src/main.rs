@@ -106,10 +106,10 @@ fn main() -> ExitCode {
 }
 
 /// `work` (a command that runs code here: `run`, `resume`, `mcp`, `repl`), until it ends or this
-/// process gets SIGTERM, SIGHUP or, with `interrupt`, SIGINT. A signal drops `work`, which stops its runs: their processes are
-/// killed and their cgroups and run directories handed to their removal, which `main` waits for
-/// before it ends the process by the same signal (`stopped_by`), as a process killed by it would
-/// end. Without this, the signal's default action ended the process at once and left the runs'
+/// process gets SIGTERM, SIGHUP or, with `interrupt`, SIGINT. A signal drops `work`, which stops its
+/// runs: their processes are killed and their cgroups and run directories handed to their removal,
+/// which `main` waits for before it ends the process by the same signal (`stopped_by`), as a
+/// process killed by it would end. Without this, the signal's default action ended the process at once and left the runs'
 /// directories and cgroups behind. A signal ignored when the process started (`nohup`, a shell's
 /// background job) stays ignored.
 async fn until_signal(
