@@ -42,6 +42,22 @@ fn cgroups_named(prefix: &str) -> Vec<String> {
     found
 }
 
+/// What a process's runs are named by (their directories and cgroups): `runpython-<pid>-`.
+fn named_for(pid: u32) -> String {
+    format!("runpython-{pid}-")
+}
+
+/// The run directories of the process `pid` in the temp directory.
+fn run_dirs(pid: u32) -> Vec<std::path::PathBuf> {
+    let prefix = named_for(pid);
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Whether runs here get a cgroup (as `doctor` reports it).
 fn runs_get_cgroups() -> bool {
     let doctor = envelope(&runpython(&["doctor", "--json"]));
@@ -66,7 +82,7 @@ fn a_one_shot_run_leaves_no_cgroup_behind() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let prefix = format!("runpython-{}-", child.id());
+        let prefix = named_for(child.id());
         let out = child.wait_with_output().unwrap();
         assert_eq!(envelope(&out)["return_value"], 2);
         let left = cgroups_named(&prefix);
@@ -106,15 +122,6 @@ fn a_run_stopped_by_a_signal_removes_what_it_made_and_ends_by_that_signal() {
         assert_eq!(line, "started\n");
         (child, stdout)
     };
-    let run_dirs = |pid: u32| -> Vec<std::path::PathBuf> {
-        let prefix = format!("runpython-{pid}-");
-        std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-            .map(|e| e.path())
-            .collect()
-    };
     for (signal, name) in [
         (libc::SIGINT, "SIGINT"),
         (libc::SIGTERM, "SIGTERM"),
@@ -131,10 +138,7 @@ fn a_run_stopped_by_a_signal_removes_what_it_made_and_ends_by_that_signal() {
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.signal(), Some(signal), "{:?}", out.status);
         assert_eq!(run_dirs(pid), Vec::<std::path::PathBuf>::new());
-        assert_eq!(
-            cgroups_named(&format!("runpython-{pid}-")),
-            Vec::<String>::new()
-        );
+        assert_eq!(cgroups_named(&named_for(pid)), Vec::<String>::new());
         let said = format!("stopped by {name}");
         assert!(text(&out.stderr).contains(&said), "{}", text(&out.stderr));
     }
@@ -162,29 +166,15 @@ fn an_mcp_server_stopped_by_sigterm_removes_its_runs() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    for m in [
-        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}}),
-        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "run_python", "arguments": {"code": "import time\ntime.sleep(60)"}}}),
-    ] {
-        writeln!(stdin, "{m}").unwrap();
-    }
+    common::send_mcp_call(
+        &mut stdin,
+        serde_json::json!({"code": "import time\ntime.sleep(60)"}),
+    );
     let pid = child.id();
-    let prefix = format!("runpython-{pid}-");
-    let run_dirs = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-            .map(|e| e.path())
-            .collect()
-    };
+    let prefix = named_for(pid);
     // The call's run is under way once its cgroup or, without cgroups, its run directory is there.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while run_dirs().is_empty() && cgroups_named(&prefix).is_empty() {
+    while run_dirs(pid).is_empty() && cgroups_named(&prefix).is_empty() {
         assert!(std::time::Instant::now() < deadline, "no run started");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -194,7 +184,7 @@ fn an_mcp_server_stopped_by_sigterm_removes_its_runs() {
     let out = child.wait_with_output().unwrap();
     drop(stdin);
     assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
-    assert_eq!(run_dirs(), Vec::<std::path::PathBuf>::new());
+    assert_eq!(run_dirs(pid), Vec::<std::path::PathBuf>::new());
     assert_eq!(cgroups_named(&prefix), Vec::<String>::new());
 }
 
@@ -219,22 +209,14 @@ fn a_repl_ended_by_sighup_or_sigterm_removes_its_session() {
         stdout.read_line(&mut line).unwrap();
         assert_eq!(line, "ready\n");
         let pid = child.id();
-        let prefix = format!("runpython-{pid}-");
-        let run_dirs = || -> Vec<std::path::PathBuf> {
-            std::fs::read_dir(std::env::temp_dir())
-                .unwrap()
-                .flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path())
-                .collect()
-        };
-        assert!(!run_dirs().is_empty(), "the session has a directory");
+        let prefix = named_for(pid);
+        assert!(!run_dirs(pid).is_empty(), "the session has a directory");
         // SAFETY: a signal to the child this test started, by its id; its stdin stays open.
         assert_eq!(unsafe { libc::kill(pid as libc::pid_t, signal) }, 0);
         let out = child.wait_with_output().unwrap();
         drop(stdin);
         assert_eq!(out.status.signal(), Some(signal), "{:?}", out.status);
-        assert_eq!(run_dirs(), Vec::<std::path::PathBuf>::new());
+        assert_eq!(run_dirs(pid), Vec::<std::path::PathBuf>::new());
         assert_eq!(cgroups_named(&prefix), Vec::<String>::new());
         let said = format!("stopped by {name}");
         assert!(text(&out.stderr).contains(&said), "{}", text(&out.stderr));

@@ -27,6 +27,21 @@ pub fn envelope(out: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}); stderr: {}", text(&out.stderr)))
 }
 
+/// The MCP handshake, then `tools/call run_python` with `arguments` (id 2), written to a server's
+/// stdin.
+pub fn send_mcp_call(stdin: &mut impl Write, arguments: Value) {
+    for m in [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "run_python", "arguments": arguments}}),
+    ] {
+        writeln!(stdin, "{m}").unwrap();
+    }
+}
+
 /// One `tools/call run_python` with `arguments` over `runpython mcp ARGS`' stdio (with `env` set),
 /// after the MCP handshake: the reply, and the line it came on as written.
 pub fn mcp_call(args: &[&str], env: &[(&str, &str)], arguments: Value) -> (Value, String) {
@@ -40,16 +55,7 @@ pub fn mcp_call(args: &[&str], env: &[(&str, &str)], arguments: Value) -> (Value
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    for m in [
-        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "test", "version": "0"}}}),
-        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "run_python", "arguments": arguments}}),
-    ] {
-        writeln!(stdin, "{m}").unwrap();
-    }
+    send_mcp_call(&mut stdin, arguments);
     let mut reader = BufReader::new(child.stdout.take().unwrap());
     let mut reply = (Value::Null, String::new());
     for _ in 0..10 {
